@@ -1,0 +1,3 @@
+from ling_bench.bench import main
+
+raise SystemExit(main())

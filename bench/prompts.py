@@ -1,0 +1,163 @@
+"""Fixed-seed prompt sets: short code, short prose, and long context sized in tokens.
+
+Random prompts make runs incomparable (a "prompt lottery"): every prompt here is a pure function of
+(set, seed, index or target size), so two runs with the same seed send byte-identical text.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Callable
+
+SETS = ("code", "prose", "long")
+CHARS_PER_TOKEN = 4  # rough English/code average, used only when the server cannot tokenize
+
+TokenCount = Callable[[str], int]
+
+_CODE_TASKS = (
+    "parses an ISO-8601 duration such as PT1H30M into seconds",
+    "merges overlapping integer intervals",
+    "returns the k most frequent words of a text",
+    "implements an LRU cache with get and put in O(1)",
+    "checks whether a string of brackets is balanced",
+    "computes the longest common subsequence of two strings",
+    "topologically sorts a dependency graph and reports cycles",
+    "streams a CSV file and sums one column grouped by another",
+    "retries a callable with exponential backoff and jitter",
+    "converts a Roman numeral to an integer",
+    "finds the shortest path in a weighted grid with Dijkstra's algorithm",
+    "tokenizes arithmetic expressions and evaluates them with precedence",
+    "rate-limits calls with a token bucket",
+    "deduplicates files in a directory tree by content hash",
+    "renders a nested dict as an indented YAML-like string",
+    "validates and normalises an IPv6 address",
+)
+_LANGUAGES = ("Python", "Rust", "C++", "Go", "TypeScript")
+_PROSE_FORMS = ("a short essay", "a product description", "a letter", "a news brief", "a story opening")
+_PROSE_TOPICS = (
+    "the first winter on a research station in Antarctica",
+    "why bridges are painted continuously",
+    "a small town that replaced its street lights",
+    "the history of the shipping container",
+    "learning to sail as an adult",
+    "a library that lends tools instead of books",
+    "how tides are predicted",
+    "a night market that opens only in the rain",
+    "the engineering of mechanical watches",
+    "a chef who cooks only with a wood fire",
+    "restoring a wetland after a century of farming",
+    "the daily routine of a lighthouse keeper",
+)
+_AUDIENCES = ("children", "engineers", "a general audience", "tourists", "students")
+_WORDS = (
+    "the a of and to in that it was for on are as with his they at be this have from or one had by "
+    "word but not what all were we when your can said there use each which she do how their if will "
+    "up other about out many then them these so some her would make like him into time has look two "
+    "more write go see number no way could people my than first water been call who oil its now find "
+    "long down day did get come made may part over new sound take only little work know place year "
+    "live me back give most very after thing our just name good sentence man think say great where "
+    "help through much before line right too mean old any same tell boy follow came want show also "
+    "around form three small set put end does another well large must big even such because turn "
+    "here why ask went men read need land different home us move try kind hand picture again change "
+    "off play spell air away animal house point page letter mother answer found study still learn "
+    "river station engine signal harbour valve cargo north survey lamp ledger crew weather pressure"
+).split()
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """One benchmark case; `tokens` is counted when the set is built (server or estimate)."""
+
+    name: str
+    kind: str
+    text: str
+    tokens: int
+    target_tokens: int | None = None
+
+
+def estimate_tokens(text: str) -> int:
+    """~4 characters per token: the fallback when the server has no /tokenize."""
+    return -(-len(text) // CHARS_PER_TOKEN)
+
+
+def code_prompts(seed: int, n: int) -> list[str]:
+    rng = random.Random(f"code/{seed}")
+    return [
+        f"Write a {rng.choice(_LANGUAGES)} function that {task}. "
+        "Use clear names, add type annotations where the language has them, and include two unit tests."
+        for task in rng.sample(_CODE_TASKS, n)
+    ]
+
+
+def prose_prompts(seed: int, n: int) -> list[str]:
+    rng = random.Random(f"prose/{seed}")
+    return [
+        f"Write {rng.choice(_PROSE_FORMS)} about {topic} for {rng.choice(_AUDIENCES)}. "
+        "Use concrete details and plain language."
+        for topic in rng.sample(_PROSE_TOPICS, n)
+    ]
+
+
+def _log_lines(rng: random.Random, start: int, n: int) -> list[str]:
+    lines = []
+    for i in range(start, start + n):
+        words = rng.choices(_WORDS, k=rng.randint(8, 20))
+        lines.append(f"Entry {i:06d}: {' '.join(words).capitalize()}.\n")
+    return lines
+
+
+def long_prompt(seed: int, target_tokens: int, count: TokenCount) -> tuple[str, int]:
+    """A log of seeded filler lines plus a retrieval question, `target_tokens` long or just under.
+
+    Token count grows with the number of lines, so the largest fitting prefix is found by bisection
+    on `count` (the server's tokenizer when it has one); it lands within one line (<= ~40 tokens)
+    of the target. Returns (text, counted tokens).
+    """
+    rng = random.Random(f"long/{seed}")
+    code = rng.randint(1000, 9999)
+    head = (
+        f"The vault code is {code}. Remember it: the question at the end asks for it.\n"
+        "Below is a long station log. Read it, then answer the question.\n\n"
+    )
+    tail = "\nQuestion: what is the vault code stated at the top? Answer with the number, then summarise the log."
+    if count(head + tail) > target_tokens:
+        raise ValueError(
+            f"long-context target {target_tokens} tokens is shorter than the fixed question "
+            f"({count(head + tail)} tokens); use a target of at least 256"
+        )
+    lines = _log_lines(rng, 0, target_tokens * 2 // 15 + 1)  # ~15 tokens a line: enough for most tokenizers
+
+    def text(k: int) -> str:
+        return head + "".join(lines[:k]) + tail
+
+    while count(text(len(lines))) <= target_tokens:  # tokenizer denser than assumed: grow the pool
+        lines += _log_lines(rng, len(lines), len(lines))
+    lo, hi = 0, len(lines)  # invariant: count(text(lo)) <= target < count(text(hi))
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if count(text(mid)) <= target_tokens else (lo, mid)
+    return text(lo), count(text(lo))
+
+
+def build_prompts(
+    sets: list[str], seed: int, num_prompts: int, long_tokens: list[int], count: TokenCount
+) -> list[Prompt]:
+    """The benchmark cases, in a fixed order: short sets first, then long context by size."""
+    prompts: list[Prompt] = []
+    for kind in sets:
+        if kind not in SETS:
+            raise ValueError(f"unknown prompt set {kind!r}; choose from {', '.join(SETS)}")
+        if kind == "long":
+            for target in long_tokens:
+                text, n = long_prompt(seed, target, count)
+                prompts.append(Prompt(f"long-{target}", kind, text, n, target))
+            continue
+        if num_prompts > min(len(_CODE_TASKS), len(_PROSE_TOPICS)):
+            raise ValueError(
+                f"--num-prompts {num_prompts} exceeds the {min(len(_CODE_TASKS), len(_PROSE_TOPICS))} "
+                "distinct short prompts per set; use fewer prompts or more --repeats"
+            )
+        texts = {"code": code_prompts, "prose": prose_prompts}[kind](seed, num_prompts)
+        prompts += [Prompt(f"{kind}-{i}", kind, t, count(t)) for i, t in enumerate(texts)]
+    return prompts

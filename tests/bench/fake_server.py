@@ -1,0 +1,185 @@
+"""A fake OpenAI-compatible vLLM server on 127.0.0.1 for the bench tests.
+
+It streams over real HTTP/1.1 chunked SSE like uvicorn does, at configured delays: the first token
+alone after `first_token_delay_s` (prefill), then `tokens_per_chunk` tokens per event every
+`chunk_delay_s` (one spec-decode step each). It exposes vLLM's spec-decode counters on /metrics,
+starting from non-zero values and advancing per finished request, and a word-level /tokenize.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+CHAT_TEMPLATE_TOKENS = 7
+
+
+@dataclass
+class FakeConfig:
+    model: str = "fake-ling"
+    max_model_len: int = 32768
+    first_token_delay_s: float = 0.05
+    chunk_delay_s: float = 0.005
+    tokens_per_chunk: int = 3
+    tokenize: bool = True  # False: /tokenize answers 404
+    usage: bool = True  # False: ignore stream_options.include_usage
+    spec: bool = True  # False: /metrics without spec counters
+    drafts_per_request: int = 10
+    draft_tokens_per_request: int = 30
+    accepted_per_request: int = 17
+    accepted_per_pos_per_request: tuple[int, ...] = (9, 5, 3)
+    reject_with: str | None = None  # answer generation requests with HTTP 400 and this message
+
+
+def fake_count(text: str, chat: bool = False) -> int:
+    """Word-and-punctuation tokens: deliberately not ~4 chars/token, so the source is visible."""
+    return len(re.findall(r"\w+|[^\w\s]", text)) + (CHAT_TEMPLATE_TOKENS if chat else 0)
+
+
+@dataclass
+class FakeState:
+    bodies: list[dict] = field(default_factory=list)  # generation requests, in arrival order
+    chunks_sent: list[int] = field(default_factory=list)
+    in_flight: int = 0
+    max_in_flight: int = 0
+    drafts: int = 1000  # as if the server had served traffic before the bench
+    draft_tokens: int = 3000
+    accepted: int = 2000
+    accepted_per_pos: list[int] = field(default_factory=lambda: [900, 700, 400])
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class FakeServer:
+    def __init__(self, config: FakeConfig | None = None):
+        self.config, self.state = config or FakeConfig(), FakeState()
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __enter__(self) -> FakeServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.thread.join()
+
+    def metrics_text(self) -> str:
+        s, labels = self.state, 'engine="0",model_name="fake-ling"'
+        lines = ["# HELP vllm:num_requests_running Running requests.", "# TYPE vllm:num_requests_running gauge",
+                 f"vllm:num_requests_running{{{labels}}} {s.in_flight}.0"]
+        if self.config.spec:
+            for name, value in (("drafts", s.drafts), ("draft_tokens", s.draft_tokens),
+                                ("accepted_tokens", s.accepted)):
+                lines += [f"# TYPE vllm:spec_decode_num_{name} counter",
+                          f"vllm:spec_decode_num_{name}_total{{{labels}}} {float(value)}",
+                          f"vllm:spec_decode_num_{name}_created{{{labels}}} 1.7e+09"]
+            lines.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter")
+            lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{i}"}} {float(v)}'
+                      for i, v in enumerate(s.accepted_per_pos)]
+        return "\n".join(lines) + "\n"
+
+    def count_spec(self) -> None:
+        c, s = self.config, self.state
+        with s.lock:
+            s.drafts += c.drafts_per_request
+            s.draft_tokens += c.draft_tokens_per_request
+            s.accepted += c.accepted_per_request
+            s.accepted_per_pos = [a + b for a, b in zip(s.accepted_per_pos, c.accepted_per_pos_per_request)]
+
+
+def _handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
+    cfg, state = server.config, server.state
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *args) -> None:
+            pass
+
+        def _json(self, obj: dict, status: int = 200) -> None:
+            data = json.dumps(obj).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def _chunk(self, data: bytes) -> None:
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+            self.wfile.flush()
+
+        def _event(self, obj: dict | str) -> None:
+            self._chunk(f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n".encode())
+
+        def do_GET(self) -> None:
+            if self.path == "/v1/models":
+                self._json({"object": "list", "data": [{"id": cfg.model, "object": "model",
+                                                        "max_model_len": cfg.max_model_len}]})
+            elif self.path == "/metrics":
+                data = server.metrics_text().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+            else:
+                self._json({"error": "not found"}, 404)
+
+        def do_POST(self) -> None:
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            chat = "messages" in body
+            text = body["messages"][-1]["content"] if chat else body.get("prompt", "")
+            if self.path == "/tokenize" and cfg.tokenize:
+                n = fake_count(text, chat)
+                self._json({"count": n, "max_model_len": cfg.max_model_len, "tokens": list(range(n))})
+            elif self.path in ("/v1/completions", "/v1/chat/completions") and cfg.reject_with:
+                self._json({"error": {"message": cfg.reject_with, "code": 400}}, 400)
+            elif self.path in ("/v1/completions", "/v1/chat/completions"):
+                self._stream(body, chat, fake_count(text, chat))
+            else:
+                self._json({"error": "not found"}, 404)
+
+        def _stream(self, body: dict, chat: bool, prompt_tokens: int) -> None:
+            with state.lock:
+                state.bodies.append(body)
+                state.in_flight += 1
+                state.max_in_flight = max(state.max_in_flight, state.in_flight)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            n = body["max_tokens"] if body.get("ignore_eos") else min(body["max_tokens"], 4)
+            sizes = [1] + [min(cfg.tokens_per_chunk, n - i) for i in range(1, n, cfg.tokens_per_chunk)]
+
+            def choice(text: str) -> dict:
+                return {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
+
+            if chat:  # vLLM opens a chat stream with an empty role-only delta: not a token
+                self._event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}], "usage": None})
+            self._chunk(b": keep-alive\n\n")
+            time.sleep(cfg.first_token_delay_s)
+            for i, size in enumerate(sizes):
+                if i:
+                    time.sleep(cfg.chunk_delay_s)
+                self._event({"choices": [choice(" tok" * size)], "usage": None})
+            server.count_spec()
+            if cfg.usage and (body.get("stream_options") or {}).get("include_usage"):
+                self._event({"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
+                                                      "total_tokens": prompt_tokens + n}})
+            self._event("[DONE]")
+            self._chunk(b"")
+            with state.lock:
+                state.chunks_sent.append(len(sizes))
+                state.in_flight -= 1
+
+    return Handler
