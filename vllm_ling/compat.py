@@ -1,0 +1,127 @@
+"""The one place that knows how vLLM 0.26 and 0.32 differ.
+
+Supported: vLLM 0.26.0 (CUDA; no Ling V3 in-tree) and 0.32.x (CPU in CI; Ling V3 in-tree since 0.28,
+so the plugin stands aside there unless VLLM_LING_FORCE=1). Everything else in the package imports
+version-dependent names from here.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from functools import cache
+from typing import Any, Callable
+
+import torch
+from packaging.version import Version
+
+from vllm_ling.config import ARCH, MTP_ARCH, num_mtp_layers
+
+
+@cache
+def vllm_version() -> Version:
+    import vllm
+
+    return Version(vllm.__version__.split("+")[0])
+
+
+def has_intree_ling3() -> bool:
+    """vLLM >= 0.28 ships BailingMoeV3ForCausalLM (module `bailing_moe_v3`)."""
+    return importlib.util.find_spec("vllm.model_executor.models.bailing_moe_v3") is not None
+
+
+def force_requested() -> bool:
+    return os.environ.get("VLLM_LING_FORCE", "0").lower() in ("1", "true", "yes")
+
+
+def fused_moe_factory() -> Callable[..., torch.nn.Module]:
+    """`FusedMoE(...)` in 0.26, renamed `FusedMoEFactory(...)` in 0.32; same keyword arguments."""
+    from vllm.model_executor.layers import fused_moe
+
+    return getattr(fused_moe, "FusedMoEFactory", None) or fused_moe.FusedMoE
+
+
+def kda_state_shape(
+    tp_size: int, num_heads: int, head_dim: int, conv_kernel: int, num_spec: int
+) -> tuple[tuple[int, int], tuple[int, int, int]]:
+    """(conv, recurrent) state shapes of one KDA layer.
+
+    conv: 3·H·d/TP channels (q, k, v) × (K − 1 + num_spec) positions; 0.26's `kda_state_shape`
+    drops num_spec, so we build it here for both versions. recurrent: [H/TP, d, d], V-major.
+    """
+    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator
+
+    conv = MambaStateShapeCalculator._orient_conv_shape(
+        3 * num_heads * head_dim // tp_size, conv_kernel - 1 + num_spec
+    )
+    return conv, (num_heads // tp_size, head_dim, head_dim)
+
+
+def kda_state_dtype(model_dtype: Any, mamba_cache_dtype: str) -> tuple[torch.dtype, torch.dtype]:
+    """(conv dtype = model dtype, recurrent dtype = fp32): the state accumulates, so it stays fp32."""
+    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateDtypeCalculator
+
+    return MambaStateDtypeCalculator.kda_state_dtype(model_dtype, mamba_cache_dtype)
+
+
+def kda_state_copy_funcs() -> tuple:
+    from vllm.model_executor.layers.mamba.mamba_utils import MambaStateCopyFuncCalculator
+
+    return MambaStateCopyFuncCalculator.kda_state_copy_func()
+
+
+def num_speculative_tokens(vllm_config: Any) -> int:
+    spec = getattr(vllm_config, "speculative_config", None)
+    return int(spec.num_speculative_tokens) if spec is not None else 0
+
+
+# --- MTP: 0.26 maps every `bailing_hybrid` draft to the Ling-2.5 MTP class -------------------------
+
+_original_hf_config_override: Callable | None = None
+
+
+def _ling3_hf_config_override(hf_config: Any) -> Any:
+    """0.26's draft-config rewrite, corrected for Ling V3: BailingMoeV3ForCausalLM -> BailingMoeV3MTPModel.
+
+    Module-level on purpose: the draft ModelConfig is pickled to the engine core.
+    """
+    arch = (getattr(hf_config, "architectures", None) or [""])[0]
+    assert _original_hf_config_override is not None
+    hf_config = _original_hf_config_override(hf_config)
+    if arch == ARCH:
+        hf_config.model_type = "bailing_hybrid_mtp"  # in 0.26's MTPModelTypes and its MLA list
+        hf_config.update({"n_predict": num_mtp_layers(hf_config), "architectures": [MTP_ARCH]})
+    return hf_config
+
+
+def install_mtp_override() -> bool:
+    """Point `--speculative-config '{"method": "mtp"}'` at our draft on vLLM < 0.28. Idempotent."""
+    global _original_hf_config_override
+    if has_intree_ling3():
+        return False  # 0.28+ keys the rewrite on the architecture and already picks BailingMoeV3MTPModel
+    from vllm.config.speculative import SpeculativeConfig
+
+    current = SpeculativeConfig.__dict__["hf_config_override"].__func__
+    if current is not _ling3_hf_config_override:
+        _original_hf_config_override = current
+        SpeculativeConfig.hf_config_override = staticmethod(_ling3_hf_config_override)
+    elif _original_hf_config_override is None:  # pragma: no cover - patched by a previous import
+        raise RuntimeError("vllm-ling: MTP override installed without the original to chain to")
+    return True
+
+
+def register_config_class(config_cls: type) -> None:
+    """Make config.json parse without --trust-remote-code, deterministically across transformers.
+
+    vLLM's private `_CONFIG_REGISTRY` makes vLLM itself call AutoConfig.register and drop remote
+    code; AutoConfig.register is the public fallback. Both override transformers' native class.
+    """
+    from transformers import AutoConfig
+
+    try:
+        from vllm.transformers_utils.config import _CONFIG_REGISTRY
+
+        _CONFIG_REGISTRY[config_cls.model_type] = config_cls
+    except (ImportError, TypeError):  # pragma: no cover - private symbol moved
+        pass
+    AutoConfig.register(config_cls.model_type, config_cls, exist_ok=True)

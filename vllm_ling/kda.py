@@ -1,0 +1,163 @@
+"""Kimi Delta Attention layer of Ling-3.0 (ling3-architecture.md §3), with its state in vLLM's hybrid cache.
+
+Per token: q,k,v = SiLU(causal_conv4(W_{q,k,v} x)); β = σ(W_β x); g = λ·σ(exp(A_log)·(W_f x + b_dt))
+(the *safe* gate, λ = −5, fp32); S_t = (I − β k kᵀ) Diag(e^g) S_{t−1} + β k vᵀ; o = S_tᵀ (q/√d) with
+q, k L2-normed; y = W_o [RMSNorm(o) ⊙ w ⊙ σ(W_g x)].
+
+The stateful part runs inside one opaque custom op (torch.compile must not trace it). On CUDA it
+calls vLLM's vendored FLA kernels with our precomputed gate (0.26's kernels have no lower bound);
+on CPU it calls our torch-native ops in `vllm_ling.ops`.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from vllm.config import get_current_vllm_config
+from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.layers.linear import ColumnParallelLinear, MergedColumnParallelLinear, RowParallelLinear
+from vllm.model_executor.layers.mamba.abstract import MambaBase
+from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+from vllm.model_executor.utils import set_weight_attrs
+from vllm.utils.torch_utils import direct_register_custom_op
+from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
+
+from vllm_ling import compat, kda_core
+from vllm_ling.config import kda_head_dim
+from vllm_ling.ops.kda import kda_safe_gate, kda_softplus_gate
+
+OP_NAME = "vllm_ling_kda"
+
+
+def _kda_op(qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, out: torch.Tensor, layer_name: str) -> None:
+    get_forward_context().no_compile_layers[layer_name].core(qkv, g, beta, out)
+
+
+def _kda_op_fake(qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, out: torch.Tensor, layer_name: str) -> None:
+    return None
+
+
+direct_register_custom_op(op_name=OP_NAME, op_func=_kda_op, mutates_args=["out"], fake_impl=_kda_op_fake)
+
+
+def _load_head_sharded(param: torch.Tensor, loaded: torch.Tensor) -> None:
+    """Load a per-channel tensor ([P], [P,1,K] conv, 1-D or [1,1,H,1] A_log), keep this rank's heads, cast."""
+    loaded = loaded.reshape(-1, *param.shape[1:]) if param.dim() > 1 else loaded.reshape(-1)
+    size = param.shape[0]
+    rank = get_tensor_model_parallel_rank()
+    param.data.copy_(loaded.narrow(0, rank * size, size).to(param.dtype))
+
+
+class _Weight(nn.Module):
+    """Holds one TP-sharded fp32 tensor under the checkpoint's `<name>.weight` (conv kernels, o_norm)."""
+
+    def __init__(self, *shape: int, sharded: bool = True) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(*shape, dtype=torch.float32), requires_grad=False)
+        if sharded:
+            set_weight_attrs(self.weight, {"weight_loader": _load_head_sharded})
+
+
+class BailingMoeV3KDA(nn.Module, MambaBase):
+    """KDA mixer; checkpoint prefix `model.layers.{i}.attention` (renamed `self_attn` on load)."""
+
+    def __init__(self, config, vllm_config, prefix: str) -> None:
+        super().__init__()
+        quant_config = vllm_config.quant_config
+        self.model_config = vllm_config.model_config
+        self.cache_config = vllm_config.cache_config
+        self.tp_size = get_tensor_model_parallel_world_size()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = kda_head_dim(config)
+        self.local_heads = self.num_heads // self.tp_size
+        self.conv_size = config.short_conv_kernel_size
+        self.num_spec = compat.num_speculative_tokens(vllm_config)
+        self.safe_gate = bool(getattr(config, "kda_safe_gate", True)) and config.kda_lower_bound is not None
+        self.lower_bound = float(config.kda_lower_bound) if self.safe_gate else 0.0
+        self.eps = config.rms_norm_eps
+        self.prefix = prefix
+        proj = self.num_heads * self.head_dim
+        local_proj = proj // self.tp_size
+
+        # q | k | v | β-logits in one GEMM; TP shards every part by heads.
+        self.qkvb_proj = MergedColumnParallelLinear(
+            config.hidden_size, [proj, proj, proj, self.num_heads], bias=False,
+            quant_config=quant_config, prefix=f"{prefix}.qkvb_proj",
+        )
+        self.f_proj = ColumnParallelLinear(
+            config.hidden_size, proj, bias=False, quant_config=quant_config, prefix=f"{prefix}.f_proj"
+        )
+        self.g_proj = ColumnParallelLinear(
+            config.hidden_size, proj, bias=False, quant_config=quant_config, prefix=f"{prefix}.g_proj"
+        )
+        self.o_proj = RowParallelLinear(
+            proj, config.hidden_size, bias=False, quant_config=quant_config, prefix=f"{prefix}.o_proj"
+        )
+        # Gate parameters and the conv stay fp32: the gate is computed in fp32 (§3.5).
+        fp32 = dict(dtype=torch.float32)
+        self.A_log = nn.Parameter(torch.empty(self.local_heads, **fp32), requires_grad=False)
+        self.dt_bias = nn.Parameter(torch.empty(local_proj, **fp32), requires_grad=False)
+        self.o_norm = _Weight(self.head_dim, sharded=False)  # shared by all heads
+        self.q_conv1d = _Weight(local_proj, self.conv_size)
+        self.k_conv1d = _Weight(local_proj, self.conv_size)
+        self.v_conv1d = _Weight(local_proj, self.conv_size)
+        for param in (self.A_log, self.dt_bias):
+            set_weight_attrs(param, {"weight_loader": _load_head_sharded})
+
+        compilation_config = get_current_vllm_config().compilation_config
+        if prefix in compilation_config.static_forward_context:
+            raise ValueError(f"Duplicate layer name: {prefix}")
+        compilation_config.static_forward_context[prefix] = self
+        splitting = compilation_config.splitting_ops
+        if splitting is not None and f"vllm::{OP_NAME}" not in splitting:
+            splitting.append(f"vllm::{OP_NAME}")
+
+    # --- hybrid-cache interface (must equal the model's classmethods) ------------------------------
+    @property
+    def mamba_type(self) -> MambaAttentionBackendEnum:
+        return MambaAttentionBackendEnum.GDN_ATTN
+
+    def get_state_shape(self):
+        return compat.kda_state_shape(self.tp_size, self.num_heads, self.head_dim, self.conv_size, self.num_spec)
+
+    def get_state_dtype(self):
+        return compat.kda_state_dtype(self.model_config.dtype, self.cache_config.mamba_cache_dtype)
+
+    # --- forward -----------------------------------------------------------------------------------
+    def gate(self, f: torch.Tensor) -> torch.Tensor:
+        """Log-space forget gate g [T, H, d] in fp32: the safe law for Ling-3.0, softplus otherwise."""
+        if self.safe_gate:
+            return kda_safe_gate(f, self.A_log, self.dt_bias, self.lower_bound)
+        return kda_softplus_gate(f, self.A_log, self.dt_bias)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        n = hidden_states.shape[0]
+        qkvb, _ = self.qkvb_proj(hidden_states)
+        qkv, b = qkvb.split([3 * self.local_heads * self.head_dim, self.local_heads], dim=-1)
+        beta = b.float().sigmoid()  # fp32 write strength
+        g = self.gate(self.f_proj(hidden_states)[0])
+        out = torch.zeros(n, self.local_heads, self.head_dim, dtype=hidden_states.dtype, device=hidden_states.device)
+        torch.ops.vllm.vllm_ling_kda(qkv, g, beta, out, self.prefix)
+        gate = self.g_proj(hidden_states)[0].view(n, self.local_heads, self.head_dim)
+        # Gated RMSNorm over each head, fp32: RMSNorm(o) ⊙ w ⊙ σ(W_g x)  (sigmoid, not SiLU).
+        o = out.float()
+        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps) * self.o_norm.weight
+        o = (o * gate.float().sigmoid()).to(hidden_states.dtype)
+        return self.o_proj(o.view(n, -1))[0]
+
+    def core(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, out: torch.Tensor) -> None:
+        """Conv + recurrence over the batch's sequences, reading and writing this layer's cache slots."""
+        meta = get_forward_context().attn_metadata
+        meta = meta.get(self.prefix) if isinstance(meta, dict) else None
+        if meta is None:  # profile / warm-up run without state
+            return
+        conv_state, rec_state = self.kv_cache
+        if not is_conv_state_dim_first():
+            conv_state = conv_state.transpose(-1, -2)  # view as [slots, 3·P, width]
+        rec_state = rec_state[..., : self.head_dim]  # [slots, H, d(v), d(k)], ignore page padding
+        n = meta.num_actual_tokens
+        conv_w = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])
+        run = kda_core.run_cuda if qkv.is_cuda else kda_core.run_torch
+        out[:n] = run(qkv[:n], g[:n], beta[:n], conv_w, conv_state, rec_state, meta, self.head_dim)

@@ -1,0 +1,121 @@
+"""The stateful half of a KDA layer: short conv + delta-rule recurrence over vLLM's cache slots.
+
+Both runners take the same arguments and return o [n, H, d]:
+  qkv [n, 3·P] (pre-conv projections), g [n, H, d] fp32 log-decay, beta [n, H] fp32,
+  conv_w [3·P, K], conv_state [slots, 3·P, width] (dim-first view), rec_state [slots, H, d(v), d(k)] fp32,
+  meta: vLLM's GDNAttentionMetadata (decodes first, then prefills; spec-decode rows separate).
+A sequence whose `has_initial_state` is False starts from zero state, whatever its slot held.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vllm_ling.ops.conv import causal_conv1d_torch
+from vllm_ling.ops.kda import chunk_kda_torch, recurrent_kda_torch
+
+
+def _heads(x: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[n, 3·P] -> q, k, v each [1, n, H, d]."""
+    n = x.shape[0]
+    return tuple(t.reshape(1, n, -1, head_dim) for t in x.chunk(3, dim=-1))  # type: ignore[return-value]
+
+
+def run_torch(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int) -> torch.Tensor:
+    """CPU path, our torch-native ops. No speculative decoding on the CPU engine."""
+    if meta.num_spec_decodes:
+        raise NotImplementedError(
+            "MTP speculative decoding is not supported on the CPU engine; serve without "
+            "--speculative-config, or on a CUDA GPU."
+        )
+    cu = meta.non_spec_query_start_loc.long()
+    num_seqs = cu.numel() - 1
+    slots = meta.non_spec_state_indices_tensor[:num_seqs].long()
+    has_init = meta.has_initial_state
+    has_init = torch.ones(num_seqs, dtype=torch.bool) if has_init is None else has_init[:num_seqs].bool()
+    width = conv_w.shape[1] - 1
+
+    x, conv_out = causal_conv1d_torch(
+        qkv, conv_w, conv_state[slots, :, :width].to(qkv.dtype), cu, has_init, activation="silu"
+    )
+    conv_state[slots, :, :width] = conv_out.to(conv_state.dtype)
+
+    q, k, v = _heads(x, head_dim)
+    h0 = rec_state[slots].clone()
+    h0[~has_init] = 0
+    lengths = cu[1:] - cu[:-1]
+    kda = recurrent_kda_torch if bool((lengths <= 1).all()) else chunk_kda_torch
+    o, h_t = kda(
+        q, k, v, g.unsqueeze(0), beta.unsqueeze(0), initial_state=h0,
+        output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
+    )
+    rec_state[slots] = h_t
+    return o[0]
+
+
+def run_cuda(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int) -> torch.Tensor:
+    """CUDA path: vLLM's conv kernels and vendored FLA KDA kernels, fed our fp32 gate."""
+    from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_fn, causal_conv1d_update
+    from vllm.third_party.flash_linear_attention.ops.kda import (
+        chunk_kda,
+        fused_recurrent_kda,
+        fused_recurrent_kda_fwd,
+    )
+
+    n = qkv.shape[0]
+    conv_w = conv_w.to(qkv.dtype)
+    scale = head_dim**-0.5
+    out = torch.empty(n, rec_state.shape[1], head_dim, dtype=qkv.dtype, device=qkv.device)
+    spec = meta.spec_sequence_masks is not None
+    spec_only = spec and meta.num_prefills == 0 and meta.num_decodes == 0
+    spec_rows = None if not spec else (slice(None) if spec_only else meta.spec_token_indx)
+    plain_rows = None if spec_only else (meta.non_spec_token_indx if spec else slice(None))
+
+    if spec_rows is not None:  # MTP verification: per-draft-position state slots
+        num_spec = meta.num_spec_decodes
+        slots = meta.spec_state_indices_tensor
+        qsl = meta.spec_query_start_loc
+        x = causal_conv1d_update(
+            qkv[spec_rows], conv_state, conv_w, None, activation="silu",
+            conv_state_indices=slots[:, 0][:num_spec], num_accepted_tokens=meta.num_accepted_tokens,
+            query_start_loc=qsl, max_query_len=slots.size(-1), validate_data=False,
+        )
+        q, k, v = _heads(x, head_dim)
+        o, _ = fused_recurrent_kda_fwd(
+            q=q, k=k, v=v, g=g[spec_rows].unsqueeze(0).contiguous(), beta=beta[spec_rows].unsqueeze(0).contiguous(),
+            scale=scale, initial_state=rec_state, inplace_final_state=True, cu_seqlens=qsl[: num_spec + 1],
+            ssm_state_indices=slots, num_accepted_tokens=meta.num_accepted_tokens, use_qk_l2norm_in_kernel=True,
+        )
+        out[spec_rows] = o[0]
+
+    if plain_rows is None:
+        return out
+    slots = meta.non_spec_state_indices_tensor
+    qsl = meta.non_spec_query_start_loc
+    x_in = qkv[plain_rows]
+    g_in, beta_in = g[plain_rows].unsqueeze(0).contiguous(), beta[plain_rows].unsqueeze(0).contiguous()
+    if meta.num_prefills > 0:
+        has_init = meta.has_initial_state
+        x = causal_conv1d_fn(
+            x_in.transpose(0, 1), conv_w, None, activation="silu", conv_states=conv_state,
+            has_initial_state=has_init, cache_indices=slots, query_start_loc=qsl, metadata=meta,
+        ).transpose(0, 1)
+        q, k, v = _heads(x, head_dim)
+        rec_state[slots[~has_init]] = 0
+        o, h_t = chunk_kda(
+            q=q, k=k, v=v, g=g_in, beta=beta_in, scale=scale, initial_state=rec_state[slots].contiguous(),
+            output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=qsl,
+        )
+        rec_state[slots] = h_t.to(rec_state.dtype)
+    else:
+        x = causal_conv1d_update(
+            x_in, conv_state, conv_w, None, activation="silu",
+            conv_state_indices=slots[: x_in.shape[0]], validate_data=True,
+        )
+        q, k, v = _heads(x, head_dim)
+        o, _ = fused_recurrent_kda(
+            q=q, k=k, v=v, g=g_in, beta=beta_in, scale=scale, initial_state=rec_state,
+            use_qk_l2norm_in_kernel=True, cu_seqlens=qsl[: meta.num_decodes + 1], ssm_state_indices=slots,
+        )
+    out[plain_rows] = o[0].to(out.dtype)
+    return out

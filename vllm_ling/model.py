@@ -1,0 +1,205 @@
+"""BailingMoeV3ForCausalLM (Ling-3.0-flash) for vLLM: a hybrid of KDA and gated-MLA layers over MoE MLPs.
+
+Pre-norm blocks (ling3-architecture.md §2): h = x + Attn(RMSNorm(x)); y = h + MLP(RMSNorm(h)); layer i is
+MLA iff (i+1) % layer_group_size == 0, else KDA; layers < first_k_dense_replace use a dense MLP.
+Logits = lm_head(RMSNorm(y)) with an untied head; `forward` returns the post-norm hidden state, which
+the MTP draft (`vllm_ling.mtp`) consumes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from vllm.compilation.decorators import support_torch_compile
+from vllm.config import VllmConfig
+from vllm.model_executor.layers.fused_moe import fused_moe_make_expert_params_mapping
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
+from vllm.model_executor.models.utils import WeightsMapper, maybe_prefix
+
+from vllm_ling import compat
+from vllm_ling.config import check_supported, is_mla_layer, kda_head_dim
+from vllm_ling.kda import BailingMoeV3KDA
+from vllm_ling.mla import BailingMoeV3MLA
+from vllm_ling.moe import BailingMoeV3MLP, BailingMoeV3MoE
+
+
+def make_mlp(config, vllm_config: VllmConfig, layer_idx: int, prefix: str) -> nn.Module:
+    if layer_idx < config.first_k_dense_replace:
+        return BailingMoeV3MLP(config, config.intermediate_size, vllm_config.quant_config, prefix)
+    return BailingMoeV3MoE(config, vllm_config.quant_config, layer_idx, prefix)
+
+
+class BailingMoeV3DecoderLayer(nn.Module):
+    def __init__(self, config, vllm_config: VllmConfig, layer_idx: int, prefix: str) -> None:
+        super().__init__()
+        self.is_mla = is_mla_layer(config, layer_idx)
+        attn_cls = BailingMoeV3MLA if self.is_mla else BailingMoeV3KDA
+        self.self_attn = attn_cls(config, vllm_config, prefix=f"{prefix}.self_attn")
+        self.mlp = make_mlp(config, vllm_config, layer_idx, f"{prefix}.mlp")
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        if self.is_mla:
+            hidden_states = self.self_attn(positions, hidden_states)
+        else:
+            hidden_states = self.self_attn(hidden_states)  # KDA has no positions (no RoPE)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+@support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": -1, "inputs_embeds": 0})
+class BailingMoeV3Model(nn.Module):
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        check_supported(config)
+        self.config = config
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            BailingMoeV3DecoderLayer(config, vllm_config, i, prefix=f"{prefix}.layers.{i}")
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors=None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        hidden_states = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden_states, residual = layer(positions, hidden_states, residual)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+# Checkpoint -> vLLM names. `.attention.` is also how the INT4 ignore list names modules.
+HF_TO_VLLM = WeightsMapper(
+    orig_to_new_substr={".attention.": ".self_attn.", ".gate.e_score_correction_bias": ".gate.expert_bias"},
+    orig_to_new_prefix={"model.word_embeddings.": "model.embed_tokens."},
+)
+# (fused vLLM module, checkpoint module, shard id); tried only where the fused module exists, which
+# tells KDA's q_proj (part of qkvb_proj) from MLA's q_proj (its own module).
+STACKED = [
+    (".qkvb_proj", ".q_proj", 0), (".qkvb_proj", ".k_proj", 1), (".qkvb_proj", ".v_proj", 2), (".qkvb_proj", ".b_proj", 3),
+    (".fused_qkv_a_proj", ".q_a_proj", 0), (".fused_qkv_a_proj", ".kv_a_proj_with_mqa", 1),
+    (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1),
+]
+
+
+def layer_index(name: str) -> int | None:
+    return int(name.split(".")[2]) if name.startswith("model.layers.") else None
+
+
+def load_checkpoint_weights(
+    module: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], config, keep
+) -> set[str]:
+    """Load HF-named tensors into `module`; `keep(vllm_name)` says which tensors belong to it.
+
+    Shared by the main model (all but the MTP layer) and the MTP draft (its layer, embedding, head).
+    A kept tensor without a parameter raises: a silently skipped tensor is how wrong models produce
+    fluent garbage.
+    """
+    params = dict(module.named_parameters())
+    expert_map = fused_moe_make_expert_params_mapping(
+        module, ckpt_gate_proj_name="gate_proj", ckpt_down_proj_name="down_proj",
+        ckpt_up_proj_name="up_proj", num_experts=config.num_experts,
+    )
+    loaded: set[str] = set()
+    for name, tensor in HF_TO_VLLM.apply(weights):
+        if not keep(name):
+            continue
+        target, args = name, ()
+        if ".mlp.experts." in name:
+            for param_part, ckpt_part, expert_id, shard in expert_map:
+                if ckpt_part in name:
+                    target = name.replace(ckpt_part, param_part)
+                    args = (target, shard, expert_id)
+                    break
+        else:
+            for fused, part, shard in STACKED:
+                if part in name and name.replace(part, fused) in params:
+                    target, args = name.replace(part, fused), (shard,)
+                    break
+        if target not in params:
+            raise KeyError(f"vllm-ling: checkpoint tensor {name!r} has no parameter {target!r} in {type(module).__name__}")
+        param = params[target]
+        loader = getattr(param, "weight_loader", default_weight_loader)
+        if len(args) == 3:
+            loader(param, tensor, args[0], shard_id=args[1], expert_id=args[2])
+        else:
+            loader(param, tensor, *args)
+        loaded.add(target)
+    return loaded
+
+
+def kda_state_shape(vllm_config: VllmConfig):
+    config = vllm_config.model_config.hf_config
+    return compat.kda_state_shape(
+        vllm_config.parallel_config.tensor_parallel_size, config.num_attention_heads, kda_head_dim(config),
+        config.short_conv_kernel_size, compat.num_speculative_tokens(vllm_config),
+    )
+
+
+class BailingMoeV3ForCausalLM(nn.Module, HasInnerState, IsHybrid):
+    hf_to_vllm_mapper = HF_TO_VLLM
+    packed_modules_mapping = {
+        "qkvb_proj": ["q_proj", "k_proj", "v_proj", "b_proj"],
+        "fused_qkv_a_proj": ["q_a_proj", "kv_a_proj_with_mqa"],
+        "gate_up_proj": ["gate_proj", "up_proj"],
+    }
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
+        super().__init__()
+        config = vllm_config.model_config.hf_config
+        self.config = config
+        self.model = BailingMoeV3Model(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, quant_config=None, prefix="lm_head")
+        self.logits_processor = LogitsProcessor(config.vocab_size)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_input_ids(input_ids)
+
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None) -> torch.Tensor:
+        return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    @classmethod
+    def get_mamba_state_shape_from_config(cls, vllm_config: VllmConfig):
+        return kda_state_shape(vllm_config)
+
+    @classmethod
+    def get_mamba_state_dtype_from_config(cls, vllm_config: VllmConfig):
+        return compat.kda_state_dtype(vllm_config.model_config.dtype, vllm_config.cache_config.mamba_cache_dtype)
+
+    @classmethod
+    def get_mamba_state_copy_func(cls):
+        return compat.kda_state_copy_funcs()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        # The MTP layer (index >= num_hidden_layers) belongs to the draft model.
+        last = self.config.num_hidden_layers
+        return load_checkpoint_weights(self, weights, self.config, lambda n: (layer_index(n) or 0) < last)
