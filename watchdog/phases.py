@@ -1,0 +1,164 @@
+"""Phases of one launch and the rule of each: what counts as stuck, and when to say so.
+
+loading  launch -> "Application startup complete."  Judged by shard progress: a freeze is no new
+         shard for load_stall_s while one process sits at ~100% of a CPU (W7); plain silence is
+         allowed longer (slow disks); the whole start-up is capped by load_timeout_s.
+warmup   -> first 1-token completion answered.  The first request spends ~30 s in kernel JIT
+         (W8): it gets warmup_grace_s and is never judged by the liveness timeout.
+serving  /health answers 200 even when the engine is wedged, so liveness is decode progress:
+         fail_threshold consecutive failed probes = wedged.
+
+The Monitor is pure bookkeeping over observations with explicit times; the supervisor feeds it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable
+
+from ling_watchdog.config import Config
+from ling_watchdog.probes import ProbeResult
+from ling_watchdog.procs import Busiest
+from ling_watchdog.vllm_log import LogEvent
+
+
+class Phase(str, Enum):
+    LOADING = "loading"
+    WARMUP = "warmup"
+    SERVING = "serving"
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    event: str  # "stall" | "wedge"
+    cause: str
+    message: str
+    held_s: float  # how long the faulty condition lasted before this verdict
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+Emit = Callable[..., Any]
+
+
+class Monitor:
+    def __init__(self, cfg: Config, now: float, emit: Emit):
+        self.cfg, self.emit = cfg, emit
+        self.phase, self.phase_t, self.t0 = Phase.LOADING, now, now
+        self.last_output = self.last_progress = now
+        self.shard: tuple[int, int] | None = None
+        self.busiest: Busiest | None = None
+        self.busy_since: float | None = None
+        self.ready_t: float | None = None
+        self.failures, self.first_failure_t = 0, None
+        self.last_probe = ""
+        self.fatal: LogEvent | None = None
+        self._pending: Fault | None = None
+
+    # observations -----------------------------------------------------------------------------
+    def output(self, t: float) -> None:
+        self.last_output = t
+
+    def line(self, ev: LogEvent, t: float) -> None:
+        if ev.kind == "shard":
+            if self.shard is None or ev.shard != self.shard[0]:
+                self.shard, self.last_progress = (ev.shard, ev.total), t
+                self.emit("progress", f"shard {ev.shard}/{ev.total}", quiet=True, shard=ev.shard,
+                          total=ev.total)
+        elif ev.kind == "fatal":
+            self.fatal = ev
+            self.emit("fatal_line", f"vLLM reported: {ev.text}", level="error", retry=ev.retry)
+        elif ev.kind == "alert":
+            self.emit("alert", f"vLLM reported: {ev.text}", level="warning")
+        else:
+            self.last_progress = t
+            self.emit("milestone", ev.text, quiet=True, milestone=ev.kind)
+            if ev.kind == "startup_complete" and self.phase is Phase.LOADING:
+                self._enter(Phase.WARMUP, t, f"start-up took {t - self.t0:.1f}s; probing /health")
+
+    def cpu(self, busiest: Busiest | None, t: float) -> None:
+        self.busiest = busiest
+        busy = busiest is not None and busiest.cpu_percent >= self.cfg.busy_cpu_percent
+        self.busy_since = (self.busy_since or t) if busy else None
+
+    def probe(self, r: ProbeResult) -> None:
+        self.last_probe = r.detail
+        if r.kind == "ready" and r.ok and self.ready_t is None:
+            self.ready_t = r.t
+            self.emit("ready", f"/health 200 after {r.t - self.phase_t:.1f}s; first request (JIT grace "
+                      f"{self.cfg.warmup_grace_s:.0f}s)")
+        elif r.kind == "first":
+            if r.ok:
+                self._enter(Phase.SERVING, r.t, f"first request answered: {r.detail}")
+            else:
+                self._pending = Fault("wedge", "first_request", f"first request failed: {r.detail} (JIT grace "
+                                      f"{self.cfg.warmup_grace_s:.0f}s)", r.t - (self.ready_t or r.t))
+        elif r.kind == "live":
+            self._live(r)
+
+    def _live(self, r: ProbeResult) -> None:
+        if r.ok:
+            if self.failures:
+                self.emit("probe_ok", f"liveness recovered after {self.failures} failed probe(s): {r.detail}")
+            elif r.busy:
+                self.emit("probe_busy", r.detail)
+            self.failures, self.first_failure_t = 0, None
+            return
+        self.failures += 1
+        self.first_failure_t = self.first_failure_t or r.t
+        k = self.cfg.fail_threshold
+        self.emit("probe_fail", f"liveness probe failed ({self.failures}/{k}): {r.detail}", level="warning",
+                  failures=self.failures)
+        if self.failures >= k:
+            self._pending = Fault("wedge", "liveness", f"{k} consecutive liveness probes failed (last: "
+                                  f"{r.detail}); /health alone would not show this", r.t - self.first_failure_t,
+                                  dict(failures=self.failures))
+
+    def _enter(self, phase: Phase, t: float, why: str) -> None:
+        self.emit("phase", f"phase {self.phase.value} -> {phase.value}: {why}", **{"from": self.phase.value},
+                  to=phase.value)
+        self.phase, self.phase_t = phase, t
+
+    # verdict ----------------------------------------------------------------------------------
+    def serving_for(self, t: float) -> float:
+        return t - self.phase_t if self.phase is Phase.SERVING else 0.0
+
+    def check(self, t: float) -> Fault | None:
+        """The fault that holds at time t, if any."""
+        if self._pending:
+            return self._pending
+        if self.phase is Phase.LOADING:
+            return self._check_loading(t)
+        if self.phase is Phase.WARMUP:
+            return self._check_warmup(t)
+        return None
+
+    def _check_loading(self, t: float) -> Fault | None:
+        cfg, stalled = self.cfg, t - self.last_progress
+        if t - self.t0 >= cfg.load_timeout_s:
+            return Fault("stall", "load_timeout", f"start-up not complete after {t - self.t0:.0f}s "
+                         f"(load_timeout_s {cfg.load_timeout_s:.0f})", t - self.t0)
+        mid_load = self.shard is not None and self.shard[0] < self.shard[1]
+        busy_s = t - self.busy_since if self.busy_since is not None else 0.0
+        if mid_load and stalled >= cfg.load_stall_s and busy_s >= cfg.cpu_busy_s:
+            b = self.busiest
+            return Fault("stall", "shard_freeze", f"no shard progress for {stalled:.1f}s at shard "
+                         f"{self.shard[0]}/{self.shard[1]} while pid {b.pid} ({b.name}) sits at "
+                         f"{b.cpu_percent:.0f}% of a CPU (W7 cold-start freeze)", stalled,
+                         dict(shard=self.shard[0], total=self.shard[1], pid=b.pid, cpu_percent=b.cpu_percent))
+        silent = t - self.last_output
+        if silent >= cfg.load_silent_s:
+            where = f" at shard {self.shard[0]}/{self.shard[1]}" if self.shard else ""
+            return Fault("stall", "silent", f"no output for {silent:.1f}s while loading{where} "
+                         f"(load_silent_s {cfg.load_silent_s:.0f})", silent)
+        return None
+
+    def _check_warmup(self, t: float) -> Fault | None:
+        cfg = self.cfg
+        if self.ready_t is None and t - self.phase_t >= cfg.ready_timeout_s:
+            return Fault("wedge", "not_ready", f"/health not 200 {t - self.phase_t:.1f}s after start-up "
+                         f"complete (last: {self.last_probe})", t - self.phase_t)
+        limit = cfg.warmup_grace_s + cfg.health_timeout_s  # the probe's own timeout normally fires first
+        if self.ready_t is not None and t - self.ready_t >= limit:
+            return Fault("wedge", "first_request", f"first request unanswered after {t - self.ready_t:.1f}s "
+                         f"(JIT grace {cfg.warmup_grace_s:.0f}s)", t - self.ready_t)
+        return None

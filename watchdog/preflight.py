@@ -1,0 +1,195 @@
+"""Safety limits applied to the serve command before anything starts.
+
+Each rule returns a Verdict; a refusal names the rule, the values and the safe alternative.
+
+The utilisation ceiling (W4). On unified memory `--gpu-memory-utilization` is a fraction of the
+whole box (~119.6 GiB on GB10). What vLLM does not reserve, (1 - util) x 119.6 GiB, is all that the
+OS, the page cache, the CUDA context, a prefill chunk's activations and non-torch allocations share:
+util 0.80 leaves 23.9 GiB and hard-hung the box at long context (NV_ERR_NO_MEMORY was also seen with
+~22 GiB still available); util 0.72 leaves 33.5 GiB and was verified at 131,072 tokens with chunked
+prefill capped at 8192 tokens per step. Hence at long context: util <= 0.72 and chunks <= 8192. At
+short context only the start-up limit applies (vLLM's default 0.92 OOMs at start-up on GB10; <= 0.85).
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ling_watchdog.config import Config
+from ling_watchdog.device import Device
+from ling_watchdog.memory import GiB, gib
+from ling_watchdog.serve_args import ServeArgs
+
+VLLM_DEFAULT_UTIL = 0.92
+MTP_K1 = """--speculative-config '{"method":"mtp","num_speculative_tokens":1}'"""
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    rule: str
+    verdict: str  # "ok" | "warn" | "refuse"
+    message: str
+    values: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Host:
+    """Memory as the preflight sees it (bytes), passed in so tests can pose any box."""
+    available: int
+    total: int
+
+
+def _ok(rule: str, message: str, **values: Any) -> Verdict:
+    return Verdict(rule, "ok", message, values)
+
+
+def _context(args: ServeArgs, cfg: Config) -> tuple[int, str]:
+    """Tokens per sequence, and where the number came from."""
+    if args.max_model_len is not None:
+        return args.max_model_len, "--max-model-len"
+    cfg_json = Path(args.model or "") / "config.json"
+    if args.model and cfg_json.is_file():
+        ctx = json.loads(cfg_json.read_text()).get("max_position_embeddings")
+        if ctx:
+            return int(ctx), f"{cfg_json} (--max-model-len unset)"
+    return cfg.model_max_context, "the model's maximum (--max-model-len unset)"
+
+
+def _weights(args: ServeArgs, cfg: Config) -> tuple[int, str]:
+    shards = list(Path(args.model).glob("*.safetensors")) if args.model and Path(args.model).is_dir() else []
+    if shards:
+        return sum(p.stat().st_size for p in shards), f"{len(shards)} shards in {args.model}"
+    return int(cfg.weights_gib * GiB), "weights_gib"
+
+
+def check_util(args: ServeArgs, cfg: Config, dev: Device, ctx: int) -> Verdict:
+    rule = "util_ceiling"
+    if dev.kind == "cpu":
+        return _ok(rule, "CPU engine: --gpu-memory-utilization does not apply")
+    if args.kv_cache_bytes is not None:
+        return _ok(rule, "--kv-cache-memory-bytes is set: vLLM ignores --gpu-memory-utilization")
+    util = args.util if args.util is not None else VLLM_DEFAULT_UTIL
+    long = ctx > cfg.long_context_tokens
+    limit = cfg.max_util_long_context if long else cfg.max_util
+    values = dict(util=util, max_model_len=ctx, limit=limit, long_context=long)
+    if util <= limit:
+        return _ok(rule, f"--gpu-memory-utilization {util} <= {limit}", **values)
+    why = (f"at {ctx} tokens (> {cfg.long_context_tokens} = long context); W4: 0.80 at long context "
+           f"hard-hung a DGX Spark (NV_ERR_NO_MEMORY), 0.72 with chunked prefill 8192 was verified at "
+           f"131,072" if long else "vLLM's default 0.92 OOMs at start-up on GB10")
+    unset = "" if args.util is not None else " (vLLM's default, flag unset)"
+    return Verdict(rule, "refuse", f"{rule}: --gpu-memory-utilization {util}{unset} is above {limit} {why}. "
+                   f"Safe: --gpu-memory-utilization {limit}, or size the KV cache with "
+                   f"--kv-cache-memory-bytes.", values)
+
+
+def check_chunked_prefill(args: ServeArgs, cfg: Config, ctx: int) -> Verdict:
+    rule = "chunked_prefill"
+    limit = cfg.max_batched_tokens_long_context
+    mnbt = args.max_batched_tokens
+    values = dict(max_model_len=ctx, chunked_prefill=args.chunked_prefill, max_num_batched_tokens=mnbt,
+                  limit=limit)
+    if ctx <= cfg.long_context_tokens:
+        return _ok(rule, f"short context ({ctx} tokens): no chunk limit", **values)
+    safe = f"Safe: --enable-chunked-prefill --max-num-batched-tokens {limit}."
+    if not args.chunked_prefill:
+        return Verdict(rule, "refuse", f"{rule}: chunked prefill is off at {ctx} tokens (long context): a "
+                       f"whole-prompt prefill peaks outside vLLM's reservation (W4; a 128K prefill reset "
+                       f"a GB10). {safe}", values)
+    if mnbt is not None and mnbt > limit:
+        return Verdict(rule, "refuse", f"{rule}: --max-num-batched-tokens {mnbt} is above {limit} at {ctx} "
+                       f"tokens (long context); W4 verified 131,072 only with {limit}-token chunks. {safe}",
+                       values)
+    return _ok(rule, f"chunked prefill with {mnbt or 'vLLM default (<= 8192)'} tokens per step", **values)
+
+
+def check_spec_tokens(args: ServeArgs, cfg: Config, dev: Device) -> Verdict:
+    rule = "spec_tokens_smem"
+    k = args.spec_tokens
+    smem = cfg.gpu_smem_bytes if cfg.gpu_smem_bytes is not None else dev.smem_bytes
+    values = dict(num_speculative_tokens=k, smem_bytes=smem, limit=cfg.max_spec_tokens_small_smem)
+    if smem is None or smem > cfg.small_smem_bytes or k <= cfg.max_spec_tokens_small_smem:
+        return _ok(rule, f"num_speculative_tokens {k} (smem per block: {smem or 'unknown'})", **values)
+    return Verdict(rule, "refuse", f"{rule}: num_speculative_tokens {k} on a GPU with {smem:,} B shared "
+                   f"memory per block (<= {cfg.small_smem_bytes:,}); W3: k=3 crashed on this limit (the "
+                   f"kernels want ~133 KB) and k=1 is the fastest anyway (acceptance 94% at position 0, "
+                   f"57% at 1; x1.78). Safe: {MTP_K1}.", values)
+
+
+def check_eager(args: ServeArgs, dev: Device) -> Verdict:
+    rule = "enforce_eager"
+    if not args.has("--enforce-eager") or dev.kind == "cpu":
+        return _ok(rule, "CUDA graphs on" if dev.kind != "cpu" else "CPU engine: no CUDA graphs")
+    return Verdict(rule, "warn", f"{rule}: --enforce-eager disables CUDA graphs; W2: 20.8 tok/s eager vs "
+                   f"22.9 with graphs (before MTP). Drop --enforce-eager unless you are debugging.")
+
+
+def _refuse(rule: str, message: str, values: dict[str, Any]) -> Verdict:
+    return Verdict(rule, "refuse", f"{rule}: {message}", values)
+
+
+def check_memory(args: ServeArgs, cfg: Config, dev: Device, host: Host, ctx: int) -> Verdict:
+    """What vLLM will take (its reservation) against what the model needs (weights + KV/state for
+    one max-length sequence + overhead, vLLM's own minimum) and what the box has (MemAvailable
+    less a reserve for the host)."""
+    rule = "memory_fit"
+    weights, source = _weights(args, cfg)
+    state = cfg.state_bytes_per_seq * (1 + args.spec_tokens)
+    kv = ctx * cfg.kv_bytes_per_token + state
+    overhead = int(cfg.overhead_gib * GiB)
+    need = weights + kv + overhead
+    reserve = int(cfg.host_reserve_gib * GiB)
+    need_txt = (f"weights {gib(weights)} ({source}) + KV/state {gib(kv)} for one {ctx}-token sequence "
+                f"+ overhead {gib(overhead)} = {gib(need)}")
+    values = dict(need=need, weights=weights, kv=kv, overhead=overhead, available=host.available,
+                  total=host.total, host_reserve=reserve, device=dev.kind, max_model_len=ctx)
+    total = dev.total_bytes if dev.kind == "discrete" and dev.total_bytes else host.total
+    if args.kv_cache_bytes is not None:  # vLLM sizes the cache in bytes and ignores util
+        if kv > args.kv_cache_bytes:
+            return _refuse(rule, f"--kv-cache-memory-bytes {args.kv_cache_bytes:,} is less than the "
+                           f"{kv:,} B one {ctx}-token sequence needs. Safe: --kv-cache-memory-bytes "
+                           f"{kv:,} or a lower --max-model-len.", values)
+        demand, how = weights + args.kv_cache_bytes + overhead, "weights + --kv-cache-memory-bytes + overhead"
+    elif dev.kind == "cpu":
+        demand, how = need, "the model"
+    else:
+        util = args.util if args.util is not None else VLLM_DEFAULT_UTIL
+        demand, how = int(util * total), f"--gpu-memory-utilization {util} x {gib(total)}"
+        if need > demand:
+            fit = (demand - weights - overhead - state) // cfg.kv_bytes_per_token
+            min_util = math.ceil(100 * need / total) / 100
+            safe = (f"--gpu-memory-utilization {min_util:.2f} if the util ceiling allows it" if min_util <= 1
+                    else f"none on this box: it has {gib(total)} in all")
+            safe += f", or --max-model-len {fit}" if fit > 0 else ""
+            return _refuse(rule, f"the model needs {need_txt}, more than {how} = {gib(demand)}. Safe: "
+                           f"{safe}.", values)
+    values.update(demand=demand)
+    if dev.kind == "discrete" and dev.total_bytes:
+        return _ok(rule, f"fits on the GPU: {need_txt} within {how}", **values)
+    supply = host.available - reserve
+    if demand > supply:
+        fit_util = math.floor(100 * supply / total) / 100
+        hint = ("" if need > supply or args.kv_cache_bytes is not None or dev.kind == "cpu" else
+                f", or --gpu-memory-utilization {fit_util:.2f} (still holds the model)")
+        what = (f"the model needs {need_txt}, but MemAvailable {gib(host.available)} less the host reserve "
+                f"{gib(reserve)} leaves {gib(supply)}" if dev.kind == "cpu" else
+                f"{how} = {gib(demand)} plus the host reserve {gib(reserve)} exceeds MemAvailable "
+                f"{gib(host.available)}; the model needs {need_txt}")
+        return _refuse(rule, f"{what}. Safe: free memory first (stop other servers, drop the page "
+                       f"cache){hint}.", values)
+    return _ok(rule, f"fits: {how} = {gib(demand)} covers {need_txt}; MemAvailable "
+               f"{gib(host.available)} keeps {gib(host.available - demand)} for the host", **values)
+
+
+def check(args: ServeArgs, cfg: Config, dev: Device, host: Host) -> list[Verdict]:
+    """All rules, in the order an operator would fix them."""
+    try:
+        ctx, _ = _context(args, cfg)
+        return [check_util(args, cfg, dev, ctx), check_chunked_prefill(args, cfg, ctx),
+                check_spec_tokens(args, cfg, dev), check_eager(args, dev),
+                check_memory(args, cfg, dev, host, ctx)]
+    except ValueError as e:
+        return [Verdict("serve_args", "refuse", f"serve_args: {e}")]

@@ -1,0 +1,121 @@
+"""HTTP probes of a running vLLM server, posted from a thread so the supervisor loop never blocks.
+
+Readiness is `GET /health` with a short timeout: the port binds before the engine is up, so a
+timeout means "not ready", not "dead". /health says 200 while the engine is wedged, so liveness is a
+real 1-token completion; when it times out, /metrics token counters that moved in the meantime mark
+the server as busy (e.g. both lanes of W5 decoding long answers), not wedged.
+"""
+from __future__ import annotations
+
+import queue
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import requests
+
+from ling_watchdog.config import Config
+
+TOKENS = re.compile(r"^vllm:(?:generation|prompt)_tokens_total(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M)
+READY_POLL_S = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeResult:
+    kind: str  # "ready": /health poll before the first 200 | "first": first request | "live": serving
+    ok: bool
+    detail: str
+    t: float
+    elapsed: float = 0.0
+    busy: bool = False
+
+
+def tokens_total(metrics_text: str) -> float:
+    """Prompt + generated tokens so far: any forward progress of the engine moves this sum."""
+    return sum(float(v) for v in TOKENS.findall(metrics_text))
+
+
+class Prober(threading.Thread):
+    """ready polls until /health is 200, then the first request (JIT grace), then a liveness probe
+    every probe_interval_s, each result put on `inbox`."""
+
+    def __init__(self, url: str, cfg: Config, inbox: queue.Queue, model: str | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        super().__init__(name="ling-watchdog-prober", daemon=True)
+        self.url, self.cfg, self.inbox, self.model = url.rstrip("/"), cfg, inbox, model
+        self._clock = clock
+        self._halt = threading.Event()
+        self._http = requests.Session()
+
+    def stop(self) -> None:
+        self._halt.set()
+
+    def run(self) -> None:
+        try:
+            while not self._halt.is_set():
+                result = self._health("ready")
+                self.inbox.put(result)
+                if result.ok or self._halt.wait(READY_POLL_S):
+                    break
+            if not self._halt.is_set():
+                self.inbox.put(self._complete("first", self.cfg.warmup_grace_s))
+            while not self._halt.wait(self.cfg.probe_interval_s):
+                self.inbox.put(self._liveness())
+        except Exception as e:  # a prober that dies silently would hide a wedge
+            self.inbox.put(ProbeResult("live", False, f"prober crashed: {e!r}", self._clock()))
+        finally:
+            self._http.close()
+
+    def _get(self, path: str, timeout: float) -> requests.Response:
+        return self._http.get(self.url + path, timeout=timeout)
+
+    def _health(self, kind: str) -> ProbeResult:
+        t0 = self._clock()
+        try:
+            r = self._get("/health", self.cfg.health_timeout_s)
+            ok, detail = r.status_code == 200, f"/health {r.status_code}"
+        except requests.RequestException as e:
+            ok, detail = False, f"/health: {type(e).__name__}"
+        return ProbeResult(kind, ok, detail, self._clock(), self._clock() - t0)
+
+    def _model(self) -> str:
+        if self.model is None:
+            data = self._get("/v1/models", self.cfg.health_timeout_s).json()["data"]
+            self.model = data[0]["id"]
+        return self.model
+
+    def _complete(self, kind: str, timeout: float) -> ProbeResult:
+        t0 = self._clock()
+        try:
+            body = {"model": self._model(), "prompt": "ping", "max_tokens": 1, "temperature": 0}
+            r = self._http.post(self.url + "/v1/completions", json=body, timeout=timeout)
+            ok = r.status_code == 200 and bool(r.json().get("choices"))
+            detail = f"1-token completion {r.status_code}"
+        except (requests.RequestException, ValueError, KeyError, IndexError) as e:
+            ok, detail = False, f"1-token completion: {type(e).__name__}"
+        elapsed = self._clock() - t0
+        return ProbeResult(kind, ok, f"{detail} in {elapsed:.1f}s", self._clock(), elapsed)
+
+    def _tokens(self) -> float | None:
+        try:
+            r = self._get("/metrics", self.cfg.health_timeout_s)
+            return tokens_total(r.text) if r.status_code == 200 else None
+        except requests.RequestException:
+            return None
+
+    def _liveness(self) -> ProbeResult:
+        health = self._health("live")
+        if not health.ok:
+            return health
+        before = self._tokens()
+        result = self._complete("live", self.cfg.liveness_timeout_s)
+        if result.ok or before is None:
+            return result
+        after = self._tokens()
+        if after is not None and after > before:
+            return ProbeResult("live", True, f"{result.detail}, but the engine processed "
+                               f"{after - before:.0f} tokens meanwhile: busy, not wedged",
+                               result.t, result.elapsed, busy=True)
+        return result

@@ -1,0 +1,211 @@
+"""The supervisor loop: launch, watch (phases + memory guard), kill cleanly, wait for the memory to
+come back, relaunch with backoff, and stop with one clear final line and exit code."""
+from __future__ import annotations
+
+import queue
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from enum import IntEnum
+
+from ling_watchdog import memory
+from ling_watchdog.child import Child, Line, Output
+from ling_watchdog.config import Config
+from ling_watchdog.events import EventLog
+from ling_watchdog.memory import gib
+from ling_watchdog.phases import Fault, Monitor, Phase
+from ling_watchdog.policy import RelaunchPolicy
+from ling_watchdog.probes import ProbeResult, Prober
+from ling_watchdog.procs import CpuSampler
+from ling_watchdog.vllm_log import parse
+
+TICK_S = 0.25
+
+
+class ExitCode(IntEnum):
+    OK = 0              # the serve command exited 0 by itself: someone stopped it on purpose
+    USAGE = 1
+    PREFLIGHT = 2       # a safety rule refused the serve command
+    GAVE_UP = 3         # relaunch or burst limit reached
+    MEMORY_GUARD = 4    # MemAvailable fell under the floor: stopped before the box wedged
+    FATAL = 5           # vLLM printed an error that a relaunch would repeat
+    MEMORY_HELD = 6     # memory not released after a kill: relaunching would wedge the driver
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How one launch ended: a fault to relaunch after, or a final exit code."""
+    fault: Fault | None = None
+    code: int | None = None
+    message: str = ""
+
+
+class Supervisor:
+    def __init__(self, cmd: list[str], cfg: Config, log: EventLog, url: str, model: str | None = None,
+                 env: dict[str, str] | None = None):
+        self.cmd, self.cfg, self.log, self.url, self.model, self.env = cmd, cfg, log, url, model, env
+        self.policy = RelaunchPolicy(cfg)
+        self._clock = time.monotonic
+        self._halt = threading.Event()
+        self._signal: int | None = None
+        self.launches = 0
+
+    def request_stop(self, signum: int, _frame=None) -> None:
+        """Signal handler: the loop stops the child cleanly and exits 128 + signum."""
+        self._signal = signum
+        self._halt.set()
+
+    # the whole run ------------------------------------------------------------------------------
+    def run(self) -> int:
+        start_avail, total = memory.available(), memory.total()
+        self.guard_floor = memory.guard_floor(self.cfg, start_avail, total)
+        self.release_floor = memory.release_floor(self.cfg, start_avail)
+        self.log.emit("memory", f"MemAvailable {gib(start_avail)} of {gib(total)}; guard floor "
+                      f"{gib(self.guard_floor)}, relaunch waits for {gib(self.release_floor)}",
+                      available=start_avail, total=total, guard_floor=self.guard_floor,
+                      release_floor=self.release_floor)
+        while True:
+            out = self._run_once()
+            if out.code is not None:
+                return self._final(out.code, out.message)
+            decision = self.policy.after_failure(self._clock())
+            if not decision.relaunch:
+                return self._final(ExitCode.GAVE_UP, f"giving up after {self.policy.total} relaunch(es): "
+                                   f"{decision.reason}; last fault: {out.fault.message}")
+            code = self._wait_for_memory()
+            if code is not None:
+                return self._final(code, "stopped while waiting for memory" if code != ExitCode.MEMORY_HELD
+                                   else f"memory not released {self.cfg.release_timeout_s:.0f}s after the "
+                                   f"kill (MemAvailable under {gib(self.release_floor)}): not relaunching "
+                                   f"over it; check for leftover GPU processes")
+            self.log.emit("relaunch", f"relaunch {self.policy.total}/{self.cfg.max_relaunches} in "
+                          f"{decision.delay_s:.1f}s after {out.fault.cause}", n=self.policy.total,
+                          backoff_s=decision.delay_s, cause=out.fault.cause)
+            if self._halt.wait(decision.delay_s):
+                return self._final(self._signal_code(), "stopped by signal during backoff")
+
+    def _signal_code(self) -> int:
+        return 128 + (self._signal or signal.SIGTERM)
+
+    def _final(self, code: int, message: str) -> int:
+        level = "info" if code in (ExitCode.OK, self._signal_code()) else "error"
+        self.log.emit("final", f"exit {int(code)}: {message}", level=level, code=int(code),
+                      launches=self.launches, relaunches=self.policy.total)
+        return int(code)
+
+    def _wait_for_memory(self) -> int | None:
+        ok, now = memory.wait_for(self.release_floor, self.cfg.release_timeout_s, self._halt)
+        self.log.emit("memory", f"MemAvailable {gib(now)} after the kill (relaunch needs "
+                      f"{gib(self.release_floor)})", available=now, floor=self.release_floor, released=ok)
+        if self._halt.is_set():
+            return self._signal_code()
+        return None if ok else ExitCode.MEMORY_HELD
+
+    # one launch ---------------------------------------------------------------------------------
+    def _run_once(self) -> Outcome:
+        self.launches += 1
+        inbox: queue.Queue = queue.Queue()
+        child = Child(self.cmd, inbox, self.log.output, env=self.env, clock=self._clock)
+        self.log.emit("launch", f"launch {self.launches}: pid {child.pid} (own process group): "
+                      f"{' '.join(self.cmd)}", n=self.launches, pid=child.pid)
+        return self._watch(child, Monitor(self.cfg, self._clock(), self.log.emit), inbox)
+
+    def _watch(self, child: Child, monitor: Monitor, inbox: queue.Queue) -> Outcome:
+        sampler, prober, stable = CpuSampler(), None, False
+        next_memory = next_log = self._clock()
+        try:
+            while True:
+                self._drain(inbox, monitor, TICK_S)
+                now = self._clock()
+                if self._halt.is_set():
+                    self._kill(child, f"signal {signal.Signals(self._signal).name}")
+                    return Outcome(code=self._signal_code(), message="stopped by signal; server stopped")
+                if child.exited():
+                    return self._exited(child, monitor, inbox)
+                if monitor.phase is Phase.LOADING:
+                    monitor.cpu(sampler.busiest(child.pid), now)
+                    child.note_tree(sampler.pids)
+                elif prober is None:
+                    prober = Prober(self.url, self.cfg, inbox, self.model, clock=self._clock)
+                    prober.start()
+                if not stable and monitor.serving_for(now) >= self.cfg.stable_after_s:
+                    stable = True
+                    self.policy.stable()
+                    self.log.emit("stable", f"serving for {self.cfg.stable_after_s:.0f}s: relaunch count reset")
+                if now >= next_memory:
+                    next_memory = now + self.cfg.memory_poll_s
+                    out = self._guard(child, monitor, now >= next_log)
+                    next_log = now + self.cfg.memory_log_s if now >= next_log else next_log
+                    if out:
+                        return out
+                fault = monitor.check(now)
+                if fault:
+                    self.log.emit(fault.event, f"{fault.event} ({fault.cause}) during {monitor.phase.value}: "
+                                  f"{fault.message}", level="error", cause=fault.cause,
+                                  phase=monitor.phase.value, held_s=round(fault.held_s, 2), **fault.data)
+                    self._kill(child, fault.cause)
+                    return Outcome(fault=fault)
+        finally:
+            if prober is not None:
+                prober.stop()
+                prober.join(timeout=self.cfg.health_timeout_s + 1)
+
+    def _drain(self, inbox: queue.Queue, monitor: Monitor, timeout: float) -> None:
+        try:
+            item = inbox.get(timeout=timeout)
+            while True:
+                if isinstance(item, Line):
+                    monitor.output(item.t)
+                    if ev := parse(item.text):
+                        monitor.line(ev, item.t)
+                elif isinstance(item, Output):
+                    monitor.output(item.t)
+                elif isinstance(item, ProbeResult):
+                    monitor.probe(item)
+                item = inbox.get_nowait()
+        except queue.Empty:
+            return
+
+    def _guard(self, child: Child, monitor: Monitor, log_reading: bool) -> Outcome | None:
+        avail = memory.available()
+        if avail >= self.guard_floor:
+            if log_reading:
+                self.log.emit("memory", f"MemAvailable {gib(avail)} (guard floor {gib(self.guard_floor)})",
+                              available=avail, floor=self.guard_floor, phase=monitor.phase.value)
+            return None
+        message = (f"MemAvailable {gib(avail)} fell under the floor {gib(self.guard_floor)} during "
+                   f"{monitor.phase.value}: stopping the server before the box wedges (W4). Lower "
+                   f"--gpu-memory-utilization or --max-model-len, or size the KV cache with "
+                   f"--kv-cache-memory-bytes")
+        self.log.emit("memory_guard", message, level="error", available=avail, floor=self.guard_floor,
+                      phase=monitor.phase.value)
+        self._kill(child, "memory_guard")
+        return Outcome(code=ExitCode.MEMORY_GUARD, message=message)
+
+    def _kill(self, child: Child, why: str) -> None:
+        r = child.stop(self.cfg.kill_grace_s)
+        how = {"none": "had already exited", "SIGTERM": "stopped by SIGTERM to its group",
+               "SIGKILL": f"did not stop within {self.cfg.kill_grace_s:.0f}s of SIGTERM: SIGKILLed"}[r.signal]
+        self.log.emit("kill", f"pid {child.pid} ({why}) {how}; rc {r.rc}; {r.seconds:.1f}s; "
+                      f"{r.survivors} process(es) left", level="info" if r.survivors == 0 else "error",
+                      pid=child.pid, signal=r.signal, rc=r.rc, seconds=round(r.seconds, 2),
+                      survivors=r.survivors, why=why)
+
+    def _exited(self, child: Child, monitor: Monitor, inbox: queue.Queue) -> Outcome:
+        rc = child.proc.returncode
+        self._kill(child, f"exited with rc {rc}")  # the leader is gone; its group may not be
+        self._drain(inbox, monitor, 0.0)  # the last lines hold the reason
+        phase, fatal = monitor.phase.value, monitor.fatal
+        if rc == 0:
+            return Outcome(code=ExitCode.OK, message=f"the serve command exited with rc 0 during {phase} "
+                           f"(stopped on purpose): not relaunching")
+        if fatal is not None and not fatal.retry:
+            return Outcome(code=ExitCode.FATAL, message=f"the serve command failed during {phase} with an "
+                           f"error a relaunch would repeat: {fatal.text}")
+        reason = f"; vLLM said: {fatal.text}" if fatal else ""
+        fault = Fault("crash", f"exit_{phase}", f"the serve command exited with rc {rc} during {phase}{reason}",
+                      0.0, dict(rc=rc))
+        self.log.emit("crash", f"crash during {phase}: {fault.message}", level="error", cause=fault.cause,
+                      phase=phase, rc=rc, held_s=0.0)
+        return Outcome(fault=fault)

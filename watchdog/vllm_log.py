@@ -1,0 +1,61 @@
+"""What a line of vLLM's start-up log means to the watchdog (vLLM 0.26/0.33; vllm-integration.md E2)."""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+# tqdm bar of weight_utils.py; every update ends in "\n", so each is its own line. " (eager)" suffix
+# for the eager load strategy. The same string in 0.33.
+SHARDS = re.compile(r"Loading safetensors checkpoint shards(?: \(eager\))?:\s+(\d+)% Completed \| (\d+)/(\d+)")
+
+# Start-up milestones after the shards, in order. Any of them is progress for the loading rule.
+MILESTONES = (
+    ("weights_loaded", "Loading weights took"),
+    ("model_loaded", "Model loading took"),
+    ("kv_cache", "GPU KV cache size:"),
+    ("graphs_captured", "Graph capturing finished"),
+    ("engine_ready", "init engine (profile, create kv cache, warmup model) took"),
+    ("server_starting", "Starting vLLM server on"),
+    ("startup_complete", "Application startup complete."),
+)
+
+# Lines after which vLLM exits by itself. retry=False: the same command fails the same way again.
+FATAL = (
+    (re.compile(r"Free memory on device .* less than desired GPU memory utilization"), False),
+    (re.compile(r"No available memory for the cache blocks"), False),
+    (re.compile(r"To serve at least one request with the model's max seq len"), False),
+    (re.compile(r"Model architectures .* are not supported"), False),
+    (re.compile(r"Timed out waiting for engine core processes to start"), True),
+    (re.compile(r"Engine core initialization failed"), True),
+    (re.compile(r"EngineCore failed to start"), True),
+    (re.compile(r"EngineDeadError"), True),
+    (re.compile(r"CUDA out of memory"), True),
+)
+# Logged, not fatal: vLLM carries on without the plugin (and then may run the wrong model, W1).
+ALERTS = ("Failed to load plugin", "OutOfResources: shared memory")
+
+
+@dataclass(frozen=True, slots=True)
+class LogEvent:
+    kind: str  # "shard" | a MILESTONES key | "fatal" | "alert"
+    text: str
+    shard: int = 0
+    total: int = 0
+    retry: bool = True
+
+
+def parse(line: str) -> LogEvent | None:
+    """The event a line carries, or None for ordinary output."""
+    text = ANSI.sub("", line).strip()
+    if m := SHARDS.search(text):
+        return LogEvent("shard", text, shard=int(m[2]), total=int(m[3]))
+    for kind, needle in MILESTONES:
+        if needle in text:
+            return LogEvent(kind, text)
+    for pattern, retry in FATAL:
+        if pattern.search(text):
+            return LogEvent("fatal", text, retry=retry)
+    if any(needle in text for needle in ALERTS):
+        return LogEvent("alert", text)
+    return None
