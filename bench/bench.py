@@ -111,43 +111,57 @@ class Runner:
 
 
 def _fmt(stat: Stat | None, scale: float = 1.0, digits: int = 1) -> str:
+    """`median (min-max)`."""
     if stat is None:
         return "-"
     return f"{stat.median * scale:.{digits}f} ({stat.min * scale:.{digits}f}-{stat.max * scale:.{digits}f})"
 
 
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{100 * x:.1f}%"
+def _num(x: float | None, fmt: str) -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _row(c: CaseResult) -> str:
+    s, spec = c.stats(), c.spec
+    cells = [
+        c.prompt.name, str(c.requests[0].prompt_tokens), _fmt(s["completion_tokens"], digits=0),
+        _fmt(s["ttft_s"], 1000), _fmt(s["prefill_tok_s"], digits=0), _fmt(s["decode_tok_s"]),
+        _fmt(s["output_tok_s"]), _num(spec and spec.acceptance_rate, ".1%"),
+        _num(spec and spec.mean_acceptance_length, ".2f"),
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _spec_line(spec: dict | None) -> str:
+    if spec is None:
+        return "Spec decode: no `vllm:spec_decode_*` counters on /metrics (speculation off or no metrics)."
+    if spec["acceptance_rate"] is None:
+        return "Spec decode: counters present, but nothing was drafted during the measured requests."
+    line = f"Spec decode (all cases): acceptance {spec['acceptance_rate']:.1%}"
+    if spec["mean_acceptance_length"] is not None:
+        line += f", mean acceptance length {spec['mean_acceptance_length']:.2f}"
+    if spec["acceptance_rate_per_pos"]:
+        line += ", per position " + ", ".join(f"{x:.1%}" for x in spec["acceptance_rate_per_pos"])
+    return line
 
 
 def markdown(report: dict, cases: list[CaseResult]) -> str:
     cfg, srv = report["config"], report["server"]
+    by_server = report["token_count_source"] == "server"
+    sizes = "the server's /tokenize" if by_server else "an estimate (~4 chars/token)"
     lines = [
-        f"**ling-bench** `{srv['model']}` at {srv['base_url']}{srv['endpoint']}: temperature {cfg['temperature']}, "
-        f"max_tokens {cfg['max_tokens']}, ignore_eos {cfg['ignore_eos']}; {cfg['repeats']} repetitions after "
-        f"{cfg['warmup']} warm-up, concurrency {cfg['concurrency']}, seed {cfg['seed']}; prompt sizes from "
-        + ("the server's /tokenize" if report["token_count_source"] == "server" else "an estimate (~4 chars/token)"),
+        f"**ling-bench** `{srv['model']}` at {srv['base_url']}{srv['endpoint']}: "
+        f"temperature {cfg['temperature']}, max_tokens {cfg['max_tokens']}, ignore_eos {cfg['ignore_eos']}; "
+        f"{cfg['repeats']} repetitions after {cfg['warmup']} warm-up, concurrency {cfg['concurrency']}, "
+        f"seed {cfg['seed']}; prompt sizes from {sizes}; cells are median (min-max)",
         "",
-        "| case | prompt tok | out tok | TTFT ms | prefill tok/s | decode tok/s | output tok/s | accept | accept len |",
+        "| case | prompt tok | out tok | TTFT ms | prefill tok/s | decode tok/s | output tok/s | accept "
+        "| accept len |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        *map(_row, cases),
+        "",
+        _spec_line(report["spec"]),
     ]
-    for c in cases:
-        s = c.stats()
-        lines.append(
-            f"| {c.prompt.name} | {c.requests[0].prompt_tokens} | {_fmt(s['completion_tokens'], digits=0)} "
-            f"| {_fmt(s['ttft_s'], 1000)} | {_fmt(s['prefill_tok_s'], digits=0)} | {_fmt(s['decode_tok_s'])} "
-            f"| {_fmt(s['output_tok_s'])} | {_pct(c.spec.acceptance_rate if c.spec else None)} "
-            f"| {'-' if not c.spec or c.spec.mean_acceptance_length is None else f'{c.spec.mean_acceptance_length:.2f}'} |"
-        )
-    lines.append("")
-    if spec := report["spec"]:
-        per_pos = ", ".join(_pct(x) for x in spec["acceptance_rate_per_pos"] or [])
-        lines.append(f"Spec decode (all cases): acceptance {_pct(spec['acceptance_rate'])}"
-                     + (f", mean acceptance length {spec['mean_acceptance_length']:.2f}"
-                        if spec["mean_acceptance_length"] is not None else "")
-                     + (f", per position {per_pos}" if per_pos else ""))
-    else:
-        lines.append("Spec decode: no `vllm:spec_decode_*` counters on /metrics (speculation off or no metrics).")
     if report["gpu_mem_peak_mib"]:
         lines.append(f"Peak GPU memory.used (MiB, per GPU): {report['gpu_mem_peak_mib']}")
     return "\n".join(lines)
@@ -207,9 +221,10 @@ def parser() -> argparse.ArgumentParser:
 def _resolve(args: argparse.Namespace, session: requests.Session) -> tuple[Endpoint, int | None]:
     models = served_models(session, args.base_url, args.api_key)
     if args.model is None and not models:
-        raise BenchError(f"{args.base_url}/v1/models did not list a model; is the server up? Else pass --model")
+        raise BenchError(f"{args.base_url}/v1/models listed no model; is the server up? Else pass --model")
     if args.model is not None and models and args.model not in models:
-        raise BenchError(f"--model {args.model!r} is not served at {args.base_url}; it serves {sorted(models)}")
+        raise BenchError(f"--model {args.model!r} is not served at {args.base_url}; "
+                         f"it serves {sorted(models)}")
     model = args.model or next(iter(models))
     return Endpoint(args.base_url, model, args.chat, args.api_key, args.timeout), models.get(model)
 
@@ -218,7 +233,8 @@ def _check_fits(long_tokens: list[int], max_tokens: int, max_model_len: int | No
     if max_model_len and (too_long := [t for t in long_tokens if t + max_tokens > max_model_len]):
         raise BenchError(
             f"--long-tokens {too_long} + --max-tokens {max_tokens} exceed the server's max_model_len "
-            f"{max_model_len}; use sizes up to {max_model_len - max_tokens} or raise --max-model-len on the server"
+            f"{max_model_len}; use sizes up to {max_model_len - max_tokens} "
+            "or raise --max-model-len on the server"
         )
 
 
@@ -236,7 +252,8 @@ def run(args: argparse.Namespace) -> tuple[dict, list[CaseResult]]:
     try:
         with GpuMemSampler() if args.gpu_mem else nullcontext() as gpu:
             for i, prompt in enumerate(prompts, 1):
-                print(f"[{i}/{len(prompts)}] {prompt.name}: {prompt.tokens} prompt tokens", file=sys.stderr, flush=True)
+                print(f"[{i}/{len(prompts)}] {prompt.name}: {prompt.tokens} prompt tokens",
+                      file=sys.stderr, flush=True)
                 cases.append(runner.case(prompt, args.warmup, args.repeats))
     finally:
         runner.close()

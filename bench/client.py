@@ -50,10 +50,10 @@ class Sampling:
 class RequestResult:
     prompt_tokens: int
     completion_tokens: int
-    chunks: int  # SSE events that carried text; != completion_tokens under spec decode
+    chunks: int  # SSE events that carried tokens; < completion_tokens under spec decode
     start: float  # time.perf_counter() just before sending
-    first_token: float  # arrival of the first non-empty text delta
-    end: float  # arrival of the last non-empty text delta
+    first_token: float  # arrival of the first text/content delta
+    end: float  # arrival of the last text/content delta
 
     @property
     def ttft_s(self) -> float:
@@ -78,7 +78,9 @@ def _post(session: requests.Session, ep: Endpoint, path: str, body: dict, stream
     return resp
 
 
-def served_models(session: requests.Session, base_url: str, api_key: str | None = None) -> dict[str, int | None]:
+def served_models(
+    session: requests.Session, base_url: str, api_key: str | None = None
+) -> dict[str, int | None]:
     """Served model ids -> max_model_len (a vLLM field), from GET /v1/models; {} if it does not answer."""
     try:
         resp = session.get(base_url.rstrip("/") + "/v1/models", timeout=30,
@@ -143,12 +145,18 @@ def _events(resp: requests.Response) -> Iterator[dict[str, Any]]:
         yield event
 
 
-def _delta_text(choice: dict[str, Any]) -> str:
-    """Text of one streamed choice: `text` (completions) or delta content/reasoning (chat)."""
+def _carries_tokens(choice: dict[str, Any]) -> bool:
+    """Whether a streamed choice reports generated tokens.
+
+    vLLM sends one such chunk per engine step, with empty text when the step's tokens decode to
+    nothing yet (a special token, half a UTF-8 character), so an empty `text`/`content` still
+    marks a token's arrival. The chat stream's opening role-only delta carries none.
+    """
     if "text" in choice:
-        return choice["text"] or ""
+        return True
     delta = choice.get("delta") or {}
-    return delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning") or ""
+    payload = ("content", "reasoning_content", "reasoning", "tool_calls")
+    return not delta.get("role") or any(delta.get(k) for k in payload)
 
 
 def stream_request(
@@ -162,11 +170,11 @@ def stream_request(
     with _post(session, ep, path, _payload(ep, text, sampling, cache_salt), stream=True) as resp:
         for event in _events(resp):
             now = time.perf_counter()
-            if any(_delta_text(c) for c in event.get("choices") or ()):
+            if any(_carries_tokens(c) for c in event.get("choices") or ()):
                 first, end, chunks = (now if first is None else first), now, chunks + 1
             usage = event.get("usage") or usage
     if usage is None:
         raise BenchError(f"{path} streamed no usage; the server must honour stream_options.include_usage")
     if first is None:
-        raise BenchError(f"{path} streamed no text (usage: {usage}); cannot time the first token")
+        raise BenchError(f"{path} streamed no text delta (usage: {usage}); cannot time the first token")
     return RequestResult(usage["prompt_tokens"], usage["completion_tokens"], chunks, start, first, end)

@@ -120,7 +120,8 @@ def long_prompt(seed: int, target_tokens: int, count: TokenCount) -> tuple[str, 
         f"The vault code is {code}. Remember it: the question at the end asks for it.\n"
         "Below is a long station log. Read it, then answer the question.\n\n"
     )
-    tail = "\nQuestion: what is the vault code stated at the top? Answer with the number, then summarise the log."
+    tail = ("\nQuestion: what is the vault code stated at the top? "
+            "Answer with the number, then summarise the log.")
     if count(head + tail) > target_tokens:
         raise ValueError(
             f"long-context target {target_tokens} tokens is shorter than the fixed question "

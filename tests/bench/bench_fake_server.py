@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 CHAT_TEMPLATE_TOKENS = 7
 
@@ -25,6 +27,7 @@ class FakeConfig:
     first_token_delay_s: float = 0.05
     chunk_delay_s: float = 0.005
     tokens_per_chunk: int = 3
+    first_text: str = " tok"  # "": like vLLM when the first token is special or half a character
     tokenize: bool = True  # False: /tokenize answers 404
     usage: bool = True  # False: ignore stream_options.include_usage
     spec: bool = True  # False: /metrics without spec counters
@@ -75,7 +78,8 @@ class FakeServer:
 
     def metrics_text(self) -> str:
         s, labels = self.state, 'engine="0",model_name="fake-ling"'
-        lines = ["# HELP vllm:num_requests_running Running requests.", "# TYPE vllm:num_requests_running gauge",
+        lines = ["# HELP vllm:num_requests_running Running requests.",
+                 "# TYPE vllm:num_requests_running gauge",
                  f"vllm:num_requests_running{{{labels}}} {s.in_flight}.0"]
         if self.config.spec:
             for name, value in (("drafts", s.drafts), ("draft_tokens", s.draft_tokens),
@@ -84,7 +88,8 @@ class FakeServer:
                           f"vllm:spec_decode_num_{name}_total{{{labels}}} {float(value)}",
                           f"vllm:spec_decode_num_{name}_created{{{labels}}} 1.7e+09"]
             lines.append("# TYPE vllm:spec_decode_num_accepted_tokens_per_pos counter")
-            lines += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{labels},position="{i}"}} {float(v)}'
+            per_pos = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+            lines += [f'{per_pos}{{{labels},position="{i}"}} {float(v)}'
                       for i, v in enumerate(s.accepted_per_pos)]
         return "\n".join(lines) + "\n"
 
@@ -165,13 +170,14 @@ def _handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
                 return {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
 
             if chat:  # vLLM opens a chat stream with an empty role-only delta: not a token
-                self._event({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}], "usage": None})
+                opener = {"index": 0, "delta": {"role": "assistant", "content": ""}}
+                self._event({"choices": [opener], "usage": None})
             self._chunk(b": keep-alive\n\n")
             time.sleep(cfg.first_token_delay_s)
             for i, size in enumerate(sizes):
                 if i:
                     time.sleep(cfg.chunk_delay_s)
-                self._event({"choices": [choice(" tok" * size)], "usage": None})
+                self._event({"choices": [choice(cfg.first_text if i == 0 else " tok" * size)], "usage": None})
             server.count_spec()
             if cfg.usage and (body.get("stream_options") or {}).get("include_usage"):
                 self._event({"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
@@ -183,3 +189,22 @@ def _handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
                 state.in_flight -= 1
 
     return Handler
+
+
+def write_fake_nvidia_smi(folder: Path, readings: list[str]) -> Path:
+    """An executable `folder/nvidia-smi` printing the next reading per call (the last one forever).
+
+    Returns the file that counts its calls.
+    """
+    state, script = folder / "nvidia-smi.calls", folder / "nvidia-smi"
+    script.write_text(
+        f"#!{sys.executable}\n"
+        "import pathlib\n"
+        f"state = pathlib.Path({str(state)!r})\n"
+        "n = int(state.read_text()) if state.exists() else 0\n"
+        f"readings = {readings!r}\n"
+        "print(readings[min(n, len(readings) - 1)], end='')\n"
+        "state.write_text(str(n + 1))\n"
+    )
+    script.chmod(0o755)
+    return state
