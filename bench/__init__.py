@@ -1,0 +1,1 @@
+"""ling-bench: TTFT, prefill/decode tok/s and spec acceptance against OpenAI-compatible (vLLM) servers."""

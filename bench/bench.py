@@ -239,6 +239,10 @@ def _check_fits(long_tokens: list[int], max_tokens: int, max_model_len: int | No
 
 
 def run(args: argparse.Namespace) -> tuple[dict, list[CaseResult]]:
+    """Build the prompts, measure every case; returns (JSON report, finished cases).
+
+    A failure mid-run (say HTTP 400 on the 64K case) keeps the finished cases and records the error.
+    """
     with requests.Session() as session:
         ep, max_model_len = _resolve(args, session)
         if "long" in args.sets:
@@ -248,13 +252,16 @@ def run(args: argparse.Namespace) -> tuple[dict, list[CaseResult]]:
     runner = Runner(ep, Sampling(args.max_tokens, args.temperature, args.ignore_eos),
                     args.concurrency, args.prefix_cache)
     cases: list[CaseResult] = []
-    t0 = time.time()
+    error, t0 = None, time.time()
+    gpu = GpuMemSampler() if args.gpu_mem else None
     try:
-        with GpuMemSampler() if args.gpu_mem else nullcontext() as gpu:
+        with gpu or nullcontext():
             for i, prompt in enumerate(prompts, 1):
                 print(f"[{i}/{len(prompts)}] {prompt.name}: {prompt.tokens} prompt tokens",
                       file=sys.stderr, flush=True)
                 cases.append(runner.case(prompt, args.warmup, args.repeats))
+    except (BenchError, requests.RequestException) as e:
+        error = f"{prompts[len(cases)].name}: {e}"
     finally:
         runner.close()
     specs = [c.spec for c in cases if c.spec]
@@ -268,9 +275,10 @@ def run(args: argparse.Namespace) -> tuple[dict, list[CaseResult]]:
                                                   "temperature", "ignore_eos", "warmup", "repeats",
                                                   "concurrency", "prefix_cache")},
         "token_count_source": source,
+        "error": error,
         "cases": [c.to_json() for c in cases],
         "spec": reduce(lambda a, b: a + b, specs).to_json() if specs else None,
-        "gpu_mem_peak_mib": gpu.peak_mib if args.gpu_mem else None,
+        "gpu_mem_peak_mib": gpu.peak_mib if gpu else None,
     }
     return report, cases
 
@@ -286,6 +294,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report, f, indent=2)
+    if report["error"]:
+        print(f"ling-bench: error: {report['error']} (stopped; finished cases are reported)", file=sys.stderr)
+        return 1
     return 0
 
 

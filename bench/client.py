@@ -52,8 +52,8 @@ class RequestResult:
     completion_tokens: int
     chunks: int  # SSE events that carried tokens; < completion_tokens under spec decode
     start: float  # time.perf_counter() just before sending
-    first_token: float  # arrival of the first text/content delta
-    end: float  # arrival of the last text/content delta
+    first_token: float  # arrival of the first text/content delta (see _carries_tokens)
+    end: float  # arrival of the last one
 
     @property
     def ttft_s(self) -> float:

@@ -35,7 +35,8 @@ class FakeConfig:
     draft_tokens_per_request: int = 30
     accepted_per_request: int = 17
     accepted_per_pos_per_request: tuple[int, ...] = (9, 5, 3)
-    reject_with: str | None = None  # answer generation requests with HTTP 400 and this message
+    reject_with: str | None = None  # answer generation requests with HTTP 400 and this message...
+    reject_over_tokens: int = 0  # ...when their prompt is longer than this
 
 
 def fake_count(text: str, chat: bool = False) -> int:
@@ -147,7 +148,8 @@ def _handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
             if self.path == "/tokenize" and cfg.tokenize:
                 n = fake_count(text, chat)
                 self._json({"count": n, "max_model_len": cfg.max_model_len, "tokens": list(range(n))})
-            elif self.path in ("/v1/completions", "/v1/chat/completions") and cfg.reject_with:
+            elif (self.path in ("/v1/completions", "/v1/chat/completions") and cfg.reject_with
+                  and fake_count(text, chat) > cfg.reject_over_tokens):
                 self._json({"error": {"message": cfg.reject_with, "code": 400}}, 400)
             elif self.path in ("/v1/completions", "/v1/chat/completions"):
                 self._stream(body, chat, fake_count(text, chat))

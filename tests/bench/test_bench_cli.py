@@ -26,7 +26,8 @@ def test_json_report_has_the_documented_schema(fake, tmp_path):
     report = _bench(fake(), tmp_path, "--sets", "code,long", "--long-tokens", "512")
     assert report["schema"] == SCHEMA
     assert set(report) == {"schema", "created", "duration_s", "server", "config", "token_count_source",
-                           "cases", "spec", "gpu_mem_peak_mib"}
+                           "error", "cases", "spec", "gpu_mem_peak_mib"}
+    assert report["error"] is None
     assert report["server"] == {"base_url": report["server"]["base_url"], "model": "fake-ling",
                                 "max_model_len": 32768, "endpoint": "/v1/completions"}
     assert report["config"]["sets"] == ["code", "long"] and report["config"]["long_tokens"] == [512]
@@ -135,6 +136,17 @@ def test_long_target_beyond_max_model_len_is_rejected_before_any_request(fake, c
     assert rc == 1 and server.state.bodies == []
     err = capsys.readouterr().err
     assert "[4096]" in err and "max_model_len 2048" in err and "up to 1984" in err
+
+
+def test_a_failing_case_keeps_the_finished_ones_and_exits_nonzero(fake, tmp_path, capsys):
+    server = fake(reject_with="maximum context length is 1000 tokens", reject_over_tokens=1000)
+    out = tmp_path / "results.json"
+    rc = main(["--base-url", server.url, *FAST, "--sets", "code,long", "--long-tokens", "2000",
+               "--out", str(out)])
+    report = json.loads(out.read_text())
+    assert rc == 1 and [c["name"] for c in report["cases"]] == ["code-0"]
+    assert report["error"].startswith("long-2000: POST /v1/completions -> HTTP 400")
+    assert "maximum context length is 1000" in capsys.readouterr().err
 
 
 def test_unknown_model_is_rejected_naming_the_served_ones(fake, capsys):
