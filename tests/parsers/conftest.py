@@ -1,0 +1,198 @@
+"""Fixtures for the `ling3` parser tests: a tiny tokenizer and a driver that runs our parsers the way
+vLLM's chat-completion server does (one DelegatingParser per request; `parse()` for a whole output,
+`parse_delta()` per detokenized step for a stream)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+pytest.importorskip("vllm.parser.glm47_moe", reason="needs vLLM with the GLM-4.7 parser engine (>= 0.26)")
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers  # noqa: E402
+from tokenizers.decoders import DecodeStream  # noqa: E402
+from transformers import PreTrainedTokenizerFast  # noqa: E402
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest  # noqa: E402
+from vllm.parser.abstract_parser import DelegatingParser  # noqa: E402
+
+from vllm_ling.parsers.ling3 import Ling3ReasoningParser, Ling3ToolParser  # noqa: E402
+
+THINK_TAGS = ["<think>", "</think>", "<tool_call>", "</tool_call>"]
+ARG_TAGS = ["<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>"]
+EOS = "<|endoftext|>"
+# A few merges so that tokens span several characters, as in a real BPE vocabulary.
+MERGES = ["t h", "th e", "i n", "e r", "a r", "o n", "Ġ t", "Ġ a", "P a", "r i", "ri s", "c i", "ci t", "cit y",
+          "_ w", "w e", "e a", "ea th", "eath er", "a l", "< /", "\" :"]
+
+
+def make_tokenizer(arg_tags_special: bool) -> PreTrainedTokenizerFast:
+    """Byte-level BPE (256 bytes + MERGES) with the Ling-3 tags as special tokens.
+
+    With `arg_tags_special=False` only the think/tool_call tags are single tokens and the arg tags are
+    spelled in bytes, so the text lexer must find them across delta boundaries."""
+    vocab = {ch: i for i, ch in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    merges = [tuple(m.split(" ")) for m in MERGES]
+    for a, b in merges:
+        vocab.setdefault(a + b, len(vocab))
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    specials = THINK_TAGS + (ARG_TAGS if arg_tags_special else [])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token=EOS,
+        additional_special_tokens=specials,
+        clean_up_tokenization_spaces=False,
+    )
+
+
+@pytest.fixture(scope="session", params=[True, False], ids=["arg-tags-special", "arg-tags-bytes"])
+def tokenizer(request) -> PreTrainedTokenizerFast:
+    return make_tokenizer(arg_tags_special=request.param)
+
+
+@pytest.fixture(scope="session")
+def special_tokenizer() -> PreTrainedTokenizerFast:
+    return make_tokenizer(arg_tags_special=True)
+
+
+def _fn(name: str, properties: dict | None = None) -> dict:
+    fn: dict[str, Any] = {"name": name, "description": name}
+    if properties is not None:
+        fn["parameters"] = {"type": "object", "properties": properties}
+    return {"type": "function", "function": fn}
+
+
+TOOLS = [
+    _fn(
+        "get_weather",
+        {
+            "city": {"type": "string"},
+            "days": {"type": "integer"},
+            "threshold": {"type": "number"},
+            "hourly": {"type": "boolean"},
+            "units": {"type": "object", "properties": {"temp": {"type": "string"}}},
+            "fields": {"type": "array", "items": {"type": "string"}},
+            "note": {"type": ["string", "null"]},
+        },
+    ),
+    _fn("now", {}),
+    _fn("echo"),  # no schema: arguments stay strings
+]
+
+PROMPT_THINKING = "user: hi\nassistant:<think>"  # the generation prompt opens the think block (§9)
+PROMPT_PLAIN = "user: hi\nassistant:"
+
+
+@dataclass
+class Turn:
+    """One assistant turn as an OpenAI client sees it."""
+
+    reasoning: str | None
+    content: str | None
+    calls: list[tuple[str, dict]] = field(default_factory=list)
+
+
+class Ling3(DelegatingParser):
+    """What vLLM's ParserManager composes for `--reasoning-parser ling3 --tool-call-parser ling3`."""
+
+    reasoning_parser_cls = Ling3ReasoningParser
+    tool_parser_cls = Ling3ToolParser
+
+
+def make_request(tools: list | None = TOOLS, chat_template_kwargs: dict | None = None, **kw) -> ChatCompletionRequest:
+    return ChatCompletionRequest(
+        model="ling3",
+        messages=[{"role": "user", "content": "hi"}],
+        tools=tools,
+        chat_template_kwargs=chat_template_kwargs,
+        **kw,
+    )
+
+
+def _new_parser(tokenizer, request: ChatCompletionRequest) -> Ling3:
+    return Ling3(tokenizer, request.tools, chat_template_kwargs=request.chat_template_kwargs or {})
+
+
+def _prompt_ids(tokenizer, request: ChatCompletionRequest) -> list[int]:
+    from vllm_ling.parsers.ling3 import thinking_enabled
+
+    prompt = PROMPT_THINKING if thinking_enabled(request.chat_template_kwargs) else PROMPT_PLAIN
+    return tokenizer.encode(prompt, add_special_tokens=False)
+
+
+def parse_full(tokenizer, text: str, request: ChatCompletionRequest) -> Turn:
+    """Non-streaming: ChatCompletion serving's `parser.parse(output.text, ...)`."""
+    parser = _new_parser(tokenizer, request)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    if hasattr(parser, "set_prompt_token_ids"):  # vLLM >= 0.32
+        parser.set_prompt_token_ids(_prompt_ids(tokenizer, request))
+    reasoning, content, calls = parser.parse(text, request, enable_auto_tools=True, model_output_token_ids=ids)
+    return Turn(reasoning, content, [(c.name, json.loads(c.arguments)) for c in calls or []])
+
+
+def parse_stream(tokenizer, text: str, request: ChatCompletionRequest, chunk: int = 1) -> Turn:
+    """Streaming: `parser.parse_delta()` per engine step of `chunk` tokens (more than one with MTP),
+    with the text vLLM's fast incremental detokenizer yields: tokenizers' DecodeStream, special tokens
+    kept (as `adjust_request` asks), nothing for a token that ends inside a UTF-8 character."""
+    parser = _new_parser(tokenizer, request)
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(ids) == text, "fixture tokenizer must round-trip the test text"
+    prompt = _prompt_ids(tokenizer, request)
+    detok = DecodeStream(skip_special_tokens=False)
+    reasoning, content = [], []
+    names: dict[int, str] = {}
+    args: dict[int, str] = {}
+    for start in range(0, len(ids), chunk):
+        end = min(start + chunk, len(ids))
+        delta_text = "".join(detok.step(tokenizer._tokenizer, i) or "" for i in ids[start:end])
+        delta = parser.parse_delta(
+            delta_text=delta_text,
+            delta_token_ids=ids[start:end],
+            request=request,
+            prompt_token_ids=prompt,
+            finished=end == len(ids),
+        )
+        if delta is None:
+            continue
+        reasoning.append(delta.reasoning or "")
+        content.append(delta.content or "")
+        for tc in delta.tool_calls or []:
+            if tc.function and tc.function.name:
+                assert tc.index not in names, f"tool call {tc.index} named twice"
+                assert tc.id, "the first delta of a call carries its id"
+                names[tc.index] = tc.function.name
+            if tc.function and tc.function.arguments:
+                args[tc.index] = args.get(tc.index, "") + tc.function.arguments
+    assert sorted(names) == list(range(len(names))), f"tool indices not dense: {sorted(names)}"
+    calls = [(names[i], json.loads(args.get(i) or "{}")) for i in sorted(names)]
+    return Turn("".join(reasoning) or None, "".join(content) or None, calls)
+
+
+def _client_view(turn: Turn) -> Turn:
+    """vLLM strips content whitespace next to tool calls only when not streaming; compare modulo that."""
+    content = turn.content
+    if turn.calls and content is not None:
+        content = content.strip() or None
+    return Turn(turn.reasoning, content, turn.calls)
+
+
+@pytest.fixture(params=[1, 3], ids=["1-token-steps", "3-token-steps"])
+def chunk(request) -> int:
+    return request.param
+
+
+@pytest.fixture
+def parse(tokenizer, chunk):
+    """parse(text, **request_kwargs) -> Turn: parses both ways, checks streaming == non-streaming."""
+
+    def _parse(text: str, **request_kwargs) -> Turn:
+        full = parse_full(tokenizer, text, make_request(**request_kwargs))
+        streamed = parse_stream(tokenizer, text, make_request(**request_kwargs), chunk)
+        assert _client_view(streamed) == _client_view(full), "streamed deltas differ from the non-streaming result"
+        return full
+
+    return _parse
