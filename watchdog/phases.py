@@ -65,7 +65,8 @@ class Monitor:
                 self.emit("progress", f"shard {ev.shard}/{ev.total}", quiet=True, shard=ev.shard,
                           total=ev.total)
         elif ev.kind == "fatal":
-            self.fatal = ev
+            if self.fatal is None or self.fatal.retry:  # the root cause comes first; keep it
+                self.fatal = ev
             self.emit("fatal_line", f"vLLM reported: {ev.text}", level="error", retry=ev.retry)
         elif ev.kind == "alert":
             self.emit("alert", f"vLLM reported: {ev.text}", level="warning")
@@ -85,13 +86,13 @@ class Monitor:
         if r.kind == "ready" and r.ok and self.ready_t is None:
             self.ready_t = r.t
             self.emit("ready", f"/health 200 after {r.t - self.phase_t:.1f}s; first request (JIT grace "
-                      f"{self.cfg.warmup_grace_s:.0f}s)")
+                      f"{self.cfg.warmup_grace_s:g}s)")
         elif r.kind == "first":
             if r.ok:
                 self._enter(Phase.SERVING, r.t, f"first request answered: {r.detail}")
             else:
                 self._pending = Fault("wedge", "first_request", f"first request failed: {r.detail} (JIT grace "
-                                      f"{self.cfg.warmup_grace_s:.0f}s)", r.t - (self.ready_t or r.t))
+                                      f"{self.cfg.warmup_grace_s:g}s)", r.t - (self.ready_t or r.t))
         elif r.kind == "live":
             self._live(r)
 
@@ -136,7 +137,7 @@ class Monitor:
         cfg, stalled = self.cfg, t - self.last_progress
         if t - self.t0 >= cfg.load_timeout_s:
             return Fault("stall", "load_timeout", f"start-up not complete after {t - self.t0:.0f}s "
-                         f"(load_timeout_s {cfg.load_timeout_s:.0f})", t - self.t0)
+                         f"(load_timeout_s {cfg.load_timeout_s:g})", t - self.t0)
         mid_load = self.shard is not None and self.shard[0] < self.shard[1]
         busy_s = t - self.busy_since if self.busy_since is not None else 0.0
         if mid_load and stalled >= cfg.load_stall_s and busy_s >= cfg.cpu_busy_s:
@@ -149,7 +150,7 @@ class Monitor:
         if silent >= cfg.load_silent_s:
             where = f" at shard {self.shard[0]}/{self.shard[1]}" if self.shard else ""
             return Fault("stall", "silent", f"no output for {silent:.1f}s while loading{where} "
-                         f"(load_silent_s {cfg.load_silent_s:.0f})", silent)
+                         f"(load_silent_s {cfg.load_silent_s:g})", silent)
         return None
 
     def _check_warmup(self, t: float) -> Fault | None:
@@ -160,5 +161,5 @@ class Monitor:
         limit = cfg.warmup_grace_s + cfg.health_timeout_s  # the probe's own timeout normally fires first
         if self.ready_t is not None and t - self.ready_t >= limit:
             return Fault("wedge", "first_request", f"first request unanswered after {t - self.ready_t:.1f}s "
-                         f"(JIT grace {cfg.warmup_grace_s:.0f}s)", t - self.ready_t)
+                         f"(JIT grace {cfg.warmup_grace_s:g}s)", t - self.ready_t)
         return None

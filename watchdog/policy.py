@@ -34,12 +34,12 @@ class RelaunchPolicy:
         self._failures.append(t)
         while self._failures and t - self._failures[0] > cfg.burst_window_s:
             self._failures.popleft()
-        if len(self._failures) >= cfg.burst_failures:
-            return Decision(False, reason=f"burst limit: {len(self._failures)} failures within "
-                            f"{cfg.burst_window_s:.0f}s (burst_failures {cfg.burst_failures})")
         if self.in_a_row >= cfg.max_relaunches:
             return Decision(False, reason=f"relaunch limit: {self.in_a_row} relaunches without a stable "
                             f"serving period (max_relaunches {cfg.max_relaunches})")
+        if len(self._failures) >= cfg.burst_failures:
+            return Decision(False, reason=f"burst limit: {len(self._failures)} failures within "
+                            f"{cfg.burst_window_s:g}s (burst_failures {cfg.burst_failures})")
         self.in_a_row += 1
         self.total += 1
         delay = min(cfg.backoff_initial_s * 2 ** (self.in_a_row - 1), cfg.backoff_max_s)

@@ -9,6 +9,7 @@ import ctypes
 import os
 import signal
 import sys
+import time
 from dataclasses import dataclass
 
 import psutil
@@ -56,14 +57,33 @@ def tree(pid: int) -> list[psutil.Process]:
 class Busiest:
     pid: int
     name: str
-    cpu_percent: float  # of one CPU
+    cpu_percent: float  # of one CPU, by the hungriest thread
+
+
+def _thread_ns(pid: int) -> dict[int, int] | None:
+    """Per thread: nanoseconds on a CPU + waiting for one (/proc/<pid>/task/<tid>/schedstat)."""
+    out = {}
+    try:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                run, wait, _ = f.read().split()
+            out[int(tid)] = int(run) + int(wait)
+    except (OSError, ValueError):
+        return None
+    return out
 
 
 class CpuSampler:
-    """cpu_percent of each process in the tree since the previous call (psutil keeps the last
-    reading per Process object, so the objects are cached by pid)."""
+    """How much of one CPU the hungriest thread of the tree wanted since the previous sample.
 
-    def __init__(self) -> None:
+    "Wanted" = time on a CPU + time runnable but waiting (schedstat). On an idle box that is the CPU
+    use; on a loaded box a spinning thread still reads ~100% because it is never asleep, where its
+    share of the CPU (psutil's cpu_percent) would fall with the load. Without schedstat: psutil.
+    """
+
+    def __init__(self, clock=time.monotonic):
+        self._clock = clock
+        self._last: dict[tuple[int, int], tuple[float, int]] = {}
         self._procs: dict[int, psutil.Process] = {}
 
     @property
@@ -72,17 +92,29 @@ class CpuSampler:
         return set(self._procs)
 
     def busiest(self, pid: int) -> Busiest | None:
-        live = {p.pid: self._procs.get(p.pid, p) for p in tree(pid)}
-        self._procs = live
-        best = None
-        for p in live.values():
+        now, best = self._clock(), None
+        self._procs = {p.pid: self._procs.get(p.pid, p) for p in tree(pid)}
+        sampled: dict[tuple[int, int], tuple[float, int]] = {}
+        for p in self._procs.values():
             try:
-                pct = p.cpu_percent(None)  # 0.0 on the first call for a new process
+                pct = self._thread_percent(p, now, sampled)
                 if best is None or pct > best.cpu_percent:
                     best = Busiest(p.pid, p.name(), pct)
             except psutil.NoSuchProcess:
                 continue
+        self._last = sampled
         return best
+
+    def _thread_percent(self, p: psutil.Process, now: float, sampled: dict) -> float:
+        threads = _thread_ns(p.pid)
+        if threads is None:
+            return p.cpu_percent(None)  # 0.0 on the first call for a process
+        pct = 0.0
+        for tid, ns in threads.items():
+            sampled[(p.pid, tid)] = (now, ns)
+            if (prev := self._last.get((p.pid, tid))) and now > prev[0]:
+                pct = max(pct, min(100.0, (ns - prev[1]) / 1e7 / (now - prev[0])))
+        return pct
 
 
 def sweep(pids: set[int], session: int) -> list[psutil.Process]:

@@ -76,7 +76,7 @@ class Supervisor:
             code = self._wait_for_memory()
             if code is not None:
                 return self._final(code, "stopped while waiting for memory" if code != ExitCode.MEMORY_HELD
-                                   else f"memory not released {self.cfg.release_timeout_s:.0f}s after the "
+                                   else f"memory not released {self.cfg.release_timeout_s:g}s after the "
                                    f"kill (MemAvailable under {gib(self.release_floor)}): not relaunching "
                                    f"over it; check for leftover GPU processes")
             self.log.emit("relaunch", f"relaunch {self.policy.total}/{self.cfg.max_relaunches} in "
@@ -132,7 +132,7 @@ class Supervisor:
                 if not stable and monitor.serving_for(now) >= self.cfg.stable_after_s:
                     stable = True
                     self.policy.stable()
-                    self.log.emit("stable", f"serving for {self.cfg.stable_after_s:.0f}s: relaunch count reset")
+                    self.log.emit("stable", f"serving for {self.cfg.stable_after_s:g}s: relaunch count reset")
                 if now >= next_memory:
                     next_memory = now + self.cfg.memory_poll_s
                     out = self._guard(child, monitor, now >= next_log)
@@ -186,7 +186,7 @@ class Supervisor:
     def _kill(self, child: Child, why: str) -> None:
         r = child.stop(self.cfg.kill_grace_s)
         how = {"none": "had already exited", "SIGTERM": "stopped by SIGTERM to its group",
-               "SIGKILL": f"did not stop within {self.cfg.kill_grace_s:.0f}s of SIGTERM: SIGKILLed"}[r.signal]
+               "SIGKILL": f"did not stop within {self.cfg.kill_grace_s:g}s of SIGTERM: SIGKILLed"}[r.signal]
         self.log.emit("kill", f"pid {child.pid} ({why}) {how}; rc {r.rc}; {r.seconds:.1f}s; "
                       f"{r.survivors} process(es) left", level="info" if r.survivors == 0 else "error",
                       pid=child.pid, signal=r.signal, rc=r.rc, seconds=round(r.seconds, 2),

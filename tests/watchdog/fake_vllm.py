@@ -39,6 +39,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fake-faulty-launches", type=int, default=1 << 30,
                    help="fault only on the first N launches (counted in --fake-state)")
     p.add_argument("--fake-state", default=None, help="file counting launches across relaunches")
+    p.add_argument("--fake-wedge-at-s", type=float, default=1.0,
+                   help="wedge: seconds after start-up complete when completions start to hang")
     p.add_argument("--fake-jit-s", type=float, default=3.0, help="slow_first: first request latency")
     p.add_argument("--fake-busy-s", type=float, default=3.0, help="busy: every request's latency")
     p.add_argument("--fake-hog-mb", type=int, default=600, help="memory_hog: allocate at most this")
@@ -129,6 +131,7 @@ def engine(args: argparse.Namespace) -> None:
 # --- the API server (main process) -------------------------------------------------------------
 class State:
     lock = threading.Lock()
+    wedged = threading.Event()
     running = 0
     generated = 0.0
     prompt = 0.0
@@ -168,7 +171,7 @@ def handler_for(args: argparse.Namespace, faulty: bool):
                 State.running += 1
                 first = State.requests == 1
             try:
-                if faulty and args.fake_mode == "wedge":
+                if State.wedged.is_set():
                     time.sleep(3600)  # /health still says 200 (the point of the fault)
                 if faulty and args.fake_mode == "slow_first" and first:
                     time.sleep(args.fake_jit_s)  # W8: kernel JIT on the first request
@@ -234,8 +237,16 @@ def api_server(args: argparse.Namespace, argv: list[str]) -> int:
     say(who, "INFO", "Available routes are:")
     print("INFO:     Started server process [%d]\nINFO:     Waiting for application startup.\n"
           "INFO:     Application startup complete." % os.getpid(), flush=True)
-    if faulty and args.fake_mode in ("wedge", "slow_first", "busy", "memory_hog"):
+    if faulty and args.fake_mode in ("slow_first", "busy", "memory_hog"):
         fault(who, args.fake_mode)
+    if faulty and args.fake_mode == "wedge":
+        def wedge():
+            fault(who, "wedge")
+            State.wedged.set()
+        if args.fake_wedge_at_s > 0:
+            threading.Timer(args.fake_wedge_at_s, wedge).start()
+        else:
+            wedge()
     if faulty and args.fake_mode == "busy":
         threading.Thread(target=background_decode, daemon=True).start()
     if faulty and args.fake_mode == "memory_hog":

@@ -1,0 +1,26 @@
+"""nvidia-smi answers to a device: memory model and shared memory per block."""
+import subprocess
+
+from ling_watchdog.device import detect, parse_query
+
+
+def test_gb10_is_unified_with_101376_bytes_of_shared_memory():
+    d = parse_query("NVIDIA GB10, [N/A], 12.1")
+    assert (d.kind, d.total_bytes, d.smem_bytes) == ("unified", None, 101_376)
+
+
+def test_h200_is_discrete_with_its_own_memory():
+    d = parse_query("NVIDIA H200, 143771, 9.0")
+    assert (d.kind, d.total_bytes, d.smem_bytes) == ("discrete", 143771 << 20, 232_448)
+
+
+def test_no_nvidia_smi_means_cpu():
+    def missing(*a, **k):
+        raise FileNotFoundError("nvidia-smi")
+    assert detect(run=missing).kind == "cpu"
+
+
+def test_a_failing_nvidia_smi_means_cpu():
+    def failing(*a, **k):
+        return subprocess.CompletedProcess(a, 9, "", "NVIDIA-SMI has failed")
+    assert detect(run=failing).kind == "cpu"

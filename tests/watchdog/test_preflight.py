@@ -1,0 +1,118 @@
+"""Each safety rule: when it refuses, what it says, and the safe alternative it names."""
+import json
+import shlex
+
+import pytest
+
+from ling_watchdog.config import load_config
+from ling_watchdog.device import Device
+from ling_watchdog.memory import GiB
+from ling_watchdog.preflight import Host, check
+from ling_watchdog.serve_args import ServeArgs
+
+GB10 = Device("unified", "NVIDIA GB10", None, 101_376)
+H200 = Device("discrete", "NVIDIA H200", 141 * GiB, 232_448)
+CPU = Device("cpu")
+SPARK = Host(available=int(115 * GiB), total=int(119.6 * GiB))  # a freshly booted DGX Spark
+RECIPE = ("vllm serve inclusionAI/Ling-3.0-flash-int4 --max-model-len 131072 --gpu-memory-utilization 0.72 "
+          "--enable-chunked-prefill --max-num-batched-tokens 8192 "
+          """--speculative-config '{"method":"mtp","num_speculative_tokens":1}'""")
+
+
+def verdicts(cmd, dev=GB10, host=SPARK, **cfg):
+    return {v.rule: v for v in check(ServeArgs.parse(shlex.split(cmd)), load_config(overrides=cfg), dev, host)}
+
+
+def test_the_shipped_recipe_passes_every_rule_on_a_spark():
+    assert {r: v.verdict for r, v in verdicts(RECIPE).items()} == dict.fromkeys(
+        ["util_ceiling", "chunked_prefill", "spec_tokens_smem", "enforce_eager", "memory_fit"], "ok")
+
+
+def test_util_above_072_at_long_context_is_refused_with_the_w4_reason():
+    v = verdicts(RECIPE.replace("0.72", "0.80"))["util_ceiling"]
+    assert v.verdict == "refuse" and v.values["limit"] == 0.72 and v.values["long_context"]
+    assert "0.80 at long context hard-hung" in v.message and "Safe: --gpu-memory-utilization 0.72" in v.message
+
+
+def test_util_above_072_is_allowed_at_short_context_up_to_085():
+    short = RECIPE.replace("131072", "32768")
+    assert verdicts(short.replace("0.72", "0.80"))["util_ceiling"].verdict == "ok"
+    v = verdicts(short.replace("0.72", "0.90"))["util_ceiling"]
+    assert v.verdict == "refuse" and "0.92 OOMs at start-up on GB10" in v.message
+
+
+def test_unset_util_means_vllms_092_default_and_is_refused():
+    v = verdicts("vllm serve m --max-model-len 131072")["util_ceiling"]
+    assert v.verdict == "refuse" and "0.92 (vLLM's default, flag unset)" in v.message
+
+
+def test_unset_context_means_the_models_262144_and_counts_as_long():
+    v = verdicts("vllm serve m --gpu-memory-utilization 0.8")["util_ceiling"]
+    assert v.verdict == "refuse" and v.values["max_model_len"] == 262144
+
+
+def test_kv_cache_bytes_replace_the_util_rule():
+    v = verdicts("vllm serve m --max-model-len 131072 --kv-cache-memory-bytes 4294967296")
+    assert v["util_ceiling"].verdict == "ok" and "ignores --gpu-memory-utilization" in v["util_ceiling"].message
+    assert v["memory_fit"].verdict == "ok"
+
+
+def test_chunked_prefill_off_at_long_context_is_refused():
+    v = verdicts(RECIPE.replace("--enable-chunked-prefill", "--no-enable-chunked-prefill"))["chunked_prefill"]
+    assert v.verdict == "refuse" and "Safe: --enable-chunked-prefill --max-num-batched-tokens 8192" in v.message
+
+
+def test_chunks_above_8192_at_long_context_are_refused():
+    v = verdicts(RECIPE.replace("8192", "16384"))["chunked_prefill"]
+    assert v.verdict == "refuse" and v.values["max_num_batched_tokens"] == 16384
+    assert "--max-num-batched-tokens 16384 is above 8192" in v.message
+
+
+def test_mtp_k3_is_refused_on_a_101376_byte_smem_gpu_and_allowed_on_h200():
+    k3 = RECIPE.replace('"num_speculative_tokens":1', '"num_speculative_tokens":3')
+    v = verdicts(k3)["spec_tokens_smem"]
+    assert v.verdict == "refuse" and "101,376 B shared memory" in v.message
+    assert """Safe: --speculative-config '{"method":"mtp","num_speculative_tokens":1}'""" in v.message
+    assert verdicts(k3, dev=H200)["spec_tokens_smem"].verdict == "ok"
+    assert verdicts(k3, dev=CPU, gpu_smem_bytes=101_376)["spec_tokens_smem"].verdict == "refuse"
+
+
+def test_enforce_eager_is_a_warning_not_a_refusal():
+    v = verdicts(RECIPE + " --enforce-eager")["enforce_eager"]
+    assert v.verdict == "warn" and "20.8 tok/s eager vs 22.9" in v.message
+
+
+def test_memory_refuses_a_util_too_small_for_the_weights_and_names_the_numbers():
+    v = verdicts("vllm serve m --max-model-len 8192 --gpu-memory-utilization 0.5")["memory_fit"]
+    assert v.verdict == "refuse"
+    assert "weights 71.7 GiB" in v.message and "= 59.8 GiB" in v.message
+    assert "Safe: --gpu-memory-utilization 0.64" in v.message
+
+
+def test_memory_refuses_when_the_box_has_less_free_than_vllm_will_reserve():
+    busy = Host(available=int(60 * GiB), total=SPARK.total)
+    v = verdicts(RECIPE, host=busy)["memory_fit"]
+    assert v.verdict == "refuse" and "exceeds MemAvailable 60.0 GiB" in v.message and "free memory first" in v.message
+
+
+def test_memory_measures_a_local_checkpoint_and_reads_its_context(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
+    (tmp_path / "model-00001-of-00001.safetensors").write_bytes(b"\0" * 1_000_000)
+    v = verdicts(f"python -m vllm.entrypoints.openai.api_server --model {tmp_path}", dev=CPU,
+                 host=Host(int(8 * GiB), int(16 * GiB)), host_reserve_gib=1, overhead_gib=0.5)["memory_fit"]
+    assert v.verdict == "ok" and v.values["weights"] == 1_000_000 and v.values["max_model_len"] == 4096
+
+
+def test_memory_on_cpu_compares_the_model_with_what_is_available():
+    v = verdicts("vllm serve m --max-model-len 8192", dev=CPU, host=Host(int(20 * GiB), int(24 * GiB)))["memory_fit"]
+    assert v.verdict == "refuse" and "leaves 12.0 GiB" in v.message
+
+
+def test_kv_cache_bytes_smaller_than_one_sequence_are_refused():
+    v = verdicts("vllm serve m --max-model-len 131072 --kv-cache-memory-bytes 1000000")["memory_fit"]
+    assert v.verdict == "refuse" and "Safe: --kv-cache-memory-bytes" in v.message
+
+
+def test_unreadable_arguments_are_a_refusal_not_a_crash():
+    (v,) = verdicts("vllm serve m --speculative-config '{bad'").values()
+    assert v.rule == "serve_args" and v.verdict == "refuse" and "is not JSON" in v.message

@@ -1,0 +1,104 @@
+"""The serve recipe: the command it builds on GPU and CPU, that it passes its own watchdog's rules,
+that it really runs under the watchdog, and the systemd unit."""
+import configparser
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from conftest import FAKE, FAST, free_port, tagged
+from ling_watchdog.config import load_config
+from ling_watchdog.device import Device
+from ling_watchdog.events import read_events
+from ling_watchdog.memory import GiB
+from ling_watchdog.preflight import Host, check
+from ling_watchdog.serve_args import ServeArgs
+from ling_watchdog.supervisor import ExitCode
+
+SERVE = Path(__file__).parents[2] / "serve"
+
+
+def dry_run(script="serve-int4-mtp.sh", **env):
+    out = subprocess.run(["bash", str(SERVE / script)], env={**os.environ, "DRY_RUN": "1", **env},
+                         capture_output=True, text=True, check=True).stdout
+    argv = shlex.split(out)
+    i = argv.index("--")
+    return argv[:i], argv[i + 1:]
+
+
+def test_mtp_recipe_on_cuda_has_the_shipped_settings():
+    wd, cmd = dry_run(DEVICE="cuda")
+    assert cmd[:3] == ["vllm", "serve", "inclusionAI/Ling-3.0-flash-int4"]
+    a = ServeArgs.parse(cmd)
+    assert (a.max_model_len, a.util, a.max_batched_tokens, a.spec_tokens) == (131072, 0.72, 8192, 1)
+    assert a.chunked_prefill and not a.has("--enforce-eager")
+    assert a.flags["--tool-call-parser"] == a.flags["--reasoning-parser"] == "ling3"
+    assert a.has("--enable-auto-tool-choice")
+    assert "ling_watchdog" in " ".join(wd) or wd[0] == "ling-watchdog"
+
+
+def test_no_mtp_variant_drops_only_the_speculative_config():
+    _, mtp = dry_run(DEVICE="cuda")
+    _, plain = dry_run("serve-int4.sh", DEVICE="cuda")
+    assert ServeArgs.parse(plain).spec_tokens == 0
+    assert [x for x in mtp if "speculative" not in x and "mtp" not in x] == plain
+
+
+def test_every_setting_is_overridable_from_the_environment():
+    _, cmd = dry_run(DEVICE="cuda", MODEL="/m", CTX="32768", PORT="9001", HOST="0.0.0.0", UTIL="0.6",
+                     MAX_BATCHED="4096", MTP_K="0", EXTRA_ARGS="--seed 7", VLLM_CMD="python3 -m vllm.entrypoints.openai.api_server")
+    a = ServeArgs.parse(cmd)
+    assert (a.model, a.max_model_len, a.port, a.flags["--host"], a.util) == ("/m", 32768, 9001, "0.0.0.0", 0.6)
+    assert (a.max_batched_tokens, a.spec_tokens, a.flags["--seed"]) == (4096, 0, "7")
+    assert cmd[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"] and "--model" in cmd
+
+
+def test_cpu_uses_the_api_server_module_and_drops_cuda_only_flags():
+    _, cmd = dry_run(DEVICE="cpu", PYTHON="python3")
+    assert cmd[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    a = ServeArgs.parse(cmd)
+    assert a.util is None and a.spec_tokens == 0 and a.model == "inclusionAI/Ling-3.0-flash-int4"
+
+
+def test_the_recipe_passes_its_own_watchdogs_rules_on_a_spark():
+    _, cmd = dry_run(DEVICE="cuda")
+    spark = Device("unified", "NVIDIA GB10", None, 101_376)
+    verdicts = check(ServeArgs.parse(cmd), load_config(), spark, Host(int(115 * GiB), int(119.6 * GiB)))
+    assert [v.rule for v in verdicts if v.verdict != "ok"] == []
+
+
+def test_the_recipe_really_runs_under_the_watchdog(tmp_path):
+    cfg = tmp_path / "fast.yaml"
+    cfg.write_text(yaml.safe_dump(FAST))
+    tag, log_dir = f"recipe-{os.getpid()}", tmp_path / "logs"
+    env = {**os.environ, "DEVICE": "cpu", "PYTHON": sys.executable, "PORT": str(free_port()), "LOG_DIR": str(log_dir),
+           "VLLM_CMD": f"{sys.executable} {FAKE} serve", "MODEL": "fake-model", "WATCHDOG_ARGS": f"--config {cfg}",
+           "EXTRA_ARGS": f"--fake-tag {tag} --fake-shard-s 0.01"}
+    proc = subprocess.Popen(["bash", str(SERVE / "serve-int4-mtp.sh")], env=env, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 30
+        while not any(r.get("to") == "serving" for r in read_events(log_dir)) and time.time() < deadline:
+            time.sleep(0.2)
+        assert any(r.get("to") == "serving" for r in read_events(log_dir))
+        proc.send_signal(signal.SIGTERM)  # the script exec'd the watchdog: this is the watchdog's pid
+        assert proc.wait(20) == 143
+    finally:
+        proc.kill()
+    assert not tagged(tag)
+
+
+def test_systemd_unit_restarts_on_failure_but_not_on_refusals():
+    unit = configparser.ConfigParser(strict=False, interpolation=None)
+    unit.optionxform = str
+    unit.read(SERVE / "vllm-ling.service")
+    svc = unit["Service"]
+    assert (SERVE / Path(svc["ExecStart"]).name).is_file()
+    assert svc["Restart"] == "on-failure" and svc["KillMode"] == "control-group"
+    assert set(svc["RestartPreventExitStatus"].split()) == {str(int(ExitCode.PREFLIGHT)), str(int(ExitCode.FATAL))}
+    assert "143" in svc["SuccessExitStatus"].split()
+    assert unit["Install"]["WantedBy"] == "multi-user.target"

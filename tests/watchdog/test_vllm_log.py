@@ -1,0 +1,47 @@
+"""vllm_log.parse on the log lines of vLLM 0.26 (vllm-integration.md E2)."""
+import pytest
+
+from ling_watchdog.vllm_log import parse
+
+
+@pytest.mark.parametrize("line, shard, total", [
+    ("Loading safetensors checkpoint shards:  42% Completed | 10/24 [01:02<01:30, 6.12s/it]", 10, 24),
+    ("(EngineCore pid=7) Loading safetensors checkpoint shards (eager):   0% Completed | 0/24 [00:00<?, ?it/s]", 0, 24),
+    ("\x1b[1;36m(EngineCore pid=7)\x1b[0m Loading safetensors checkpoint shards: 100% Completed | 24/24 [02:27<00:00]", 24, 24),
+])
+def test_shard_progress_lines_give_shard_and_total(line, shard, total):
+    ev = parse(line)
+    assert (ev.kind, ev.shard, ev.total) == ("shard", shard, total)
+
+
+@pytest.mark.parametrize("line, kind", [
+    ("(EngineCore pid=7) INFO 11-29 10:00:00 [default_loader.py:431] Loading weights took 147.21 seconds", "weights_loaded"),
+    ("(EngineCore pid=7) INFO [gpu_model_runner.py:5348] Model loading took 71.7 GiB memory and 150.1 seconds", "model_loaded"),
+    ("(EngineCore pid=7) INFO [kv_cache_utils.py:2177] GPU KV cache size: 1,234,567 tokens", "kv_cache"),
+    ("(APIServer pid=6) INFO [api_server.py:673] Starting vLLM server on http://0.0.0.0:8000", "server_starting"),
+    ("INFO:     Application startup complete.", "startup_complete"),
+])
+def test_startup_milestones_are_recognised(line, kind):
+    assert parse(line).kind == kind
+
+
+@pytest.mark.parametrize("line, retry", [
+    ("ValueError: Free memory on device cuda:0 (10.05/119.64 GiB) on startup is less than desired GPU memory utilization (0.9, 107.68 GiB).", False),
+    ("ValueError: To serve at least one request with the model's max seq len (262144), (2.1 GiB KV cache is needed, ...", False),
+    ("ValueError: Model architectures ['BailingMoeV3ForCausalLM'] are not supported for now. Supported architectures: ...", False),
+    ("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}", True),
+    ("TimeoutError: Timed out waiting for engine core processes to start. This is often caused by slow weight loading.", True),
+])
+def test_fatal_lines_say_whether_a_relaunch_can_help(line, retry):
+    ev = parse(line)
+    assert ev.kind == "fatal" and ev.retry is retry
+
+
+def test_plugin_load_failure_is_an_alert_not_a_fatal_error():
+    assert parse("WARNING [plugins/__init__.py:72] Failed to load plugin vllm_ling").kind == "alert"
+
+
+@pytest.mark.parametrize("line", ["", "INFO:     127.0.0.1:5000 - \"GET /health HTTP/1.1\" 200 OK",
+                                  "Capturing CUDA graphs (decode, FULL):  50%|#####"])
+def test_ordinary_output_carries_no_event(line):
+    assert parse(line) is None
