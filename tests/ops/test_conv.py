@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -31,7 +33,7 @@ def test_prefill_from_zero_state_matches_padded_conv1d():
     lens = [1, 2, 5, 64]
     x, weight, _, cu = make_conv_inputs(lens)
     y, new_state = causal_conv1d_torch(x, weight, None, cu)
-    for n, (bos, eos) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+    for n, (bos, eos) in enumerate(pairwise(cu.tolist())):
         ref = F.conv1d(x[bos:eos].T[None], weight[:, None], padding=W - 1, groups=D)[0, :, : eos - bos]
         torch.testing.assert_close(y[bos:eos], F.silu(ref).T)
         tail = torch.cat([torch.zeros(W - 1, D), x[bos:eos]])[-(W - 1) :]
@@ -43,7 +45,7 @@ def test_prefill_uses_the_carried_state_only_where_flagged():
     x, weight, state, cu = make_conv_inputs(lens, seed=1)
     has_init = torch.tensor([True, False, True, True])
     y, new_state = causal_conv1d_torch(x, weight, state, cu, has_init)
-    for n, (bos, eos) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+    for n, (bos, eos) in enumerate(pairwise(cu.tolist())):
         init = state[n] if has_init[n] else torch.zeros(D, W - 1)
         torch.testing.assert_close(y[bos:eos], tap_sum(x[bos:eos], weight, init))
         torch.testing.assert_close(new_state[n], torch.cat([init, x[bos:eos].T], 1)[:, -(W - 1) :], rtol=0, atol=0)
@@ -89,7 +91,7 @@ def test_update_writes_in_place_through_vllm_sd_layout_view():
 
 
 def test_activation_none_is_the_linear_conv_and_bias_is_added():
-    x, weight, state, cu = make_conv_inputs([6], seed=5)
+    x, weight, _, cu = make_conv_inputs([6], seed=5)
     bias = torch.randn(D)
     y_lin, _ = causal_conv1d_torch(x, weight, None, cu, activation=None)
     y_silu, _ = causal_conv1d_torch(x, weight, None, cu, activation="silu")

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 import torch
 
 from vllm_ling.ops.kda import chunk_kda_torch, kda_safe_gate, kda_softplus_gate, recurrent_kda_torch
 
 LENS = [1, 63, 64, 65, 300]  # around the 64-token chunk edge, plus several chunks
+SHAPES = pytest.mark.parametrize("H, K, V", [pytest.param(4, 32, 16, id="H4-K32-V16"),
+                                             pytest.param(2, 64, 64, id="H2-K64-V64")])
 RTOL = 1e-5  # fp32: max abs error relative to max |ref|; measured ≈ 1e-6 (see .notes/kda-report.md)
 
 
@@ -35,7 +39,7 @@ def make_inputs(lens, H=4, K=32, V=16, seed=0, dtype=torch.float32, gate=kda_saf
 def fla_reference(naive, q, k, v, g, beta, initial_state, cu_seqlens):
     """FLA's varlen recipe: `naive_recurrent_kda` once per sequence, then concatenate; states made V-major."""
     outs, states = [], []
-    for n, (bos, eos) in enumerate(zip(cu_seqlens[:-1].tolist(), cu_seqlens[1:].tolist())):
+    for n, (bos, eos) in enumerate(pairwise(cu_seqlens.tolist())):
         o, S = naive.naive_recurrent_kda(
             l2norm(q[:, bos:eos]), l2norm(k[:, bos:eos]), v[:, bos:eos], g[:, bos:eos], beta[:, bos:eos],
             initial_state=initial_state[n : n + 1].transpose(-1, -2), output_final_state=True,
@@ -65,7 +69,7 @@ def run_recurrent(x, **kw):
     return recurrent_kda_torch(**x, use_qk_l2norm_in_kernel=True, **kw)
 
 
-@pytest.mark.parametrize("H, K, V", [pytest.param(4, 32, 16, id="H4-K32-V16"), pytest.param(2, 64, 64, id="H2-K64-V64")])
+@SHAPES
 def test_recurrent_matches_fla_naive_varlen_with_initial_state(fla_naive, H, K, V):
     x = make_inputs(LENS, H, K, V)
     o_ref, s_ref = fla_reference(fla_naive, **x)
@@ -74,7 +78,7 @@ def test_recurrent_matches_fla_naive_varlen_with_initial_state(fla_naive, H, K, 
     assert_close("final_state", s_ref, s)
 
 
-@pytest.mark.parametrize("H, K, V", [pytest.param(4, 32, 16, id="H4-K32-V16"), pytest.param(2, 64, 64, id="H2-K64-V64")])
+@SHAPES
 def test_chunk_matches_fla_naive_varlen_with_initial_state(fla_naive, H, K, V):
     x = make_inputs(LENS, H, K, V)
     o_ref, s_ref = fla_reference(fla_naive, **x)
@@ -141,7 +145,7 @@ def test_uniform_and_ragged_recurrent_paths_agree():
 @pytest.mark.parametrize("lens", [pytest.param([4, 4], id="uniform"), pytest.param([1, 5, 2], id="ragged")])
 def test_return_all_states_holds_the_state_after_every_token(lens):
     x = make_inputs(lens, seed=6)
-    o, final, states = run_recurrent(x, return_all_states=True)
+    _, final, states = run_recurrent(x, return_all_states=True)
     cu = x["cu_seqlens"]
     assert states.shape == (sum(lens), 4, 16, 32)
     assert_close("state at each sequence end", final, states[cu[1:].long() - 1])

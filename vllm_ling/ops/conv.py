@@ -13,6 +13,8 @@ functions do not implement. Math runs in fp32 (vLLM's kernels accumulate in fp32
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 import torch.nn.functional as F
 
@@ -68,7 +70,7 @@ def causal_conv1d_torch(
     y = torch.empty_like(x)
     cu = cu_seqlens.tolist()
     carried = [False] * N if has_initial_state is None or conv_state is None else has_initial_state.tolist()
-    for n, (bos, eos) in enumerate(zip(cu[:-1], cu[1:])):
+    for n, (bos, eos) in enumerate(pairwise(cu)):
         init = conv_state[n, :, :ns].float() if carried[n] else x.new_zeros(D, ns, dtype=torch.float32)
         x_ext = torch.cat([init, x[bos:eos].float().T], dim=-1)  # [D, W-1+L]
         y[bos:eos] = _conv(x_ext[None], weight, bias, activation)[0].T

@@ -18,6 +18,8 @@ both ops against it. All math runs in fp32: inputs are upcast on entry and only 
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 import torch.nn.functional as F
 
@@ -101,9 +103,9 @@ def _spans(T: int, B: int, cu_seqlens: torch.Tensor | None) -> list[tuple[int, i
     if B != 1:
         raise ValueError(f"The batch size must be 1 when `cu_seqlens` is given, got {B}; flatten varlen inputs.")
     cu = cu_seqlens.tolist()
-    if cu_seqlens.dim() != 1 or len(cu) < 2 or cu[0] != 0 or cu[-1] != T or any(a > b for a, b in zip(cu, cu[1:])):
+    if cu_seqlens.dim() != 1 or len(cu) < 2 or cu[0] != 0 or cu[-1] != T or any(a > b for a, b in pairwise(cu)):
         raise ValueError(f"`cu_seqlens` must be non-decreasing [0, ..., T={T}], got {cu}.")
-    return list(zip(cu[:-1], cu[1:]))
+    return list(pairwise(cu))
 
 
 def _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, cu_seqlens):
@@ -143,7 +145,7 @@ def _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, cu
 
 
 def _decay_scores(x: torch.Tensor, k: torch.Tensor, G: torch.Tensor, block: int) -> torch.Tensor:
-    """S_rc = Σ_i x_ri k_ci exp(Γ_ri − Γ_ci) for c ≤ r (zero above the diagonal); x, k, G: [H, C, K] -> [H, C, C].
+    """S_rc = Σ_i x_ri k_ci exp(Γ_ri − Γ_ci) for c ≤ r, zero above the diagonal; x, k, G: [H, C, K] -> [H, C, C].
 
     exp(Γ_r − Γ_c) is factored as exp(Γ_r − Γ_s)·exp(Γ_s − Γ_c) around the first row s of each block of
     `block` rows, so the scores are two matmuls per block instead of an [H, C, C, K] tensor. Both factors stay
@@ -174,7 +176,8 @@ def _kda_chunk(
 
     q (already scaled), k, g: [H, C, K]; v: [H, C, V]; beta: [H, C]; S: [H, K, V]. Returns (o [H, C, V], S).
     With Γ = cumsum(g) over the chunk:
-        A_rc   = β_r Σ_i k_ri k_ci exp(Γ_ri − Γ_ci)  (c < r),   Aqk_rc = Σ_i q_ri k_ci exp(Γ_ri − Γ_ci)  (c ≤ r)
+        A_rc   = β_r Σ_i k_ri k_ci exp(Γ_ri − Γ_ci)  (c < r)
+        Aqk_rc = Σ_i q_ri k_ci exp(Γ_ri − Γ_ci)      (c ≤ r)
         W, U   = (I + A)⁻¹ Diag(β) · [exp(Γ) ⊙ K, V]               (WY representation)
         V′     = U − W S
         O      = (Q ⊙ exp(Γ)) S + Aqk V′
