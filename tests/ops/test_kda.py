@@ -215,6 +215,14 @@ def test_empty_sequence_keeps_its_initial_state():
         assert torch.equal(s[1], x["initial_state"][1])
 
 
+def test_inputs_and_initial_state_are_not_modified():
+    x = make_inputs([5, 70], seed=14)
+    before = {key: val.clone() for key, val in x.items()}
+    for run in (run_chunk, run_recurrent):
+        run(x)
+        assert all(torch.equal(x[key], before[key]) for key in x), run.__name__
+
+
 def test_bad_inputs_raise_errors_that_name_the_value():
     x = make_inputs([4, 4], seed=13)
     with pytest.raises(ValueError, match="float32"):

@@ -108,8 +108,14 @@ def _spans(T: int, B: int, cu_seqlens: torch.Tensor | None) -> list[tuple[int, i
     return list(pairwise(cu))
 
 
-def _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm_in_kernel, cu_seqlens):
-    """Check shapes, flatten to [B*T, H, ...] fp32, apply the in-kernel L2 norm and the scale to q."""
+def _prepare(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, scale: float | None,
+    initial_state: torch.Tensor | None, use_qk_l2norm_in_kernel: bool, cu_seqlens: torch.Tensor | None,
+) -> tuple:
+    """Check shapes, flatten to [B*T, H, ...] fp32, apply the in-kernel L2 norm and the scale to q.
+
+    Returns (q, k, v, g, beta, S0 [N, H, K, V] in math layout (a view of initial_state), spans).
+    """
     if q.dim() != 4 or k.shape != q.shape or g.shape != q.shape:
         raise ValueError(
             f"q, k and g must share the shape [B, T, H, K], got {list(q.shape)}, {list(k.shape)}, {list(g.shape)}."
@@ -164,7 +170,7 @@ def _decay_scores(x: torch.Tensor, k: torch.Tensor, G: torch.Tensor, block: int)
 
 def _row_block(g: torch.Tensor) -> int:
     """Largest row block (≤ 16) whose decay sums stay above -80: 16 for Ling's safe gate (g > -5)."""
-    strongest = -g.min().item()
+    strongest = -g.min().item() if g.numel() else 0.0
     return max(1, min(16, int(1 + 80 / strongest))) if strongest > 0 else 16
 
 
@@ -238,7 +244,7 @@ def chunk_kda_torch(
     if g.numel() and g.max() > 0:
         raise ValueError(f"`g` is a log-space decay and must be <= 0, got max {g.max().item():.4g}; "
                          "compute it with `kda_safe_gate`.")
-    block = _row_block(g) if g.numel() else 16
+    block = _row_block(g)
     o = v.new_empty(v.shape)
     final = []
     for n, (bos, eos) in enumerate(spans):
@@ -268,10 +274,11 @@ def _delta_rule_steps(
     """
     o = v.new_empty(v.shape)
     for t in range(q.shape[1]):
-        k_t = k[:, t, :, :, None]  # [B, H, K, 1]
-        S = S * g[:, t, :, :, None].exp()
-        S = S + k_t * (beta[:, t, :, None] * (v[:, t] - (k_t * S).sum(-2)))[:, :, None]
-        o[:, t] = (q[:, t, :, :, None] * S).sum(-2)
+        k_t = k[:, t, :, None, :]  # [B, H, 1, K]
+        S = S * g[:, t, :, :, None].exp()  # S̄
+        u = beta[:, t, :, None] * (v[:, t] - (k_t @ S).squeeze(-2))  # β (v − S̄ᵀk), [B, H, V]
+        S = S + k_t.transpose(-1, -2) * u[:, :, None, :]
+        o[:, t] = (q[:, t, :, None, :] @ S).squeeze(-2)
         if states is not None:
             states[:, t] = S
     return o, S
