@@ -97,7 +97,7 @@ class Summary:
     phase_since: float | None = None
     launches: int = 0
     relaunches: int = 0
-    stalls: int = 0
+    faults: int = 0
     last_stall: dict[str, Any] | None = None
     last_memory: dict[str, Any] | None = None
     final: dict[str, Any] | None = None
@@ -127,7 +127,7 @@ def summarise(records: list[dict[str, Any]]) -> Summary:
         elif kind == "final":
             s.final, s.phase, s.phase_since = r, "stopped", r["t"]
         if kind in FAULTS:
-            s.stalls += 1
+            s.faults += 1
             s.last_stall = r
         if kind in ("memory", "memory_guard"):
             s.last_memory = r
@@ -154,7 +154,7 @@ def format_summary(s: Summary) -> str:
         state = "running" if _alive(s.watchdog_pid) else "not running (no final event: killed?)"
         lines.append(f"watchdog: pid {s.watchdog_pid}, {state}")
     lines.append(f"phase: {s.phase} since {_iso(s.phase_since) if s.phase_since else '?'}")
-    lines.append(f"launches: {s.launches} (relaunches: {s.relaunches}, faults detected: {s.stalls})")
+    lines.append(f"launches: {s.launches} (relaunches: {s.relaunches}, faults detected: {s.faults})")
     if s.last_stall:
         lines.append(f"last fault: {s.last_stall.get('cause', s.last_stall['event'])} at "
                      f"{s.last_stall['ts']}: {s.last_stall['message']}")

@@ -25,7 +25,7 @@ TICK_S = 0.25
 
 class ExitCode(IntEnum):
     OK = 0              # the serve command exited 0 by itself: someone stopped it on purpose
-    USAGE = 1
+    USAGE = 1           # bad settings, or the serve command cannot be started
     PREFLIGHT = 2       # a safety rule refused the serve command
     GAVE_UP = 3         # relaunch or burst limit reached
     MEMORY_GUARD = 4    # MemAvailable fell under the floor: stopped before the box wedged
@@ -106,7 +106,11 @@ class Supervisor:
     def _run_once(self) -> Outcome:
         self.launches += 1
         inbox: queue.Queue = queue.Queue()
-        child = Child(self.cmd, inbox, self.log.output, env=self.env, clock=self._clock)
+        try:
+            child = Child(self.cmd, inbox, self.log.output, env=self.env, clock=self._clock)
+        except OSError as e:
+            return Outcome(code=ExitCode.USAGE, message=f"cannot start {self.cmd[0]!r}: {e.strerror} (check the "
+                           f"serve command, VLLM_CMD or PATH)")
         self.log.emit("launch", f"launch {self.launches}: pid {child.pid} (own process group): "
                       f"{' '.join(self.cmd)}", n=self.launches, pid=child.pid)
         return self._watch(child, Monitor(self.cfg, self._clock(), self.log.emit), inbox)
@@ -178,8 +182,8 @@ class Supervisor:
                    f"{monitor.phase.value}: stopping the server before the box wedges (W4). Lower "
                    f"--gpu-memory-utilization or --max-model-len, or size the KV cache with "
                    f"--kv-cache-memory-bytes")
-        self.log.emit("memory_guard", message, level="error", available=avail, floor=self.guard_floor,
-                      phase=monitor.phase.value)
+        self.log.emit("memory_guard", message, level="error", cause="memory_floor", available=avail,
+                      floor=self.guard_floor, phase=monitor.phase.value)
         self._kill(child, "memory_guard")
         return Outcome(code=ExitCode.MEMORY_GUARD, message=message)
 

@@ -20,15 +20,7 @@ import yaml
 
 FAKE = Path(__file__).with_name("fake_vllm.py")
 
-# Small thresholds: each scenario decides within a few seconds.
-FAST: dict[str, Any] = dict(
-    load_stall_s=1.5, busy_cpu_percent=70, cpu_busy_s=1.0, load_silent_s=2.5, load_timeout_s=60,
-    ready_timeout_s=5, warmup_grace_s=10, probe_interval_s=0.3, health_timeout_s=1, liveness_timeout_s=1,
-    fail_threshold=2, kill_grace_s=2, max_relaunches=3, stable_after_s=600, backoff_initial_s=0.2,
-    backoff_max_s=1, burst_failures=10, burst_window_s=1800, guard_floor_fraction=0.01, memory_poll_s=0.2,
-    memory_log_s=60, release_fraction=0.5, release_timeout_s=10, memory_model="cpu", weights_gib=0.01,
-    overhead_gib=0.01, host_reserve_gib=0.01,
-)
+FAST: dict[str, Any] = yaml.safe_load(FAKE.with_name("fast.yaml").read_text())
 FAULT_MARK = re.compile(r"fake fault (\w+) at t=([\d.]+)")
 
 

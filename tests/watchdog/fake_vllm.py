@@ -92,7 +92,7 @@ def engine(args: argparse.Namespace) -> None:
         sys.stdout.write(f"Loading safetensors checkpoint shards: {pct:3d}% Completed | {k}/{n} "
                          f"[00:{k:02d}<00:{n - k:02d}, 6.12s/it]\n")
         sys.stdout.flush()
-        if args.fault and k == args.fake_stall_at:
+        if args.fault and k == args.fake_stall_at and args.fake_mode in ("stall_shard", "stall_silent", "crash_load"):
             mode = args.fake_mode
             fault(who, mode)
             if mode == "stall_shard":
@@ -221,9 +221,12 @@ def api_server(args: argparse.Namespace, argv: list[str]) -> int:
     eng = subprocess.Popen(engine_argv, pass_fds=(w,))
     os.close(w)
 
-    def on_term(signum, frame):
-        say(who, "INFO", "Shutting down FastAPI HTTP server.")
+    def on_term(signum, frame):  # like vLLM: stop the engine core, then leave
         eng.terminate()
+        try:
+            say(who, "INFO", "Shutting down FastAPI HTTP server.")
+        except OSError:  # the watchdog (our stdout) may be gone already
+            pass
         os._exit(0)
 
     signal.signal(signal.SIGTERM, on_term)

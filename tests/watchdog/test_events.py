@@ -50,7 +50,7 @@ def test_summary_folds_the_latest_run_into_phase_relaunches_and_last_fault():
         rec("phase", 40, to="warmup"), rec("phase", 70, to="serving"), rec("memory", 80, message="MemAvailable 30 GiB"),
     ]
     s = summarise(records)
-    assert (s.phase, s.launches, s.relaunches, s.stalls) == ("serving", 2, 1, 1)
+    assert (s.phase, s.launches, s.relaunches, s.faults) == ("serving", 2, 1, 1)
     assert s.last_stall["cause"] == "shard_freeze"
     text = format_summary(s)
     assert "phase: serving" in text and "last fault: shard_freeze at T20: no shard progress" in text
