@@ -1,0 +1,84 @@
+"""Which MoE backend the serve recipe should use on this device, decided from measurements.
+
+Decode is what a Spark serves most, and it is memory-bound, so the criterion is the geometric mean
+over decode batch sizes (M <= decode_max_m) of Marlin's time over tuned Triton's. Marlin is vLLM's
+default for INT4 MoE, so it keeps the job unless tuned Triton beats it by more than `margin`
+(beyond timing noise) and runs correctly at every one of those M. The verdict and the per-M
+evidence go to backend_choice.json beside the tuned file; `recommended_backend` reads it back.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from ling_tuning.compare import Row
+from ling_tuning.configfile import TUNED_FOLDER_ENV, device_name_as_file_name
+
+CHOICE_FILE = "backend_choice.json"
+BACKENDS = ("marlin", "triton")
+
+
+def decide(rows: list[Row], decode_max_m: int = 64, margin: float = 0.05) -> tuple[str | None, str]:
+    """(backend or None, why) from per-M timings."""
+    decode = [r for r in rows if r.m <= decode_max_m]
+    if not decode:
+        return None, f"no measured batch size <= decode_max_m={decode_max_m}"
+    triton_bad = [r.m for r in decode if r.tuned.us is None]
+    marlin_bad = [r.m for r in decode if r.marlin.us is None]
+    if triton_bad and marlin_bad:
+        return None, f"neither backend ran correctly at every decode M (triton failed {triton_bad}, marlin {marlin_bad})"
+    if triton_bad:
+        return "marlin", f"tuned Triton failed at M={triton_bad}"
+    if marlin_bad:
+        return "triton", f"Marlin failed at M={marlin_bad}"
+    speedup = math.exp(sum(math.log(r.marlin.us / r.tuned.us) for r in decode) / len(decode))
+    ms = [r.m for r in decode]
+    if speedup >= 1 + margin:
+        return "triton", f"tuned Triton is {speedup:.2f}x Marlin (geomean over M={ms}; needs >= {1 + margin:.2f}x)"
+    return "marlin", f"tuned Triton is {speedup:.2f}x Marlin (geomean over M={ms}; needs >= {1 + margin:.2f}x to switch)"
+
+
+def write_choice(folder: Path, device_name: str, rows: list[Row], decode_max_m: int = 64,
+                 margin: float = 0.05, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Decide and write backend_choice.json; returns the document."""
+    backend, reason = decide(rows, decode_max_m, margin)
+    folder = Path(folder).resolve()
+    doc = {
+        "device_name": device_name,
+        "moe_backend": backend,
+        "reason": reason,
+        "criterion": {"metric": "geomean(marlin_us / tuned_triton_us) over M <= decode_max_m",
+                      "decode_max_m": decode_max_m, "margin": margin},
+        "env": {TUNED_FOLDER_ENV: str(folder)},
+        "evidence": [{"M": r.m, "kernel": r.kernel, "triton_us": r.tuned.us, "marlin_us": r.marlin.us,
+                      "default_us": r.default.us, "default_error": r.default.error,
+                      "triton_error": r.tuned.error, "marlin_error": r.marlin.error} for r in rows],
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **(extra or {}),
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / CHOICE_FILE).write_text(json.dumps(doc, indent=2) + "\n")
+    return doc
+
+
+def recommended_backend(folder: str | Path, device_name: str | None = None) -> str | None:
+    """The measured MoE backend for this tuned folder: "marlin", "triton", or None when there is no
+    usable verdict (no file, unreadable, undecided, or tuned on another device than `device_name`)."""
+    path = Path(folder) / CHOICE_FILE
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict):
+        return None
+    backend = doc.get("moe_backend")
+    if backend not in BACKENDS:
+        return None
+    if device_name is not None and device_name_as_file_name(str(doc.get("device_name", ""))) != \
+            device_name_as_file_name(device_name):
+        return None
+    return backend

@@ -1,0 +1,94 @@
+"""The tuning loop: every surviving candidate at every M, checked, timed, logged as it goes.
+
+Budget: each M gets an equal share of the time still left (time an M does not use passes on), so
+a cut-short run still covers every M with an unbiased sample (candidates come in a seeded shuffle).
+Results already in the store are reused and cost nothing, which is what makes a rerun resume.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from tqdm import tqdm
+
+from ling_tuning.runner import REL_TOL, Runner
+from ling_tuning.shapes import MoEShape
+from ling_tuning.space import Config, candidates, violations
+from ling_tuning.store import Result, ResultStore
+
+
+@dataclass
+class MOutcome:
+    """What tuning found at one batch size."""
+
+    m: int
+    kernel: str
+    candidates: int
+    pruned: dict[str, int]
+    measured: int = 0  # measured in this run
+    reused: int = 0  # taken from the store
+    skipped: int = 0  # left untimed when the budget ran out
+    rejected: dict[str, int] = field(default_factory=dict)
+    best: Result | None = None
+
+
+def measure(runner: Runner, m: int, cfg: Config, smem_limit: int) -> Result:
+    """One candidate: correctness first, then time; any failure becomes a logged rejection."""
+    try:
+        got = runner.triton(m, cfg)
+    except Exception as e:  # compile errors, OutOfResources, TORCH_CHECK: all mean "not usable"
+        return Result(m, cfg, "error", detail=f"{type(e).__name__}: {e}"[:300])
+    if got.us is None or not got.rel_err <= REL_TOL:
+        return Result(m, cfg, "wrong", rel_err=got.rel_err, smem=got.smem,
+                      detail=f"rel_err {got.rel_err:.3g} > {REL_TOL}")
+    detail = f"compiled smem {got.smem} B > limit {smem_limit} B" if (got.smem or 0) > smem_limit else ""
+    return Result(m, cfg, "ok", us=got.us, rel_err=got.rel_err, smem=got.smem, detail=detail)
+
+
+def pick_best(store: ResultStore, m: int, shape: MoEShape, smem_limit: int) -> Result | None:
+    """Fastest correct result at m that this run's limit allows, by estimate and by compiled size
+    (the store may hold results measured under a larger limit)."""
+    ok = [r for r in store.results(m) if r.status == "ok" and (r.smem or 0) <= smem_limit
+          and not violations(m, r.config, shape, smem_limit)]
+    return min(ok, key=lambda r: r.us) if ok else None
+
+
+def tune(
+    shape: MoEShape,
+    ms: list[int],
+    runner: Runner,
+    store: ResultStore,
+    smem_limit: int,
+    space: str = "quick",
+    budget_s: float = 3600.0,
+    clock: Callable[[], float] = time.monotonic,
+    progress: bool = True,
+    max_candidates: int | None = None,
+) -> dict[int, MOutcome]:
+    """Tune every M in `ms`; returns what was found per M (best = fastest correct, fitting)."""
+    plans = {m: candidates(m, shape, smem_limit, space, max_candidates) for m in ms}
+    outcomes = {m: MOutcome(m, p.kernel, len(p.kept), p.dropped) for m, p in plans.items()}
+    end = clock() + budget_s
+    with tqdm(total=sum(len(p.kept) for p in plans.values()), desc="ling-tune", unit="cfg",
+              disable=not progress, dynamic_ncols=True) as bar:
+        for i, m in enumerate(ms):
+            out = outcomes[m]
+            m_end = clock() + max(0.0, end - clock()) / (len(ms) - i)
+            bar.set_postfix_str(f"M={m} {out.kernel}")
+            for cfg in plans[m].kept:
+                res = store.get(m, cfg)
+                if res is not None:
+                    out.reused += 1
+                elif clock() >= m_end:
+                    out.skipped += 1
+                else:
+                    res = measure(runner, m, cfg, smem_limit)
+                    store.add(res)
+                    out.measured += 1
+                if res is not None and res.status != "ok":
+                    out.rejected[res.status] = out.rejected.get(res.status, 0) + 1
+                bar.update()
+            out.best = pick_best(store, m, shape, smem_limit)
+    return outcomes
