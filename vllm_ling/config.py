@@ -148,16 +148,19 @@ def swiglu_limit(limits: list[float] | None, layer_idx: int) -> float | None:
 
 
 def mla_rope_parameters(config: PretrainedConfig) -> dict[str, Any]:
-    """RoPE for MLA: interleaved pairs over qk_rope_head_dim dims, base rope_theta, no scaling (§4)."""
-    scaling = getattr(config, "rope_scaling", None)
-    if scaling:
+    """RoPE for MLA: interleaved pairs over qk_rope_head_dim dims, base rope_theta, no scaling (§4).
+
+    transformers 5 mirrors rope_theta into `rope_parameters` / `rope_scaling` as {"rope_type": "default"}:
+    that is no scaling and is accepted; any other rope_type is refused rather than silently ignored.
+    """
+    params = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type != "default":
         raise ValueError(
-            f"rope_scaling={scaling!r} is not supported by vllm-ling: Ling-3.0-flash has none. "
+            f"rope scaling {params!r} is not supported by vllm-ling: Ling-3.0-flash has none. "
             "Remove it from config.json or serve the model with a vLLM that has Ling V3 in-tree (>= 0.28)."
         )
-    theta = getattr(config, "rope_theta", None)
-    if theta is None:  # transformers >= 5 keeps it inside rope_parameters
-        theta = (getattr(config, "rope_parameters", None) or {}).get("rope_theta", 6_000_000.0)
+    theta = getattr(config, "rope_theta", None) or params.get("rope_theta", 6_000_000.0)
     return {"rope_type": "default", "rope_theta": float(theta)}
 
 

@@ -43,12 +43,13 @@ def run_torch(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int) 
     q, k, v = _heads(x, head_dim)
     h0 = rec_state[slots].clone()
     h0[~has_init] = 0
-    lengths = cu[1:] - cu[:-1]
-    kda = recurrent_kda_torch if bool((lengths <= 1).all()) else chunk_kda_torch
-    o, h_t = kda(
-        q, k, v, g.unsqueeze(0), beta.unsqueeze(0), initial_state=h0,
-        output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu,
-    )
+    inputs = (q, k, v, g.unsqueeze(0), beta.unsqueeze(0))
+    if bool((cu[1:] - cu[:-1] <= 1).all()):  # decode-only batch
+        o, h_t = recurrent_kda_torch(*inputs, initial_state=h0, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    else:
+        o, h_t = chunk_kda_torch(
+            *inputs, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu
+        )
     rec_state[slots] = h_t
     return o[0]
 

@@ -82,6 +82,6 @@ class BailingMoeV3MoE(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        router_logits = F.linear(x.float(), self.gate.weight)  # fp32 router
+        router_logits, _ = self.gate(x.float())  # fp32 router (fp32 weights, fp32 input)
         routed = self.experts(hidden_states=x, router_logits=router_logits)
         return routed + self.shared_experts(x)

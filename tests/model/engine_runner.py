@@ -1,0 +1,64 @@
+"""Run one real vLLM engine on a checkpoint and dump greedy continuations + prompt logprobs as JSON.
+
+A separate process per engine: each test configuration (env vars such as VLLM_MLA_DISABLE, hf_overrides)
+gets a fresh vLLM, and nothing leaks between them. Usage: python engine_runner.py SPEC.json OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def run(spec: dict) -> dict:
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(
+        model=spec["model"],
+        dtype=spec.get("dtype", "float32"),
+        max_model_len=spec.get("max_model_len", 1024),
+        max_num_batched_tokens=spec.get("max_num_batched_tokens", 1024),
+        max_num_seqs=spec.get("max_num_seqs", 8),
+        enable_prefix_caching=False,
+        enforce_eager=spec.get("enforce_eager", True),
+        hf_overrides=spec.get("hf_overrides") or None,
+        speculative_config=spec.get("speculative_config"),
+        seed=0,
+        **spec.get("engine_kwargs", {}),
+    )
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in spec["prompts"]]
+    params = SamplingParams(
+        temperature=0.0, max_tokens=spec.get("max_tokens", 32), ignore_eos=True,
+        prompt_logprobs=0 if spec.get("prompt_logprobs", True) else None,
+        logprobs=0,
+    )
+    outputs = llm.generate(prompts, params)
+    result = {"outputs": []}
+    for prompt_ids, out in zip(spec["prompts"], outputs):
+        completion = out.outputs[0]
+        prompt_lp = None
+        if out.prompt_logprobs is not None:
+            # position 0 has no logprob; position i holds log p(prompt[i] | prompt[:i])
+            prompt_lp = [None] + [entry[tok].logprob for tok, entry in zip(prompt_ids[1:], out.prompt_logprobs[1:])]
+        gen_lp = [entry[tok].logprob for tok, entry in zip(completion.token_ids, completion.logprobs or [])]
+        result["outputs"].append({"token_ids": list(completion.token_ids), "prompt_logprobs": prompt_lp, "logprobs": gen_lp})
+    result["implementation"] = _implementation(llm)
+    return result
+
+
+def _implementation(llm) -> str:
+    """Which class served (proves the plugin, not vLLM's in-tree model, ran)."""
+    try:
+        core = llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+        return f"{type(core).__module__}.{type(core).__name__}"
+    except AttributeError:
+        return "unknown (multiprocess engine)"
+
+
+if __name__ == "__main__":
+    spec_path, out_path = sys.argv[1], sys.argv[2]
+    with open(spec_path) as f:
+        spec = json.load(f)
+    with open(out_path, "w") as f:
+        json.dump(run(spec), f)
