@@ -26,7 +26,9 @@ def test_thinking_off_via_chat_template_kwargs_makes_everything_content(parse, k
     assert (turn.reasoning, turn.content, turn.calls) == (None, "No reasoning here, just the answer.", [])
 
 
-@pytest.mark.parametrize("kwargs", [{"thinking": True}, {"enable_thinking": True}, {"thinking": False, "enable_thinking": True}])
+@pytest.mark.parametrize(
+    "kwargs", [{"thinking": True}, {"enable_thinking": True}, {"thinking": False, "enable_thinking": True}]
+)
 def test_thinking_stays_on_when_any_flag_is_true(parse, kwargs):
     turn = parse("Plan.</think>Answer.", chat_template_kwargs=kwargs)
     assert (turn.reasoning, turn.content) == ("Plan.", "Answer.")
@@ -86,12 +88,16 @@ def test_arguments_are_coerced_to_the_schema_types(parse):
 
 
 def test_arguments_stay_strings_without_a_schema(parse):
-    turn = parse("ok</think><tool_call>echo<arg_key>n</arg_key><arg_value>3</arg_value><arg_key>b</arg_key> <arg_value>true</arg_value></tool_call>")
+    turn = parse(
+        "ok</think><tool_call>echo<arg_key>n</arg_key><arg_value>3</arg_value><arg_key>b</arg_key> <arg_value>true</arg_value></tool_call>"
+    )
     assert turn.calls == [("echo", {"n": "3", "b": "true"})]
 
 
 def test_string_argument_keeps_its_text_verbatim(parse):
-    turn = parse('ok</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>  "São Paulo"\n(BR) </arg_value></tool_call>')
+    turn = parse(
+        'ok</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>  "São Paulo"\n(BR) </arg_value></tool_call>'
+    )
     assert turn.calls == [("get_weather", {"city": '  "São Paulo"\n(BR) '})]
 
 
@@ -154,7 +160,9 @@ def test_garbage_call_stays_in_content(parse, block):
 
 def test_stray_text_between_arguments_is_logged_and_pairs_still_parse(parse, caplog):
     with caplog.at_level(logging.WARNING, logger="vllm_ling.parsers.ling3"):
-        turn = parse("r</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>oops<arg_key>days</arg_key><arg_value>2</arg_value></tool_call>")
+        turn = parse(
+            "r</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>oops<arg_key>days</arg_key><arg_value>2</arg_value></tool_call>"
+        )
     assert turn.calls == [("get_weather", {"city": "Paris", "days": 2})]
     assert "'oops'" in caplog.text
 
@@ -166,7 +174,9 @@ def test_unclosed_call_cut_inside_the_name_stays_in_content(parse):
 
 def test_unclosed_call_keeps_the_value_being_written_as_valid_json(parse, caplog):
     with caplog.at_level(logging.WARNING, logger="vllm_ling.parsers.ling3"):
-        turn = parse("r</think><tool_call>get_weather<arg_key>days</arg_key><arg_value>4</arg_value><arg_key>city</arg_key><arg_value>Par")
+        turn = parse(
+            "r</think><tool_call>get_weather<arg_key>days</arg_key><arg_value>4</arg_value><arg_key>city</arg_key><arg_value>Par"
+        )
     assert turn.calls == [("get_weather", {"days": 4, "city": "Par"})]
     assert "ended inside" in caplog.text
 
@@ -176,7 +186,9 @@ def test_unclosed_call_after_complete_arguments_is_a_call(parse):
     assert turn.calls == [("get_weather", {"city": "Paris"})]
 
 
-@pytest.mark.parametrize("request_kwargs", [{"tool_choice": "none"}, {"tools": None}], ids=["tool_choice-none", "no-tools"])
+@pytest.mark.parametrize(
+    "request_kwargs", [{"tool_choice": "none"}, {"tools": None}], ids=["tool_choice-none", "no-tools"]
+)
 def test_calls_stay_in_content_when_the_request_allows_none(parse, request_kwargs):
     turn = parse(f"r</think>Sure.{CALL_WEATHER}", **request_kwargs)
     assert (turn.content, turn.calls) == (f"Sure.{CALL_WEATHER}", [])
@@ -184,7 +196,10 @@ def test_calls_stay_in_content_when_the_request_allows_none(parse, request_kwarg
 
 def test_reasoning_end_is_found_in_token_ids(special_tokenizer):
     """Structured outputs in the engine core start constraining only after reasoning ends."""
-    ids = lambda s: special_tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+
+    def ids(text: str) -> list[int]:
+        return special_tokenizer.encode(text, add_special_tokens=False)
+
     on = Ling3ReasoningParser(special_tokenizer, chat_template_kwargs={})
     assert not on.is_reasoning_end(ids("prompt<think>still thinking"))
     assert on.is_reasoning_end(ids("prompt<think>done</think>answer"))

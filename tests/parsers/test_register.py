@@ -1,0 +1,85 @@
+"""`register_parsers()`: stands aside where vLLM ships `ling3` (>= 0.28), registers ours where it does not
+(0.26) or when forced, lazily and idempotently. Registry state is restored after each test."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm.parser.glm47_moe", reason="needs vLLM with the GLM-4.7 parser engine (>= 0.26)")
+
+from vllm.parser.parser_manager import ParserManager
+from vllm.reasoning import ReasoningParserManager
+from vllm.tool_parsers import ToolParserManager
+
+from vllm_ling.parsers import register_parsers
+
+OURS = ["tool:ling3", "reasoning:ling3"]
+_TABLES = [
+    ToolParserManager.tool_parsers,
+    ToolParserManager.lazy_parsers,
+    ReasoningParserManager.reasoning_parsers,
+    ReasoningParserManager.lazy_parsers,
+]
+
+
+@pytest.fixture(autouse=True)
+def restore_registries():
+    saved = [dict(t) for t in _TABLES]
+    yield
+    for table, before in zip(_TABLES, saved):
+        table.clear()
+        table.update(before)
+
+
+def _vllm_has_ling3() -> bool:
+    return "ling3" in ToolParserManager.list_registered() and "ling3" in ReasoningParserManager.list_registered()
+
+
+def test_stands_aside_for_vllms_own_ling3_and_registers_where_missing():
+    had_own = _vllm_has_ling3()
+    own_tool = ToolParserManager.lazy_parsers.get("ling3")
+    names = register_parsers()
+    if had_own:  # vLLM >= 0.28
+        assert names == []
+        assert ToolParserManager.lazy_parsers.get("ling3") == own_tool
+    else:  # vLLM 0.26
+        assert names == OURS
+        assert _vllm_has_ling3()
+
+
+def test_force_registers_ours_even_over_an_already_imported_vllm_parser():
+    from vllm_ling.parsers.ling3 import Ling3ReasoningParser, Ling3ToolParser
+
+    if _vllm_has_ling3():
+        ToolParserManager.get_tool_parser("ling3")  # vLLM's class now sits in the import cache
+    assert register_parsers(force=True) == OURS
+    assert ToolParserManager.get_tool_parser("ling3") is Ling3ToolParser
+    assert ReasoningParserManager.get_reasoning_parser("ling3") is Ling3ReasoningParser
+
+
+def test_registration_is_lazy():
+    register_parsers(force=True)
+    assert ToolParserManager.lazy_parsers["ling3"] == ("vllm_ling.parsers.ling3", "Ling3ToolParser")
+    assert ReasoningParserManager.lazy_parsers["ling3"] == ("vllm_ling.parsers.ling3", "Ling3ReasoningParser")
+    assert "ling3" not in ToolParserManager.tool_parsers  # nothing imported until a server asks for it
+    assert "ling3" not in ReasoningParserManager.reasoning_parsers
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_repeated_registration_changes_nothing(force):
+    first = register_parsers(force=force)
+    state = [dict(t) for t in _TABLES]
+    assert register_parsers(force=force) == first
+    assert register_parsers() == first  # a later plain call keeps what force registered
+    assert [dict(t) for t in _TABLES] == state
+
+
+def test_server_composes_our_parsers_from_the_registered_name():
+    from vllm_ling.parsers.ling3 import Ling3ReasoningParser, Ling3ToolParser
+
+    register_parsers(force=True)
+    parser_cls = ParserManager.get_parser(
+        tool_parser_name="ling3", reasoning_parser_name="ling3", enable_auto_tools=True
+    )
+    assert parser_cls.tool_parser_cls is Ling3ToolParser
+    assert parser_cls.reasoning_parser_cls is Ling3ReasoningParser
