@@ -100,7 +100,7 @@ def command_run(argv: list[str], only_preflight: bool) -> int:
             log.emit("final", "exit 0: preflight passed (nothing started)", code=0)
             return ExitCode.OK
         args = ServeArgs.parse(cmd)
-        sup = Supervisor(cmd, cfg, log, cfg.url or f"http://{args.host}:{args.port}")
+        sup = Supervisor(cmd, cfg, log, cfg.url or f"http://{args.host}:{args.port}", args.served_model)
         procs.become_subreaper()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, sup.request_stop)

@@ -68,6 +68,7 @@ class Config:
     max_batched_tokens_long_context: int
     small_smem_bytes: int
     max_spec_tokens_small_smem: int
+    max_seqs_small_smem: int
     gpu_smem_bytes: int | None
     memory_model: str
     model_max_context: int

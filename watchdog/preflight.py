@@ -9,6 +9,8 @@ util 0.80 leaves 23.9 GiB and hard-hung the box at long context (NV_ERR_NO_MEMOR
 ~22 GiB still available); util 0.72 leaves 33.5 GiB and was verified at 131,072 tokens with chunked
 prefill capped at 8192 tokens per step. Hence at long context: util <= 0.72 and chunks <= 8192. At
 short context only the start-up limit applies (vLLM's default 0.92 OOMs at start-up on GB10; <= 0.85).
+Where "long" starts is a setting (long_context_tokens, 32,768 by default): the hang was reported at
+long context and nothing above 0.72 was verified there, so the default errs low.
 """
 from __future__ import annotations
 
@@ -46,16 +48,16 @@ def _ok(rule: str, message: str, **values: Any) -> Verdict:
     return Verdict(rule, "ok", message, values)
 
 
-def _context(args: ServeArgs, cfg: Config) -> tuple[int, str]:
-    """Tokens per sequence, and where the number came from."""
+def _context(args: ServeArgs, cfg: Config) -> int:
+    """Tokens per sequence: --max-model-len, else the model's own maximum, as vLLM takes it."""
     if args.max_model_len is not None:
-        return args.max_model_len, "--max-model-len"
+        return args.max_model_len
     cfg_json = Path(args.model or "") / "config.json"
     if args.model and cfg_json.is_file():
         ctx = json.loads(cfg_json.read_text()).get("max_position_embeddings")
         if ctx:
-            return int(ctx), f"{cfg_json} (--max-model-len unset)"
-    return cfg.model_max_context, "the model's maximum (--max-model-len unset)"
+            return int(ctx)
+    return cfg.model_max_context
 
 
 def _weights(args: ServeArgs, cfg: Config) -> tuple[int, str]:
@@ -106,17 +108,36 @@ def check_chunked_prefill(args: ServeArgs, cfg: Config, ctx: int) -> Verdict:
     return _ok(rule, f"chunked prefill with {mnbt or 'vLLM default (<= 8192)'} tokens per step", **values)
 
 
+def _small_smem(cfg: Config, dev: Device) -> int | None:
+    """The GPU's shared memory per block if it is a small one (GB10: 101,376 B), else None."""
+    smem = cfg.gpu_smem_bytes if cfg.gpu_smem_bytes is not None else dev.smem_bytes
+    return smem if smem is not None and smem <= cfg.small_smem_bytes else None
+
+
 def check_spec_tokens(args: ServeArgs, cfg: Config, dev: Device) -> Verdict:
     rule = "spec_tokens_smem"
     k = args.spec_tokens
-    smem = cfg.gpu_smem_bytes if cfg.gpu_smem_bytes is not None else dev.smem_bytes
+    smem = _small_smem(cfg, dev)
     values = dict(num_speculative_tokens=k, smem_bytes=smem, limit=cfg.max_spec_tokens_small_smem)
-    if smem is None or smem > cfg.small_smem_bytes or k <= cfg.max_spec_tokens_small_smem:
-        return _ok(rule, f"num_speculative_tokens {k} (smem per block: {smem or 'unknown'})", **values)
+    if smem is None or k <= cfg.max_spec_tokens_small_smem:
+        return _ok(rule, f"num_speculative_tokens {k}" + (f" (smem per block {smem:,} B)" if smem else ""),
+                   **values)
     return Verdict(rule, "refuse", f"{rule}: num_speculative_tokens {k} on a GPU with {smem:,} B shared "
                    f"memory per block (<= {cfg.small_smem_bytes:,}); W3: k=3 crashed on this limit (the "
                    f"kernels want ~133 KB) and k=1 is the fastest anyway (acceptance 94% at position 0, "
                    f"57% at 1; x1.78). Safe: {MTP_K1}.", values)
+
+
+def check_max_seqs(args: ServeArgs, cfg: Config, dev: Device) -> Verdict:
+    rule = "max_seqs_smem"
+    seqs, smem = args.number("--max-num-seqs", int), _small_smem(cfg, dev)
+    values = dict(max_num_seqs=seqs, smem_bytes=smem, limit=cfg.max_seqs_small_smem)
+    if smem is None or (seqs is not None and seqs <= cfg.max_seqs_small_smem):
+        return _ok(rule, f"--max-num-seqs {seqs or 'vLLM default'}", **values)
+    shown = seqs if seqs is not None else "unset (vLLM's default: 1024 on a >= 70 GiB GPU)"
+    return Verdict(rule, "warn", f"{rule}: --max-num-seqs {shown} on a GPU with {smem:,} B shared memory per "
+                   f"block; W5: 4 lanes crashed at concurrency 10 (the KDA kernel wanted 133 KB), 2 held. "
+                   f"Safe: --max-num-seqs {cfg.max_seqs_small_smem}.", values)
 
 
 def check_eager(args: ServeArgs, dev: Device) -> Verdict:
@@ -131,65 +152,84 @@ def _refuse(rule: str, message: str, values: dict[str, Any]) -> Verdict:
     return Verdict(rule, "refuse", f"{rule}: {message}", values)
 
 
-def check_memory(args: ServeArgs, cfg: Config, dev: Device, host: Host, ctx: int) -> Verdict:
-    """What vLLM will take (its reservation) against what the model needs (weights + KV/state for
-    one max-length sequence + overhead, vLLM's own minimum) and what the box has (MemAvailable
-    less a reserve for the host)."""
-    rule = "memory_fit"
+@dataclass(frozen=True, slots=True)
+class Footprint:
+    """vLLM's own minimum: weights + KV/state for one max-length sequence + overhead (bytes)."""
+    weights: int
+    source: str
+    state: int
+    kv: int  # MLA KV for ctx tokens + KDA state (one page per layer, x (1 + k) with MTP)
+    overhead: int
+    ctx: int
+
+    @property
+    def need(self) -> int:
+        return self.weights + self.kv + self.overhead
+
+    def __str__(self) -> str:
+        return (f"weights {gib(self.weights)} ({self.source}) + KV/state {gib(self.kv)} for one "
+                f"{self.ctx}-token sequence + overhead {gib(self.overhead)} = {gib(self.need)}")
+
+
+def footprint(args: ServeArgs, cfg: Config, ctx: int) -> Footprint:
     weights, source = _weights(args, cfg)
     state = cfg.state_bytes_per_seq * (1 + args.spec_tokens)
-    kv = ctx * cfg.kv_bytes_per_token + state
-    overhead = int(cfg.overhead_gib * GiB)
-    need = weights + kv + overhead
-    reserve = int(cfg.host_reserve_gib * GiB)
-    need_txt = (f"weights {gib(weights)} ({source}) + KV/state {gib(kv)} for one {ctx}-token sequence "
-                f"+ overhead {gib(overhead)} = {gib(need)}")
-    values = dict(need=need, weights=weights, kv=kv, overhead=overhead, available=host.available,
-                  total=host.total, host_reserve=reserve, device=dev.kind, max_model_len=ctx)
+    return Footprint(weights, source, state, ctx * cfg.kv_bytes_per_token + state, int(cfg.overhead_gib * GiB), ctx)
+
+
+def _too_small(fp: Footprint, cfg: Config, demand: int, how: str, total: int) -> str:
+    fit = (demand - fp.weights - fp.overhead - fp.state) // cfg.kv_bytes_per_token
+    min_util = math.ceil(100 * fp.need / total) / 100
+    safe = (f"--gpu-memory-utilization {min_util:.2f} if the util ceiling allows it" if min_util <= 1
+            else f"none on this box: it has {gib(total)} in all")
+    safe += f", or --max-model-len {fit}" if fit > 0 else ""
+    return f"the model needs {fp}, more than {how} = {gib(demand)}. Safe: {safe}."
+
+
+def check_memory(args: ServeArgs, cfg: Config, dev: Device, host: Host, ctx: int) -> Verdict:
+    """What vLLM will take (its reservation) against what the model needs (its footprint) and what
+    the box has (MemAvailable less a reserve for the host)."""
+    rule, fp = "memory_fit", footprint(args, cfg, ctx)
+    reserve, supply = int(cfg.host_reserve_gib * GiB), host.available - int(cfg.host_reserve_gib * GiB)
     total = dev.total_bytes if dev.kind == "discrete" and dev.total_bytes else host.total
+    values = dict(need=fp.need, weights=fp.weights, kv=fp.kv, overhead=fp.overhead, available=host.available,
+                  total=total, host_reserve=reserve, device=dev.kind, max_model_len=ctx)
     if args.kv_cache_bytes is not None:  # vLLM sizes the cache in bytes and ignores util
-        if kv > args.kv_cache_bytes:
-            return _refuse(rule, f"--kv-cache-memory-bytes {args.kv_cache_bytes:,} is less than the "
-                           f"{kv:,} B one {ctx}-token sequence needs. Safe: --kv-cache-memory-bytes "
-                           f"{kv:,} or a lower --max-model-len.", values)
-        demand, how = weights + args.kv_cache_bytes + overhead, "weights + --kv-cache-memory-bytes + overhead"
+        if fp.kv > args.kv_cache_bytes:
+            return _refuse(rule, f"--kv-cache-memory-bytes {args.kv_cache_bytes:,} is less than the {fp.kv:,} B "
+                           f"one {ctx}-token sequence needs. Safe: --kv-cache-memory-bytes {fp.kv:,} or a lower "
+                           f"--max-model-len.", values)
+        demand, how = fp.weights + args.kv_cache_bytes + fp.overhead, "weights + --kv-cache-memory-bytes + overhead"
     elif dev.kind == "cpu":
-        demand, how = need, "the model"
+        demand, how = fp.need, "the model"
     else:
         util = args.util if args.util is not None else VLLM_DEFAULT_UTIL
         demand, how = int(util * total), f"--gpu-memory-utilization {util} x {gib(total)}"
-        if need > demand:
-            fit = (demand - weights - overhead - state) // cfg.kv_bytes_per_token
-            min_util = math.ceil(100 * need / total) / 100
-            safe = (f"--gpu-memory-utilization {min_util:.2f} if the util ceiling allows it" if min_util <= 1
-                    else f"none on this box: it has {gib(total)} in all")
-            safe += f", or --max-model-len {fit}" if fit > 0 else ""
-            return _refuse(rule, f"the model needs {need_txt}, more than {how} = {gib(demand)}. Safe: "
-                           f"{safe}.", values)
+        if fp.need > demand:
+            return _refuse(rule, _too_small(fp, cfg, demand, how, total), values)
     values.update(demand=demand)
     if dev.kind == "discrete" and dev.total_bytes:
-        return _ok(rule, f"fits on the GPU: {need_txt} within {how}", **values)
-    supply = host.available - reserve
+        return _ok(rule, f"fits on the GPU: {fp} within {how}", **values)
     if demand > supply:
-        fit_util = math.floor(100 * supply / total) / 100
-        hint = ("" if need > supply or args.kv_cache_bytes is not None or dev.kind == "cpu" else
-                f", or --gpu-memory-utilization {fit_util:.2f} (still holds the model)")
-        what = (f"the model needs {need_txt}, but MemAvailable {gib(host.available)} less the host reserve "
+        what = (f"the model needs {fp}, but MemAvailable {gib(host.available)} less the host reserve "
                 f"{gib(reserve)} leaves {gib(supply)}" if dev.kind == "cpu" else
                 f"{how} = {gib(demand)} plus the host reserve {gib(reserve)} exceeds MemAvailable "
-                f"{gib(host.available)}; the model needs {need_txt}")
-        return _refuse(rule, f"{what}. Safe: free memory first (stop other servers, drop the page "
-                       f"cache){hint}.", values)
-    return _ok(rule, f"fits: {how} = {gib(demand)} covers {need_txt}; MemAvailable "
-               f"{gib(host.available)} keeps {gib(host.available - demand)} for the host", **values)
+                f"{gib(host.available)}; the model needs {fp}")
+        lower = (fp.need <= supply and args.kv_cache_bytes is None and dev.kind != "cpu")
+        hint = f", or --gpu-memory-utilization {math.floor(100 * supply / total) / 100:.2f}" if lower else ""
+        return _refuse(rule, f"{what}. Safe: free memory first (stop other servers, drop the page cache)"
+                       f"{hint}.", values)
+    covers = str(fp) if demand == fp.need else f"{how} = {gib(demand)} covers {fp}"
+    return _ok(rule, f"fits: {covers}; MemAvailable {gib(host.available)} keeps "
+               f"{gib(host.available - demand)} for the host", **values)
 
 
 def check(args: ServeArgs, cfg: Config, dev: Device, host: Host) -> list[Verdict]:
     """All rules, in the order an operator would fix them."""
     try:
-        ctx, _ = _context(args, cfg)
+        ctx = _context(args, cfg)
         return [check_util(args, cfg, dev, ctx), check_chunked_prefill(args, cfg, ctx),
-                check_spec_tokens(args, cfg, dev), check_eager(args, dev),
+                check_spec_tokens(args, cfg, dev), check_max_seqs(args, cfg, dev), check_eager(args, dev),
                 check_memory(args, cfg, dev, host, ctx)]
     except ValueError as e:
         return [Verdict("serve_args", "refuse", f"serve_args: {e}")]

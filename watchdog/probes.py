@@ -48,6 +48,7 @@ class Prober(threading.Thread):
         self._clock = clock
         self._halt = threading.Event()
         self._http = requests.Session()
+        self._served: str | None = None
 
     def stop(self) -> None:
         self._halt.set()
@@ -81,10 +82,15 @@ class Prober(threading.Thread):
         return ProbeResult(kind, ok, detail, self._clock(), self._clock() - t0)
 
     def _model(self) -> str:
-        if self.model is None:
-            data = self._get("/v1/models", self.cfg.health_timeout_s).json()["data"]
-            self.model = data[0]["id"]
-        return self.model
+        """The served name from /v1/models, else the one the serve command gave."""
+        if self._served is None:
+            try:
+                self._served = self._get("/v1/models", self.cfg.health_timeout_s).json()["data"][0]["id"]
+            except (requests.RequestException, ValueError, KeyError, IndexError):
+                if self.model is None:
+                    raise
+                return self.model
+        return self._served
 
     def _complete(self, kind: str, timeout: float) -> ProbeResult:
         t0 = self._clock()

@@ -18,9 +18,15 @@ PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 
 
+# Looked up once, here: die_with_parent runs between fork and exec, where a dlopen/dlsym could
+# deadlock on a loader lock that another thread held at fork time.
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+_SIGTERM = int(signal.SIGTERM)
+
+
 def _prctl(option: int, arg: int) -> None:
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(option, arg, 0, 0, 0)
+    if _PRCTL is not None:
+        _PRCTL(option, arg, 0, 0, 0)
 
 
 _subreaper = False
@@ -41,7 +47,7 @@ def ours(p: psutil.Process, pids: set[int], session: int) -> bool:
 
 def die_with_parent() -> None:
     """preexec_fn: the child gets SIGTERM if the watchdog dies, even by SIGKILL."""
-    _prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    _prctl(PR_SET_PDEATHSIG, _SIGTERM)
 
 
 def tree(pid: int) -> list[psutil.Process]:

@@ -79,7 +79,14 @@ class ServeArgs:
     @property
     def host(self) -> str:
         host = self.flags.get("--host") or "127.0.0.1"
-        return "127.0.0.1" if host in ("0.0.0.0", "::", "") else host  # probe locally
+        if host in ("0.0.0.0", "::", ""):
+            return "127.0.0.1"  # listening everywhere: probe locally
+        return f"[{host}]" if ":" in host else host  # a URL needs IPv6 in brackets
+
+    @property
+    def served_model(self) -> str | None:
+        """The name completions must use: the first --served-model-name, else the model."""
+        return self.flags.get("--served-model-name") or self.model
 
     @property
     def max_model_len(self) -> int | None:

@@ -138,10 +138,10 @@ class Supervisor:
                     self.policy.stable()
                     self.log.emit("stable", f"serving for {self.cfg.stable_after_s:g}s: relaunch count reset")
                 if now >= next_memory:
-                    next_memory = now + self.cfg.memory_poll_s
-                    out = self._guard(child, monitor, now >= next_log)
-                    next_log = now + self.cfg.memory_log_s if now >= next_log else next_log
-                    if out:
+                    next_memory, log_reading = now + self.cfg.memory_poll_s, now >= next_log
+                    if log_reading:
+                        next_log = now + self.cfg.memory_log_s
+                    if out := self._guard(child, monitor, log_reading):
                         return out
                 fault = monitor.check(now)
                 if fault:

@@ -24,8 +24,9 @@ def verdicts(cmd, dev=GB10, host=SPARK, **cfg):
 
 
 def test_the_shipped_recipe_passes_every_rule_on_a_spark():
-    assert {r: v.verdict for r, v in verdicts(RECIPE).items()} == dict.fromkeys(
-        ["util_ceiling", "chunked_prefill", "spec_tokens_smem", "enforce_eager", "memory_fit"], "ok")
+    assert {r: v.verdict for r, v in verdicts(RECIPE + " --max-num-seqs 2").items()} == dict.fromkeys(
+        ["util_ceiling", "chunked_prefill", "spec_tokens_smem", "max_seqs_smem", "enforce_eager", "memory_fit"],
+        "ok")
 
 
 def test_util_above_072_at_long_context_is_refused_with_the_w4_reason():
@@ -116,3 +117,11 @@ def test_kv_cache_bytes_smaller_than_one_sequence_are_refused():
 def test_unreadable_arguments_are_a_refusal_not_a_crash():
     (v,) = verdicts("vllm serve m --speculative-config '{bad'").values()
     assert v.rule == "serve_args" and v.verdict == "refuse" and "is not JSON" in v.message
+
+
+def test_more_than_two_lanes_on_a_small_smem_gpu_is_a_warning_with_the_w5_numbers():
+    v = verdicts(RECIPE + " --max-num-seqs 4")["max_seqs_smem"]
+    assert v.verdict == "warn" and "4 lanes crashed" in v.message and "Safe: --max-num-seqs 2" in v.message
+    assert verdicts(RECIPE)["max_seqs_smem"].verdict == "warn"  # unset = vLLM's 1024
+    assert verdicts(RECIPE + " --max-num-seqs 2")["max_seqs_smem"].verdict == "ok"
+    assert verdicts(RECIPE + " --max-num-seqs 8", dev=H200)["max_seqs_smem"].verdict == "ok"

@@ -51,3 +51,9 @@ def test_bad_values_name_the_flag():
         parse("vllm serve m --speculative-config '{mtp'").spec_tokens
     with pytest.raises(ValueError, match="'lots' is not a token count"):
         parse("vllm serve m --max-model-len lots").max_model_len
+
+
+def test_probe_address_and_served_name_follow_the_command():
+    a = parse("vllm serve /models/ling --host :: --served-model-name ling-flash")
+    assert (a.host, a.served_model) == ("127.0.0.1", "ling-flash")
+    assert parse("vllm serve m --host ::1").host == "[::1]" and parse("vllm serve m").served_model == "m"
