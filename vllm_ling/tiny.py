@@ -9,6 +9,11 @@ full-size Flash config with smaller values, so the field set is the real one.
 Weights are drawn per tensor from a generator seeded by ``(seed, name)``: the same seed gives
 byte-identical files, and the BF16 and INT4 variants (or the ``qlora`` variant) share every tensor
 they have in common.
+
+    ling-make-tiny OUT [--seed N] [--int4] [--variant qlora] [--force]   # write a checkpoint to OUT
+    ling-make-tiny [--int4]               # build once into the cache (ensure_tiny) and print its path
+    ling-make-tiny OUT --full-config      # full-size Flash INT4 config.json for --load-format dummy
+    ling-make-tiny OUT --dequantize INT4  # INT4 checkpoint -> BF16 (the oracle's input)
 """
 
 from __future__ import annotations
@@ -507,7 +512,7 @@ def int4_ignore_list(config: dict[str, Any]) -> list[str]:
     return [
         name.removesuffix(".weight")
         for name, spec in tensor_specs(config).items()
-        if len(spec.shape) == 2 and spec.init == "linear" and not is_routed_expert(name)
+        if len(spec.shape) == 2 and spec.init != "embedding" and not is_routed_expert(name)
     ]
 
 
@@ -560,23 +565,26 @@ def dequantize_checkpoint(int4_dir: str | os.PathLike, out_dir: str | os.PathLik
     scheme = next(iter(qconfig.config_groups.values()))
     dst.mkdir(parents=True, exist_ok=True)
     index = json.loads((src / "model.safetensors.index.json").read_text())
+    shard_of = index["weight_map"]  # a module's packed/scale/shape triple may straddle two shards
+    tensors = {k: v for shard in sorted(set(shard_of.values())) for k, v in load_file(src / shard).items()}
+    shards: dict[str, dict[str, torch.Tensor]] = {}
+    for name, t in tensors.items():
+        shard = shard_of[name]
+        if name.endswith(".weight_packed"):
+            prefix = name.removesuffix("weight_packed")
+            local = {k: tensors[prefix + k] for k in ("weight_packed", "weight_scale", "weight_shape")}
+            name, t = prefix + "weight", PackedQuantizationCompressor.decompress(local, scheme)["weight"]
+        elif name.endswith((".weight_scale", ".weight_shape")):
+            continue
+        shards.setdefault(shard, {})[name] = t
     weight_map: dict[str, str] = {}
-    for shard in sorted(set(index["weight_map"].values())):
-        tensors = load_file(src / shard)
-        out: dict[str, torch.Tensor] = {}
-        for name, t in tensors.items():
-            if name.endswith(".weight_packed"):
-                prefix = name.removesuffix("weight_packed")
-                local = {k: tensors[prefix + k] for k in ("weight_packed", "weight_scale", "weight_shape")}
-                out[prefix + "weight"] = PackedQuantizationCompressor.decompress(local, scheme)["weight"]
-            elif not name.endswith((".weight_scale", ".weight_shape")):
-                out[name] = t
+    for shard, out in sorted(shards.items()):
         save_file(out, dst / shard, metadata={"format": "pt"})
         weight_map |= dict.fromkeys(out, shard)
     _write_index(dst, weight_map)
     (dst / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     for f in src.iterdir():
-        if f.suffix != ".safetensors" and f.name not in ("config.json", "model.safetensors.index.json"):
+        if f.suffix != ".safetensors" and f.name not in ("config.json", "model.safetensors.index.json", STAMP_FILE):
             shutil.copy2(f, dst / f.name)
     return dst
 
@@ -726,6 +734,7 @@ def ensure_tiny(*, seed: int = 0, int4: bool = False, variant: str = "default") 
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=final.parent))
     try:
         make_tiny_checkpoint(tmp, seed=seed, int4=int4, variant=variant)
+        tmp.chmod(0o755)  # mkdtemp makes it 0700; the final dir should read like any model dir
         if final.exists():  # stale: move it aside first (rename is atomic, rmtree is not)
             old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old.", dir=final.parent))
             os.replace(final, old / "stale")
@@ -778,7 +787,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="ling-make-tiny",
         description="Write a tiny random-weight Ling-3.0 checkpoint (or the full-size Flash INT4 config).")
-    parser.add_argument("out", type=Path, help="output directory")
+    parser.add_argument("out", type=Path, nargs="?",
+                        help="output directory (default: the cache, see default_tiny_dir)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (same seed -> identical files)")
     parser.add_argument("--int4", action="store_true", help="routed experts as compressed-tensors INT4")
     parser.add_argument("--variant", choices=VARIANTS, default="default",
@@ -791,8 +801,12 @@ def main(argv: list[str] | None = None) -> int:
     mode.add_argument("--dequantize", type=Path, metavar="INT4_DIR",
                       help="write INT4_DIR's checkpoint dequantized to BF16 into OUT")
     args = parser.parse_args(argv)
+    if args.out is None and (args.full_config or args.dequantize):
+        parser.error("--full-config and --dequantize need an output directory")
     try:
-        if args.full_config:
+        if args.out is None:
+            path = ensure_tiny(seed=args.seed, int4=args.int4, variant=args.variant)
+        elif args.full_config:
             path = write_full_config(args.out, force=args.force)
         elif args.dequantize:
             path = dequantize_checkpoint(args.dequantize, args.out)

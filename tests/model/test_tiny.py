@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors import safe_open
+from safetensors.torch import load_file
 
 from vllm_ling import tiny
 
@@ -66,15 +66,21 @@ def expected_tensors(c: dict) -> dict[str, tuple[int, ...]]:
 
 def read_checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
     index = json.loads((model_dir / "model.safetensors.index.json").read_text())
-    out = {}
-    for shard in sorted(set(index["weight_map"].values())):
-        with safe_open(model_dir / shard, "pt") as f:
-            out |= {k: f.get_tensor(k) for k in f.keys()}
-    return out
+    shards = sorted(set(index["weight_map"].values()))
+    return {k: v for shard in shards for k, v in load_file(model_dir / shard).items()}
 
 
 def config_of(model_dir: Path) -> dict:
     return json.loads((model_dir / "config.json").read_text())
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _single_thread():
+    """Tiny tensors: intra-op threads only add sync overhead (10x on a loaded 2-core host)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -88,15 +94,12 @@ def hf_model(tiny_dir):
     import transformers.models.bailing_hybrid.modeling_bailing_hybrid as tfm
     from transformers import BailingHybridForCausalLM
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny tensors: threads only add sync overhead on a loaded host
     with pytest.MonkeyPatch.context() as mp:
         for name in ("chunk_kimi_delta_attention", "recurrent_kimi_delta_attention"):
             mp.setattr(tfm, name, inspect.unwrap(getattr(tfm, name)))
         model, info = BailingHybridForCausalLM.from_pretrained(
             tiny_dir, dtype=torch.float32, output_loading_info=True)
         yield model.eval(), info
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -331,6 +334,13 @@ def test_ensure_tiny_builds_once_into_the_cache_and_rebuilds_stale_dirs(tmp_path
     assert json.loads((rebuilt / tiny.STAMP_FILE).read_text()) == stamp
     assert read_checkpoint(rebuilt).keys() == expected_tensors(config_of(rebuilt)).keys()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tiny-default-bf16-seed3"]  # no temp dirs left
+
+
+def test_cli_without_out_builds_into_the_cache_and_prints_the_path(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("VLLM_LING_TINY_DIR", str(tmp_path))
+    assert tiny.main(["--seed", "2"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "tiny-default-bf16-seed2")
+    assert (tmp_path / "tiny-default-bf16-seed2" / "config.json").exists()
 
 
 def test_default_tiny_dir_without_env_is_in_the_user_cache(monkeypatch):
