@@ -1,4 +1,4 @@
-"""Fixtures for the `ling3` parser tests: a tiny tokenizer and a driver that runs our parsers the way
+"""Harness for the `ling3` parser tests: a tiny tokenizer and a driver that runs our parsers the way
 vLLM's chat-completion server does (one DelegatingParser per request; `parse()` for a whole output,
 `parse_delta()` per detokenized step for a stream)."""
 
@@ -7,10 +7,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any
-
-import pytest
-
-pytest.importorskip("vllm.parser.glm47_moe", reason="needs vLLM with the GLM-4.7 parser engine (>= 0.26)")
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from tokenizers.decoders import DecodeStream
@@ -46,16 +42,6 @@ def make_tokenizer(arg_tags_special: bool) -> PreTrainedTokenizerFast:
         additional_special_tokens=specials,
         clean_up_tokenization_spaces=False,
     )
-
-
-@pytest.fixture(scope="session", params=[True, False], ids=["arg-tags-special", "arg-tags-bytes"])
-def tokenizer(request) -> PreTrainedTokenizerFast:
-    return make_tokenizer(arg_tags_special=request.param)
-
-
-@pytest.fixture(scope="session")
-def special_tokenizer() -> PreTrainedTokenizerFast:
-    return make_tokenizer(arg_tags_special=True)
 
 
 def _fn(name: str, properties: dict | None = None) -> dict:
@@ -171,27 +157,9 @@ def parse_stream(tokenizer, text: str, request: ChatCompletionRequest, chunk: in
     return Turn("".join(reasoning) or None, "".join(content) or None, calls)
 
 
-def _client_view(turn: Turn) -> Turn:
+def client_view(turn: Turn) -> Turn:
     """vLLM strips content whitespace next to tool calls only when not streaming; compare modulo that."""
     content = turn.content
     if turn.calls and content is not None:
         content = content.strip() or None
     return Turn(turn.reasoning, content, turn.calls)
-
-
-@pytest.fixture(params=[1, 3], ids=["1-token-steps", "3-token-steps"])
-def chunk(request) -> int:
-    return request.param
-
-
-@pytest.fixture
-def parse(tokenizer, chunk):
-    """parse(text, **request_kwargs) -> Turn: parses both ways, checks streaming == non-streaming."""
-
-    def _parse(text: str, **request_kwargs) -> Turn:
-        full = parse_full(tokenizer, text, make_request(**request_kwargs))
-        streamed = parse_stream(tokenizer, text, make_request(**request_kwargs), chunk)
-        assert _client_view(streamed) == _client_view(full), "streamed deltas differ from the non-streaming result"
-        return full
-
-    return _parse

@@ -4,9 +4,6 @@
 from __future__ import annotations
 
 import pytest
-
-pytest.importorskip("vllm.parser.glm47_moe", reason="needs vLLM with the GLM-4.7 parser engine (>= 0.26)")
-
 from vllm.parser.parser_manager import ParserManager
 from vllm.reasoning import ReasoningParserManager
 from vllm.tool_parsers import ToolParserManager
