@@ -52,6 +52,7 @@ class Monitor:
         self.failures, self.first_failure_t = 0, None
         self.last_probe = ""
         self.fatal: LogEvent | None = None
+        self.http_up = False  # "Starting vLLM server on" seen: time to poll /health
         self._pending: Fault | None = None
 
     # observations -----------------------------------------------------------------------------
@@ -73,17 +74,20 @@ class Monitor:
         else:
             self.last_progress = t
             self.emit("milestone", ev.text, quiet=True, milestone=ev.kind)
+            self.http_up |= ev.kind in ("server_starting", "startup_complete")
             if ev.kind == "startup_complete" and self.phase is Phase.LOADING:
                 self._enter(Phase.WARMUP, t, f"start-up took {t - self.t0:.1f}s; probing /health")
 
     def cpu(self, busiest: Busiest | None, t: float) -> None:
         self.busiest = busiest
         busy = busiest is not None and busiest.cpu_percent >= self.cfg.busy_cpu_percent
-        self.busy_since = (self.busy_since or t) if busy else None
+        self.busy_since = (t if self.busy_since is None else self.busy_since) if busy else None
 
     def probe(self, r: ProbeResult) -> None:
         self.last_probe = r.detail
         if r.kind == "ready" and r.ok and self.ready_t is None:
+            if self.phase is Phase.LOADING:  # uvicorn's own line can be silenced (--uvicorn-log-level)
+                self._enter(Phase.WARMUP, r.t, "/health 200 without an 'Application startup complete.' line")
             self.ready_t = r.t
             self.emit("ready", f"/health 200 after {r.t - self.phase_t:.1f}s; first request (JIT grace "
                       f"{self.cfg.warmup_grace_s:g}s)")
@@ -101,11 +105,12 @@ class Monitor:
             if self.failures:
                 self.emit("probe_ok", f"liveness recovered after {self.failures} failed probe(s): {r.detail}")
             elif r.busy:
-                self.emit("probe_busy", r.detail)
+                self.emit("probe_busy", r.detail, quiet=True)
             self.failures, self.first_failure_t = 0, None
             return
         self.failures += 1
-        self.first_failure_t = self.first_failure_t or r.t
+        if self.first_failure_t is None:
+            self.first_failure_t = r.t
         k = self.cfg.fail_threshold
         self.emit("probe_fail", f"liveness probe failed ({self.failures}/{k}): {r.detail}", level="warning",
                   failures=self.failures)

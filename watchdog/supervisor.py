@@ -130,7 +130,7 @@ class Supervisor:
                 if monitor.phase is Phase.LOADING:
                     monitor.cpu(sampler.busiest(child.pid), now)
                     child.note_tree(sampler.pids)
-                elif prober is None:
+                if prober is None and monitor.http_up:
                     prober = Prober(self.url, self.cfg, inbox, self.model, clock=self._clock)
                     prober.start()
                 if not stable and monitor.serving_for(now) >= self.cfg.stable_after_s:

@@ -146,3 +146,11 @@ def test_a_fatal_root_cause_is_kept_over_later_generic_lines(monitor):
                        "GPU memory utilization (0.9, 107 GiB)."), 1)
     monitor.line(parse("RuntimeError: Engine core initialization failed. See root cause above."), 2)
     assert monitor.fatal.retry is False and "Free memory" in monitor.fatal.text
+
+
+def test_health_200_ends_loading_even_when_uvicorns_startup_line_is_silenced(monitor):
+    feed_shards(monitor, 24)
+    monitor.line(parse("(APIServer pid=6) INFO Starting vLLM server on http://0.0.0.0:8000"), 30)
+    assert monitor.http_up and monitor.phase is Phase.LOADING
+    monitor.probe(ProbeResult("ready", True, "/health 200", 31))
+    assert monitor.phase is Phase.WARMUP and monitor.ready_t == 31
