@@ -27,6 +27,9 @@ def run(spec: dict) -> dict:
         seed=0,
         **spec.get("engine_kwargs", {}),
     )
+    captured: dict[str, list] = {}
+    if spec.get("capture_mlp_layers"):
+        llm.apply_model(lambda model: _capture_mlps(model, spec["capture_mlp_layers"], captured))
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in spec["prompts"]]
     params = SamplingParams(
         temperature=0.0, max_tokens=spec.get("max_tokens", 32), ignore_eos=True,
@@ -43,17 +46,21 @@ def run(spec: dict) -> dict:
             prompt_lp = [None] + [entry[tok].logprob for tok, entry in zip(prompt_ids[1:], out.prompt_logprobs[1:])]
         gen_lp = [entry[tok].logprob for tok, entry in zip(completion.token_ids, completion.logprobs or [])]
         result["outputs"].append({"token_ids": list(completion.token_ids), "prompt_logprobs": prompt_lp, "logprobs": gen_lp})
-    result["implementation"] = _implementation(llm)
+    result["implementation"] = llm.apply_model(lambda model: f"{type(model).__module__}.{type(model).__name__}")[0]
+    if captured:
+        import torch
+
+        torch.save({k: [(x, y) for x, y in v] for k, v in captured.items()}, spec["capture_path"])
     return result
 
 
-def _implementation(llm) -> str:
-    """Which class served (proves the plugin, not vLLM's in-tree model, ran)."""
-    try:
-        core = llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
-        return f"{type(core).__module__}.{type(core).__name__}"
-    except AttributeError:
-        return "unknown (multiprocess engine)"
+def _capture_mlps(model, layers: list[int], store: dict) -> None:
+    """Record (input, output) of each listed layer's MLP on every forward (needs the in-process engine)."""
+    for i in layers:
+        def hook(module, inputs, output, key=f"mlp{i}"):
+            store.setdefault(key, []).append((inputs[0].detach().clone(), output.detach().clone()))
+
+        model.model.layers[i].mlp.register_forward_hook(hook)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,39 @@
+"""Shared by the whole-model tests: running the engine / oracle scripts in subprocesses, comparing logprobs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+# The CPU engine recipe (vllm-integration.md appendix): MLA as decompressed standard attention, a small
+# KV budget, the in-process engine core (so tests can hook modules), and our plugin over vLLM's in-tree model.
+CPU_ENGINE_ENV = {
+    "VLLM_LING_FORCE": "1",
+    "VLLM_MLA_DISABLE": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_CI_ENV": "1",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+}
+TIMEOUT_S = 900
+
+
+def run_script(script: str, spec: dict, tmp: Path, name: str, env: dict | None = None) -> dict:
+    spec_path, out_path = tmp / f"{name}.spec.json", tmp / f"{name}.out.json"
+    spec_path.write_text(json.dumps(spec))
+    proc = subprocess.run(
+        [sys.executable, str(HERE / script), str(spec_path), str(out_path)],
+        env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=TIMEOUT_S,
+    )
+    if proc.returncode != 0:
+        raise AssertionError(f"{script} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+    return json.loads(out_path.read_text())
+
+
+def max_abs_diff(a: list, b: list) -> float:
+    pairs = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
+    assert pairs and len(a) == len(b), "nothing to compare"
+    return max(abs(x - y) for x, y in pairs)
