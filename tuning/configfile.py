@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from ling_tuning.shapes import MoEShape
-from ling_tuning.space import Config, uses_cuda_kernel, violations, vllm_default_config
+from ling_tuning.smem import CUDA_DYNAMIC_SMEM_DEFAULT
+from ling_tuning.space import Config, cuda_violations, uses_cuda_kernel, violations, vllm_default_config
 
 TUNED_FOLDER_ENV = "VLLM_TUNED_CONFIG_FOLDER"
 INT_KEYS = ("BLOCK_SIZE_M", "BLOCK_SIZE_N", "BLOCK_SIZE_K", "GROUP_SIZE_M", "num_warps", "num_stages", "SPLIT_K")
@@ -79,17 +80,30 @@ def unsafe_lookups(table: dict[int, Config], shape: MoEShape, smem_limit: int, m
     return bad
 
 
+def untuned_fallback(m: int, shape: MoEShape) -> Config:
+    """The entry for a kernel side no tuned M covers: vLLM's default on the Triton side; on the CUDA
+    side explicit 16 x 128 x K tiles, because vLLM's heuristic there picks BLOCK_SIZE_K = 16 groups
+    at M <= 2, which the kernel rejects (the H200 baseline's failure)."""
+    if not uses_cuda_kernel(m, shape):
+        return vllm_default_config(m, shape)
+    for bk in (128, 64, 32, shape.group_size):
+        cfg = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": bk, "SPLIT_K": 1}
+        if not cuda_violations(cfg, shape, CUDA_DYNAMIC_SMEM_DEFAULT):
+            return cfg
+    raise ValueError(f"no CUDA wna16 tile fits {shape}")
+
+
 def build_table(best: dict[int, Config], shape: MoEShape) -> dict[int, Config]:
     """Tuned entries plus the two boundary keys that stop nearest-key lookups crossing kernels.
 
     With keys c = cuda_max_tokens and c + 1 present, every M <= c is nearer to a key <= c and
-    every M > c to a key > c. A side with no tuned entry gets vLLM's own default there."""
+    every M > c to a key > c. A side with no tuned entry gets `untuned_fallback` there."""
     c = shape.cuda_max_tokens
     table = dict(best)
     cuda_side = [m for m in best if m <= c]
     triton_side = [m for m in best if m > c]
-    table.setdefault(c, best[max(cuda_side)] if cuda_side else vllm_default_config(c, shape))
-    table.setdefault(c + 1, best[min(triton_side)] if triton_side else vllm_default_config(c + 1, shape))
+    table.setdefault(c, best[max(cuda_side)] if cuda_side else untuned_fallback(c, shape))
+    table.setdefault(c + 1, best[min(triton_side)] if triton_side else untuned_fallback(c + 1, shape))
     return dict(sorted(table.items()))
 
 

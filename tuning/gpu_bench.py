@@ -53,6 +53,25 @@ def gptq_pack(codes: torch.Tensor, chunk: int = 32) -> torch.Tensor:
     return out
 
 
+def dequantize(packed: torch.Tensor, scales: torch.Tensor, group: int) -> torch.Tensor:
+    """float32 weights of one expert: (code - 8) * scale of its group along the reduction axis."""
+    return (unpack_nibbles(packed).float() - 8) * scales.float().repeat_interleave(group, dim=-1)
+
+
+def reference_moe(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, w13: torch.Tensor, s13: torch.Tensor,
+                  w2: torch.Tensor, s2: torch.Tensor, group: int) -> torch.Tensor:
+    """float32 MoE from the packed codes: out_t = sum_k w_tk · W2_e (SiLU(G_e x_t) ⊙ U_e x_t), e = ids_tk,
+    with w13 = [G; U] stacked along the output axis (vLLM's silu_and_mul order)."""
+    n = w13.shape[1] // 2
+    out = torch.zeros(x.shape[0], w2.shape[1], device=x.device, dtype=torch.float32)
+    for e in ids.unique().tolist():
+        rows, slot = (ids == e).nonzero(as_tuple=True)
+        h = x[rows].float() @ dequantize(w13[e], s13[e], group).T
+        a = F.silu(h[:, :n]) * h[:, n:]
+        out.index_add_(0, rows, (a @ dequantize(w2[e], s2[e], group).T) * w[rows, slot, None])
+    return out
+
+
 def copy_bandwidth_gbs(nbytes: int = 1 << 30, reps: int = 10) -> float:
     """Device-to-device copy, counting bytes read + written (the ceiling METHOD.md asks for)."""
     a = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda")
@@ -143,20 +162,8 @@ class CudaRunner:
                 self._inputs[(kind, m)] = [self._make_inputs(m, base + 7 + i) for i in range(self.rotations)]
         return self._inputs[(kind, m)]
 
-    def _dequant(self, packed: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-        g = self.shape.group_size
-        return (unpack_nibbles(packed).float() - 8) * scales.float().repeat_interleave(g, dim=-1)
-
     def _reference(self, x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        """float32 MoE: sum_k w_k · W2_e (SiLU(W1_e x) ⊙ W3_e x), from the same int4 codes."""
-        n = self.shape.intermediate
-        out = torch.zeros(x.shape[0], self.shape.hidden, device=x.device, dtype=torch.float32)
-        for e in ids.unique().tolist():
-            rows, slot = (ids == e).nonzero(as_tuple=True)
-            h = x[rows].float() @ self._dequant(self.w13[e], self.s13[e]).T
-            a = F.silu(h[:, :n]) * h[:, n:]
-            out.index_add_(0, rows, (a @ self._dequant(self.w2[e], self.s2[e]).T) * w[rows, slot, None])
-        return out
+        return reference_moe(x, ids, w, self.w13, self.s13, self.w2, self.s2, self.shape.group_size)
 
     # ---- calls ----------------------------------------------------------------------------------
     def _triton_call(self, config: Config | None) -> Callable[..., torch.Tensor]:
@@ -273,3 +280,39 @@ class CudaRunner:
     def experts_touched(self, m: int) -> float:
         sets = self._sets("time", m)
         return sum(ids.unique().numel() for _, ids, _ in sets) / len(sets)
+
+
+def kda_guard_demo(smem_limit: int, seq_len: int = 2048, heads: int = 32, head_dim: int = 128) -> dict[str, Any]:
+    """Guard vLLM's vendored FLA autotuners to `smem_limit`, run one KDA prefill (Ling's head
+    layout, the varlen path vLLM uses) and report what each autotuner kept, dropped and chose.
+
+    On an H200, `smem_limit=101376` emulates GB10: dropped configs were compiled (never launched)
+    and measured over the limit; every chosen config must be within it."""
+    from ling_tuning import smem_guard
+    from vllm.third_party.flash_linear_attention.ops.kda import chunk_kda
+
+    log = smem_guard.install(smem_limit)
+    torch.manual_seed(0)
+    t, h, d, dev = seq_len, heads, head_dim, "cuda"
+    q, k, v = (torch.randn(1, t, h, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
+    g = -5.0 * torch.rand(1, t, h, d, device=dev)  # log decay in [lower_bound, 0], fp32
+    beta = torch.rand(1, t, h, device=dev)
+    h0 = torch.zeros(1, h, d, d, device=dev)
+    cu = torch.tensor([0, t], device=dev, dtype=torch.int32)
+    o, ht = chunk_kda(q, k, v, g, beta, initial_state=h0, output_final_state=True,
+                      use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
+    torch.cuda.synchronize()
+    kernels, over = {}, []
+    for module in smem_guard.fla_modules():
+        for name, tuner in smem_guard.autotuners(module):
+            seen = log.kernels.get(name, {"kept": {}, "dropped": {}})
+            chosen = [str(c) for c in tuner.cache.values()]
+            sizes = [seen["kept"].get(c, {}).get("smem") for c in chosen]
+            over += [(name, c, s) for c, s in zip(chosen, sizes) if s is not None and s > smem_limit]
+            if chosen or seen["dropped"]:
+                kernels[name] = {"configs": len(tuner.configs), "kept": len(seen["kept"]),
+                                 "dropped": seen["dropped"], "chosen": dict(zip(chosen, sizes)),
+                                 "max_kept_smem": max((x["smem"] or 0 for x in seen["kept"].values()), default=None)}
+    return {"smem_limit": smem_limit, "seq_len": t, "heads": h, "head_dim": d,
+            "output_finite": bool(o.isfinite().all() and ht.isfinite().all()),
+            "chosen_over_limit": over, "ok": not over, "kernels": kernels}

@@ -45,10 +45,13 @@ def test_unpinned_table_would_crash_some_batch_sizes():
     assert any("entry 256" in line and "smem" in line for line in bad)  # BN 1024 on the Triton kernel
 
 
-def test_a_side_never_tuned_gets_vllms_default_there():
+def test_a_side_never_tuned_gets_a_fallback_that_every_m_there_accepts():
     table = build_table({1: CUDA_CFG}, LING)
-    assert table[385]["BLOCK_SIZE_M"] == 64 and table[385]["num_stages"] == 3
+    assert table[385]["BLOCK_SIZE_M"] == 64 and table[385]["num_stages"] == 3  # vLLM's Triton default
     assert unsafe_lookups(table, LING, GB10_SMEM_PER_BLOCK, 8192) == []
+    triton_only = build_table({4096: TRITON_CFG}, LING)
+    assert triton_only[384]["BLOCK_SIZE_K"] == 128  # not vLLM's heuristic, which fails at M <= 2
+    assert unsafe_lookups(triton_only, LING, GB10_SMEM_PER_BLOCK, 8192) == []
 
 
 def test_written_file_round_trips_and_has_the_schema_vllm_reads(tmp_path):

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
-
 from ling_tuning.configfile import config_file_name, lookup, read_table
 from ling_tuning.runner import DeviceInfo, Measured
 from ling_tuning.shapes import PRESETS, MoEShape
@@ -67,13 +65,3 @@ class FakeRunner:
 
     def experts_touched(self, m: int) -> float:
         return float(min(self.shape.num_experts, m * self.shape.top_k))
-
-
-@pytest.fixture
-def fake_clock() -> FakeClock:
-    return FakeClock()
-
-
-@pytest.fixture
-def fake_runner(fake_clock: FakeClock) -> FakeRunner:
-    return FakeRunner(clock=fake_clock)

@@ -1,0 +1,85 @@
+"""The whole ling-tune flow on a fake device and a fake clock."""
+
+import json
+
+import pytest
+from tuning_fakes import LING, FakeClock, FakeRunner
+
+from ling_tuning.choice import recommended_backend
+from ling_tuning.cli import main
+from ling_tuning.configfile import config_file_name, read_table, unsafe_lookups
+from ling_tuning.smem import GB10_SMEM_PER_BLOCK, triton_wna16_smem
+from ling_tuning.space import candidates
+from ling_tuning.tuner import measure
+
+MS = "1,4,16,1024"
+
+
+def run_cli(tmp_path, *extra, runner=None, prover=None):
+    clock = runner.clock if runner else FakeClock()
+    runner = runner or FakeRunner(clock=clock)
+    rc = main(["--model", "ling-3.0-flash", "--batch-sizes", MS, "--out", str(tmp_path), "--no-progress", *extra],
+              runner_factory=lambda shape, args: runner, prover=prover, clock=clock)
+    return rc, runner
+
+
+def test_cli_writes_the_tuned_file_choice_and_report(tmp_path, capsys):
+    rc, runner = run_cli(tmp_path)
+    assert rc == 0
+    table = read_table(tmp_path / config_file_name(LING, "NVIDIA GB10"))
+    for m in (1, 4, 16, 1024):
+        valid = [c for c in candidates(m, LING, GB10_SMEM_PER_BLOCK).kept
+                 if measure(runner, m, c, GB10_SMEM_PER_BLOCK).status == "ok"]
+        assert runner.cost(m, table[m]) == min(runner.cost(m, c) for c in valid)
+    assert {384, 385} <= set(table) and unsafe_lookups(table, LING, GB10_SMEM_PER_BLOCK, 8192) == []
+    assert recommended_backend(tmp_path, "NVIDIA GB10") == "triton"  # the fake Marlin is 5x slower
+    report = json.loads((tmp_path / "tune-report.json").read_text())
+    assert [t["M"] for t in report["tuning"]] == [1, 4, 16, 1024]
+    assert report["comparison"][0]["default"]["error"]  # vLLM's default fails at M = 1
+    out = capsys.readouterr().out
+    assert "| M | kernel | tuned tiles |" in out and f"VLLM_TUNED_CONFIG_FOLDER={tmp_path}" in out
+
+
+def test_interrupted_run_resumes_and_finishes(tmp_path):
+    clock = FakeClock()
+    first = FakeRunner(clock=clock)
+    rc, _ = run_cli(tmp_path, "--budget", "1", runner=first)  # 60 fake seconds: a partial run
+    report = json.loads((tmp_path / "tune-report.json").read_text())
+    assert rc == 0 and sum(t["skipped"] for t in report["tuning"]) > 0
+    second = FakeRunner(clock=FakeClock())
+    rc, _ = run_cli(tmp_path, "--budget", "1000", runner=second)
+    report = json.loads((tmp_path / "tune-report.json").read_text())
+    assert rc == 0 and sum(t["skipped"] for t in report["tuning"]) == 0
+    assert sum(t["reused"] for t in report["tuning"]) >= 60 - 4  # what the first run measured
+
+
+def test_smem_limit_emulation_prunes_before_launch(tmp_path):
+    runner = FakeRunner(smem=232_448)
+    rc, _ = run_cli(tmp_path, "--smem-limit", "101376", "--space", "full", "--batch-sizes", "4096", runner=runner)
+    report = json.loads((tmp_path / "tune-report.json").read_text())
+    assert rc == 0 and report["emulated"] and report["smem_limit"] == 101376
+    assert report["tuning"][0]["pruned"]["smem"] > 0
+    launched = [c for m, c in runner.calls if c is not None and m == 4096]
+    assert launched and max(triton_wna16_smem(c) for c in launched) <= 101376
+
+
+def test_emulating_more_smem_than_the_device_has_is_refused(tmp_path):
+    with pytest.raises(SystemExit, match="101376"):
+        run_cli(tmp_path, "--smem-limit", "200000")
+
+
+def test_a_failed_vllm_proof_fails_the_run(tmp_path):
+    rc, _ = run_cli(tmp_path, prover=lambda folder, shape, table: {"loaded": False, "default_warning": True})
+    assert rc == 1
+
+
+def test_bad_inputs_are_named(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        main(["--model", "ling-3.0-flash", "--batch-sizes", "0,4"])
+    assert "batch sizes must be integers >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--model", "ling-3.0-flash", "--budget", "-1"])
+    assert "--budget -1.0: must be positive" in capsys.readouterr().err
+    rc = main(["--model", str(tmp_path / "missing"), "--out", str(tmp_path)],
+              runner_factory=lambda s, a: FakeRunner(), prover=None)
+    assert rc == 2 and "no such config.json" in capsys.readouterr().err

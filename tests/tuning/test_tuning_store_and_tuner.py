@@ -1,0 +1,95 @@
+import json
+
+import pytest
+from tuning_fakes import LING, FakeClock, FakeRunner
+
+from ling_tuning.smem import GB10_SMEM_PER_BLOCK
+from ling_tuning.space import candidates
+from ling_tuning.store import Result, ResultStore
+from ling_tuning.tuner import measure, pick_best, tune
+
+META = {"shape": LING.to_dict(), "device": "NVIDIA GB10"}
+CFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "SPLIT_K": 1}
+
+
+def test_store_reloads_what_it_wrote_and_skips_a_torn_last_line(tmp_path):
+    s = ResultStore(tmp_path, META)
+    s.add(Result(4, CFG, "ok", us=12.5, rel_err=0.01))
+    s.add(Result(4, CFG | {"BLOCK_SIZE_M": 8}, "wrong", rel_err=0.9))
+    with s.path.open("a") as f:
+        f.write('{"m": 4, "config": {"BLOCK_')  # killed mid-write
+    again = ResultStore(tmp_path, META)
+    assert again.get(4, CFG).us == 12.5
+    assert again.get(4, CFG | {"BLOCK_SIZE_M": 8}).status == "wrong"
+    assert len(again.results(4)) == 2
+
+
+def test_store_keeps_runs_on_other_devices_apart(tmp_path):
+    ResultStore(tmp_path, META).add(Result(4, CFG, "ok", us=1.0))
+    other = ResultStore(tmp_path, META | {"device": "NVIDIA H200"})
+    assert other.get(4, CFG) is None and other.path != ResultStore(tmp_path, META).path
+
+
+def test_store_refuses_a_log_whose_header_was_changed(tmp_path):
+    s = ResultStore(tmp_path, META)
+    lines = s.path.read_text().splitlines()
+    s.path.write_text(json.dumps({"header": {"device": "edited"}}) + "\n" + "\n".join(lines[1:]))
+    with pytest.raises(ValueError, match="does not match"):
+        ResultStore(tmp_path, META)
+
+
+def test_measure_classifies_wrong_and_raising_configs(fake_runner):
+    wrong = measure(fake_runner, 1, CFG | {"BLOCK_SIZE_N": 512}, GB10_SMEM_PER_BLOCK)
+    assert wrong.status == "wrong" and wrong.us is None and wrong.rel_err == 0.9
+    broken = measure(fake_runner, 1024, {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64,
+                                         "GROUP_SIZE_M": 1, "num_warps": 8, "num_stages": 4, "SPLIT_K": 1},
+                     GB10_SMEM_PER_BLOCK)
+    assert broken.status == "error" and "PassManager" in broken.detail
+    good = measure(fake_runner, 1, CFG, GB10_SMEM_PER_BLOCK)
+    assert good.status == "ok" and good.us == pytest.approx(fake_runner.cost(1, CFG))
+
+
+def test_tune_finds_the_cost_models_optimum_among_valid_candidates(tmp_path, fake_runner, fake_clock):
+    store = ResultStore(tmp_path, META)
+    out = tune(LING, [1, 64, 1024], fake_runner, store, GB10_SMEM_PER_BLOCK, "quick", 1e9, fake_clock, False)
+    for m, o in out.items():
+        valid = [c for c in candidates(m, LING, GB10_SMEM_PER_BLOCK).kept
+                 if c.get("BLOCK_SIZE_N") != 512 and not (c.get("num_warps") == 8 and c.get("num_stages") == 4)]
+        assert o.best.us == pytest.approx(min(fake_runner.cost(m, c) for c in valid))
+        assert o.measured == o.candidates and o.skipped == 0
+
+
+def test_budget_is_shared_across_batch_sizes_and_every_m_gets_some(tmp_path):
+    clock = FakeClock()
+    runner = FakeRunner(clock=clock, cost_s=1.0)
+    store = ResultStore(tmp_path, META)
+    out = tune(LING, [1, 16, 1024], runner, store, GB10_SMEM_PER_BLOCK, "quick", 90.0, clock, False)
+    assert all(o.measured >= 25 and o.skipped > 0 and o.best for o in out.values())
+    assert clock.t <= 90.0 + 1.0  # one measurement may start just before the deadline
+
+
+def test_rerun_resumes_from_the_log_without_remeasuring(tmp_path):
+    clock = FakeClock()
+    first = FakeRunner(clock=clock)
+    tune(LING, [1, 16], first, ResultStore(tmp_path, META), GB10_SMEM_PER_BLOCK, "quick", 60.0, clock, False)
+    done = len(first.calls)
+    second = FakeRunner(clock=FakeClock())
+    out = tune(LING, [1, 16], second, ResultStore(tmp_path, META), GB10_SMEM_PER_BLOCK, "quick", 1e9,
+               second.clock, False)
+    assert sum(o.reused for o in out.values()) == done
+    assert {(m, json.dumps(c, sort_keys=True)) for m, c in first.calls}.isdisjoint(
+        {(m, json.dumps(c, sort_keys=True)) for m, c in second.calls})
+    assert all(o.skipped == 0 for o in out.values())
+
+
+def test_best_ignores_results_that_do_not_fit_this_runs_limit(tmp_path):
+    store = ResultStore(tmp_path, META)
+    big = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 256, "BLOCK_SIZE_K": 256, "GROUP_SIZE_M": 1, "num_warps": 4,
+           "num_stages": 2, "SPLIT_K": 1}  # 139,264 B by estimate
+    small = big | {"BLOCK_SIZE_K": 64}
+    compiled_big = small | {"BLOCK_SIZE_N": 64}  # fits by estimate, but compiled larger than the limit
+    store.add(Result(1024, big, "ok", us=5.0, smem=139_264))
+    store.add(Result(1024, compiled_big, "ok", us=6.0, smem=120_000))
+    store.add(Result(1024, small, "ok", us=9.0, smem=40_960))
+    assert pick_best(store, 1024, LING, 232_448).config == big
+    assert pick_best(store, 1024, LING, GB10_SMEM_PER_BLOCK).config == small
