@@ -132,7 +132,8 @@ def _row(sc: Scenario, events: list[dict], log: str, rc: int, orphans: int) -> d
         detected = f"yes: {faults[0]['event']} ({faults[0].get('cause', '')})"
         when = faults[0]["t"]
     elif fatal:
-        detected, when = "yes: fatal vLLM error", finals[-1]["t"]
+        detected = "yes: fatal vLLM error"
+        when = next((e["t"] for e in events if e["event"] == "fatal_line" and not e.get("retry")), finals[-1]["t"])
     else:
         detected, when = "no fault seen" + (" (correct: not a hang)" if marks else ""), None
     ttd = f"{when - marks[0]:.1f} s" if when and marks else "-"
@@ -141,7 +142,7 @@ def _row(sc: Scenario, events: list[dict], log: str, rc: int, orphans: int) -> d
     relaunches = sum(e["event"] == "relaunch" for e in events)
     if relaunches:
         steps.append(f"relaunch x{relaunches}")
-    if any(e.get("to") == "serving" for e in events):
+    if any(e.get("to") == "serving" and (when is None or e["t"] > when) for e in events):
         steps.append("serving")
     if sc.kill == signal.SIGKILL:
         steps.append("watchdog SIGKILLed: its child got the parent-death SIGTERM")

@@ -49,6 +49,7 @@ class Prober(threading.Thread):
         self._halt = threading.Event()
         self._http = requests.Session()
         self._served: str | None = None
+        self._tokens_seen: float | None = None
 
     def stop(self) -> None:
         self._halt.set()
@@ -115,13 +116,19 @@ class Prober(threading.Thread):
         health = self._health("live")
         if not health.ok:
             return health
-        before = self._tokens()
-        result = self._complete("live", self.cfg.liveness_timeout_s)
-        if result.ok or before is None:
+        self._note_tokens(self._tokens())
+        since, result = self._tokens_seen, self._complete("live", self.cfg.liveness_timeout_s)
+        if result.ok:
             return result
         after = self._tokens()
-        if after is not None and after > before:
+        self._note_tokens(after)
+        if after is not None and since is not None and after > since:
             return ProbeResult("live", True, f"{result.detail}, but the engine processed "
-                               f"{after - before:.0f} tokens meanwhile: busy, not wedged",
+                               f"{after - since:.0f} tokens meanwhile: busy, not wedged",
                                result.t, result.elapsed, busy=True)
         return result
+
+    def _note_tokens(self, tokens: float | None) -> None:
+        """Keep the last good reading, so that one failed /metrics read does not blind the check."""
+        if tokens is not None:
+            self._tokens_seen = tokens
