@@ -24,12 +24,12 @@ from ling_tuning.compare import compare
 from ling_tuning.configfile import (TUNED_FOLDER_ENV, build_table, config_file_name, unsafe_lookups,
                                     write_table)
 from ling_tuning.report import summary_table, tuning_table
-from ling_tuning.runner import REL_TOL, Runner
+from ling_tuning.runner import REL_TOL, NoDevice, Runner
 from ling_tuning.shapes import MoEShape, default_batch_sizes, resolve_model
 from ling_tuning.smem import triton_wna16_smem
 from ling_tuning.space import SPACES, Config, uses_cuda_kernel
 from ling_tuning.store import ResultStore
-from ling_tuning.tuner import MOutcome, tune
+from ling_tuning.tuner import DeviceBroken, MOutcome, tune
 
 DEFAULT_OUT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-ling" / "moe-configs"
 RunnerFactory = Callable[[MoEShape, argparse.Namespace], Runner]
@@ -169,9 +169,12 @@ def main(argv: list[str] | None = None, runner_factory: RunnerFactory = cuda_run
             parser().error(f"--{flag.replace('_', '-')} {value}: must be positive")
     try:
         report = run(args, runner_factory, prover, clock)
-    except (FileNotFoundError, ValueError, KeyError) as e:
+    except (FileNotFoundError, ValueError, KeyError, NoDevice) as e:
         print(f"ling-tune: {e}", file=sys.stderr)
         return 2
+    except DeviceBroken as e:
+        print(f"ling-tune: {e}", file=sys.stderr)
+        return 3
     out = args.out.expanduser().resolve()
     out.mkdir(parents=True, exist_ok=True)
     text = json.dumps(report, indent=2, default=str) + "\n"

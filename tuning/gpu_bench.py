@@ -22,7 +22,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from ling_tuning.runner import REL_TOL, DeviceInfo, Measured
+from ling_tuning.runner import REL_TOL, DeviceInfo, Measured, NoDevice
 from ling_tuning.shapes import MoEShape
 from ling_tuning.smem import device_smem_limit
 from ling_tuning.space import Config, config_key, uses_cuda_kernel
@@ -33,7 +33,7 @@ Inputs = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # x [M, hidden] bf16, 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
     """[..., K] uint8 codes -> [..., K/2]: element 2j in the low nibble, 2j+1 in the high."""
-    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+    return (codes[..., 0::2] | (codes[..., 1::2] << 4)).contiguous()
 
 
 def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
@@ -93,6 +93,9 @@ class CudaRunner:
     """`ling_tuning.runner.Runner` on the current CUDA device, through vLLM 0.26's own kernels."""
 
     def __init__(self, shape: MoEShape, seed: int = 0, rotations: int = 16, replays: int = 7):
+        if not torch.cuda.is_available():
+            raise NoDevice("ling-tune measures on a CUDA GPU and none is visible here "
+                           "(run it on the Spark; tests drive the CLI with a fake runner)")
         import triton
         import vllm
         from vllm import _custom_ops as ops
@@ -103,8 +106,6 @@ class CudaRunner:
             marlin_make_workspace_new, marlin_moe_permute_scales)
         from vllm.scalar_type import scalar_types
 
-        if not torch.cuda.is_available():
-            raise RuntimeError("ling-tune measures on a CUDA device and none is visible")
         self.shape, self.seed, self.rotations, self.replays = shape, seed, rotations, replays
         self._fm, self._override = fm, override_config
         self.timing_mode = "cuda_graph"
@@ -112,7 +113,7 @@ class CudaRunner:
         self._smem_seen: dict[str, int] = {}
         self._inputs: dict[tuple[str, int], Any] = {}
         torch.manual_seed(seed)
-        dev = torch.device("cuda")
+        dev = torch.device("cuda", torch.cuda.current_device())  # an index: vLLM sizes workspaces by it
         e, n, k, g = shape.num_experts, shape.intermediate, shape.hidden, shape.group_size
 
         def codes(rows: int, cols: int) -> torch.Tensor:

@@ -14,6 +14,10 @@ from ling_tuning.space import Config
 REL_TOL = 5e-2
 
 
+class NoDevice(RuntimeError):
+    """No CUDA device to measure on."""
+
+
 @dataclass(frozen=True)
 class DeviceInfo:
     name: str  # raw CUDA name, e.g. "NVIDIA GB10"

@@ -103,9 +103,16 @@ def autotuners(module: ModuleType) -> Iterator[tuple[str, Any]]:
 
 
 def fla_modules() -> list[ModuleType]:
-    """vLLM's vendored FLA op modules (imported: the KDA layer imports them anyway)."""
+    """vLLM's vendored FLA op modules (imported: the KDA layer imports them anyway). A module that
+    fails to import is skipped and logged: the guard covers what can run."""
     pkg = importlib.import_module(FLA_OPS)
-    return [importlib.import_module(f"{FLA_OPS}.{m.name}") for m in pkgutil.iter_modules(pkg.__path__)]
+    mods = []
+    for info in pkgutil.iter_modules(pkg.__path__):
+        try:
+            mods.append(importlib.import_module(f"{FLA_OPS}.{info.name}"))
+        except Exception as e:  # noqa: BLE001 - an optional kernel module; report and go on
+            logger.warning("smem guard: cannot import %s.%s: %s", FLA_OPS, info.name, e)
+    return mods
 
 
 def install(smem_limit: int, max_stages: int | None = None, modules: Iterable[ModuleType] | None = None,

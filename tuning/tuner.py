@@ -34,12 +34,23 @@ class MOutcome:
     best: Result | None = None
 
 
+# Errors after which the CUDA context is unusable: every later call would fail too.
+STICKY_CUDA_ERRORS = ("illegal memory access", "device-side assert", "unspecified launch failure",
+                      "misaligned address", "illegal instruction")
+
+
+class DeviceBroken(RuntimeError):
+    """A config broke the CUDA context. It is logged as rejected; rerunning the command resumes."""
+
+
 def measure(runner: Runner, m: int, cfg: Config, smem_limit: int) -> Result:
     """One candidate: correctness first, then time; any failure becomes a logged rejection."""
     try:
         got = runner.triton(m, cfg)
     except Exception as e:  # compile errors, OutOfResources, TORCH_CHECK: all mean "not usable"
-        return Result(m, cfg, "error", detail=f"{type(e).__name__}: {e}"[:300])
+        text = f"{type(e).__name__}: {e}"[:300]
+        sticky = any(s in str(e) for s in STICKY_CUDA_ERRORS)
+        return Result(m, cfg, "error", detail=("sticky CUDA error: " if sticky else "") + text)
     if got.us is None or not got.rel_err <= REL_TOL:
         return Result(m, cfg, "wrong", rel_err=got.rel_err, smem=got.smem,
                       detail=f"rel_err {got.rel_err:.3g} > {REL_TOL}")
@@ -87,6 +98,9 @@ def tune(
                     res = measure(runner, m, cfg, smem_limit)
                     store.add(res)
                     out.measured += 1
+                    if res.detail.startswith("sticky CUDA error"):
+                        raise DeviceBroken(f"M={m} config {cfg} broke the CUDA context ({res.detail}); it is "
+                                           f"logged as rejected, run the same command again to resume")
                 if res is not None and res.status != "ok":
                     out.rejected[res.status] = out.rejected.get(res.status, 0) + 1
                 bar.update()

@@ -83,3 +83,12 @@ def test_bad_inputs_are_named(tmp_path, capsys):
     rc = main(["--model", str(tmp_path / "missing"), "--out", str(tmp_path)],
               runner_factory=lambda s, a: FakeRunner(), prover=None)
     assert rc == 2 and "no such config.json" in capsys.readouterr().err
+
+
+def test_without_a_gpu_the_real_runner_refuses_cleanly(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is present")
+    rc = main(["--model", "ling-3.0-flash", "--batch-sizes", "1", "--out", str(tmp_path)])
+    assert rc == 2 and "none is visible" in capsys.readouterr().err
+    assert not (tmp_path / ".ling-tune").exists()

@@ -97,3 +97,11 @@ def test_every_cuda_candidate_passes_the_cuda_checks():
 def test_unknown_space_is_refused_with_the_choices():
     with pytest.raises(ValueError, match="quick"):
         candidates(1024, LING, H200_SMEM, "huge")
+
+
+def test_vllms_own_triton_defaults_fit_gb10():
+    """What vLLM runs for M > 384 with no tuned file (and what an untuned side of our table gets)."""
+    for m in range(385, 8193, 97):
+        cfg = vllm_default_config(m, LING)
+        assert triton_violations(cfg, LING, GB10_SMEM_PER_BLOCK) == []
+        assert triton_wna16_smem(cfg) <= 16 * 1024

@@ -6,7 +6,7 @@ from tuning_fakes import LING, FakeClock, FakeRunner
 from ling_tuning.smem import GB10_SMEM_PER_BLOCK
 from ling_tuning.space import candidates
 from ling_tuning.store import Result, ResultStore
-from ling_tuning.tuner import measure, pick_best, tune
+from ling_tuning.tuner import DeviceBroken, measure, pick_best, tune
 
 META = {"shape": LING.to_dict(), "device": "NVIDIA GB10"}
 CFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "SPLIT_K": 1}
@@ -93,3 +93,19 @@ def test_best_ignores_results_that_do_not_fit_this_runs_limit(tmp_path):
     store.add(Result(1024, small, "ok", us=9.0, smem=40_960))
     assert pick_best(store, 1024, LING, 232_448).config == big
     assert pick_best(store, 1024, LING, GB10_SMEM_PER_BLOCK).config == small
+
+
+def test_a_config_that_breaks_the_cuda_context_stops_the_run_and_is_not_retried(tmp_path):
+    class Poisoned(FakeRunner):
+        def triton(self, m, config, folder=None):
+            if config and config["BLOCK_SIZE_N"] == 256:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return super().triton(m, config, folder)
+
+    store = ResultStore(tmp_path, META)
+    with pytest.raises(DeviceBroken, match="resume"):
+        tune(LING, [16], Poisoned(), store, GB10_SMEM_PER_BLOCK, progress=False)
+    culprit = [r for r in store.results(16) if r.status == "error"]
+    assert len(culprit) == 1 and culprit[0].config["BLOCK_SIZE_N"] == 256
+    again = tune(LING, [16], FakeRunner(), ResultStore(tmp_path, META), GB10_SMEM_PER_BLOCK, progress=False)
+    assert again[16].reused == len(store.results(16)) and again[16].best
