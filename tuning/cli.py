@@ -60,7 +60,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--smem-limit", type=int,
                    help="shared memory per block in bytes (default: the device's; 101376 emulates GB10)")
     p.add_argument("--budget", type=float, default=60.0, help="minutes for the tuning loop (resume to go on)")
-    p.add_argument("--max-candidates", type=int, help="time at most this many configs per M (a seeded sample)")
+    p.add_argument("--max-candidates", type=int, help="Triton-kernel M: time at most this many configs (a seeded sample; each one compiles)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"tuned-config folder (default {DEFAULT_OUT})")
     p.add_argument("--decode-max-m", type=int, default=64, help="largest M that counts as decode for the backend choice")
     p.add_argument("--margin", type=float, default=0.05, help="speed-up Triton needs over Marlin to be chosen")

@@ -3,7 +3,7 @@
 #   source .devbundle/N/activate.sh || exit 1; bash tuning/device_run.sh
 # (carry [".devbundle/N"]; the other chunks stashed first, see ../shared/device/README.md).
 # It imports ling_tuning from this checkout (a symlink shim on PYTHONPATH), so no install is needed
-# and a stale installed copy cannot shadow it. Knobs: LING_TUNE_BUDGET_MIN (2.5), LING_TUNE_MAX_CANDIDATES (16).
+# and a stale installed copy cannot shadow it. Knobs: LING_TUNE_BUDGET_MIN (2.0), LING_TUNE_MAX_CANDIDATES (16).
 #
 # $OUT gets at most 8 files, each written as soon as its step ends:
 #   log.txt          everything printed
@@ -30,9 +30,9 @@ t0=$SECONDS
 echo "== environment"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem,temperature.gpu --format=csv 2>&1 || true
 python3 - <<'PY' || echo "environment check failed"
-import torch, triton, vllm, ling_tuning
+import torch, triton, ling_tuning
 p = torch.cuda.get_device_properties(0)
-print(f"torch {torch.__version__} triton {triton.__version__} vllm {vllm.__version__} | {p.name} sm_{p.major}{p.minor} "
+print(f"torch {torch.__version__} triton {triton.__version__} | {p.name} sm_{p.major}{p.minor} "
       f"{p.multi_processor_count} SMs smem/block opt-in {getattr(p, 'shared_memory_per_block_optin', '?')} B | "
       f"ling_tuning from {ling_tuning.__path__[0]}")
 PY
@@ -43,8 +43,8 @@ timeout -k 10 150 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/g
 echo "pytest rc=$? at $((SECONDS - t0)) s"
 tail -n 15 "$OUT/pytest_gpu.txt"
 
-echo "== 2/2 ling-tune (native, then GB10 emulated), vLLM proof, default/tuned/Marlin, KDA guard (limit 330 s)"
-timeout -k 15 330 python3 -m ling_tuning.device_steps --out "$OUT"
+echo "== 2/2 ling-tune (native, then GB10 emulated), vLLM proof, default/tuned/Marlin, KDA guard (limit 360 s)"
+timeout -k 15 360 python3 -m ling_tuning.device_steps --out "$OUT"
 echo "device_steps rc=$? at $((SECONDS - t0)) s"
 sed -n '1,200p' "$OUT/summary.md" 2>/dev/null || echo "no summary.md"
 echo "== done in $((SECONDS - t0)) s; files: $(ls "$OUT" | tr '\n' ' ')"

@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--work", type=Path, default=Path("/tmp/ling-tune-device"))
     p.add_argument("--ms", default=BENCH_MS, help="batch sizes to tune")
-    p.add_argument("--budget", type=float, default=float(os.environ.get("LING_TUNE_BUDGET_MIN", "2.5")),
+    p.add_argument("--budget", type=float, default=float(os.environ.get("LING_TUNE_BUDGET_MIN", "2.0")),
                    help="minutes for the native tuning loop (the emulated run gets half)")
     p.add_argument("--max-candidates", type=int, default=int(os.environ.get("LING_TUNE_MAX_CANDIDATES", "16")))
     p.add_argument("--kda-seq-len", type=int, default=2048)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 import logging
-import pkgutil
+import sys
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Callable, Iterable, Iterator
@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterable, Iterator
 logger = logging.getLogger(__name__)
 
 FLA_OPS = "vllm.third_party.flash_linear_attention.ops"
+KDA_ENTRY = FLA_OPS + ".kda"
 # If compiling to measure fails (a Triton API change), fall back to the field fix: stages <= 2.
 FALLBACK_MAX_STAGES = 2
 
@@ -103,16 +104,11 @@ def autotuners(module: ModuleType) -> Iterator[tuple[str, Any]]:
 
 
 def fla_modules() -> list[ModuleType]:
-    """vLLM's vendored FLA op modules (imported: the KDA layer imports them anyway). A module that
-    fails to import is skipped and logged: the guard covers what can run."""
-    pkg = importlib.import_module(FLA_OPS)
-    mods = []
-    for info in pkgutil.iter_modules(pkg.__path__):
-        try:
-            mods.append(importlib.import_module(f"{FLA_OPS}.{info.name}"))
-        except Exception as e:  # noqa: BLE001 - an optional kernel module; report and go on
-            logger.warning("smem guard: cannot import %s.%s: %s", FLA_OPS, info.name, e)
-    return mods
+    """vLLM's vendored FLA op modules that KDA uses: import the KDA entry point, then take every
+    module of the package it pulled in (no other module is imported: some register custom ops)."""
+    importlib.import_module(KDA_ENTRY)
+    prefix = FLA_OPS + "."
+    return [m for name, m in sorted(sys.modules.items()) if name.startswith(prefix) and m is not None]
 
 
 def install(smem_limit: int, max_stages: int | None = None, modules: Iterable[ModuleType] | None = None,
