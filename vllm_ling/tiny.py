@@ -39,7 +39,7 @@ GENERATOR_VERSION = 1  # bump when the weights, config or tokenizer recipe chang
 FULL_CONFIG_DIR = Path(__file__).parent / "configs" / "ling-3.0-flash-int4"
 STAMP_FILE = "vllm_ling_tiny.json"
 NUM_SHARDS = 2  # more than one, so multi-shard loading is exercised
-VARIANTS = ("default", "qlora")
+VARIANTS = ("default", "qlora", "mtp_echo")
 INT4_GROUP_SIZE = 32
 
 # Tiny values on top of the full Flash config (§11). The clamp limits are tuned to the weight scales
@@ -692,6 +692,8 @@ def make_tiny_checkpoint(out_dir: str | os.PathLike, *, seed: int = 0, int4: boo
     config |= {"eos_token_id": eos, "pad_token_id": pad}
     with _single_thread():
         tensors = random_weights(config, seed, live_vocab)
+        if variant == "mtp_echo":
+            make_draft_agree(tensors, config)
         if int4:
             tensors = quantize_experts(tensors)
     _write_shards(out, tensors)
@@ -701,6 +703,34 @@ def make_tiny_checkpoint(out_dir: str | os.PathLike, *, seed: int = 0, int4: boo
     _json(out / "generation_config.json", {"eos_token_id": eos, "pad_token_id": pad})
     _json(out / STAMP_FILE, _stamp(seed, int4, variant, overrides))
     return out
+
+
+ECHO_DAMPING = 0.1  # scale of every layer's output projection in the mtp_echo variant
+
+
+def make_draft_agree(tensors: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+    """Turn a random checkpoint into one whose MTP draft predicts what the target will say (variant mtp_echo).
+
+    Every main layer's output projections (KDA o_proj, MLA dense, MLP down) are damped ×ECHO_DAMPING,
+    so the target's next token is mostly f(current token) = argmax lm_head(norm(embed(t))) while KDA and
+    MLA state still shape the logits. The draft passes its embedding through untouched (eh_proj = [I, 0],
+    its attention and MoE outputs zeroed, norms = the target's final norm), so it predicts f(t+1): the
+    target's next token after t+1. Acceptance is then high but not forced, so both the accept and the
+    reject paths of verification run.
+    """
+    n, h = config["num_hidden_layers"], config["hidden_size"]
+    outputs = (".attention.o_proj.weight", ".attention.dense.weight", "down_proj.weight")
+    for name, t in tensors.items():
+        if name.startswith("model.layers.") and name.endswith(outputs):
+            layer = int(name.split(".")[2])
+            t.mul_(0.0 if layer >= n else ECHO_DAMPING)
+    mtp = f"model.layers.{n}."
+    eye = torch.zeros(h, 2 * h, dtype=tensors[mtp + "eh_proj.weight"].dtype)
+    eye[:, :h] = torch.eye(h)
+    tensors[mtp + "eh_proj.weight"] = eye
+    for norm in ("enorm", "hnorm", "input_layernorm", "post_attention_layernorm"):
+        tensors[f"{mtp}{norm}.weight"].fill_(1.0)
+    tensors[mtp + "final_layernorm.weight"] = tensors["model.norm.weight"].clone()
 
 
 def _stamp(seed: int, int4: bool, variant: str, overrides: dict[str, Any] | None) -> dict[str, Any]:

@@ -17,6 +17,7 @@ def run(spec: dict) -> dict:
     llm = LLM(
         model=spec["model"],
         dtype=spec.get("dtype", "float32"),
+        gpu_memory_utilization=spec.get("gpu_memory_utilization", 0.9),
         max_model_len=spec.get("max_model_len", 1024),
         max_num_batched_tokens=spec.get("max_num_batched_tokens", 1024),
         max_num_seqs=spec.get("max_num_seqs", 8),
@@ -25,33 +26,54 @@ def run(spec: dict) -> dict:
         hf_overrides=spec.get("hf_overrides") or None,
         speculative_config=spec.get("speculative_config"),
         seed=0,
+        disable_log_stats=not spec.get("speculative_config"),  # spec-decode counters need stats on
         **spec.get("engine_kwargs", {}),
     )
     captured: dict[str, list] = {}
     if spec.get("capture_mlp_layers"):
         llm.apply_model(lambda model: _capture_mlps(model, spec["capture_mlp_layers"], captured))
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in spec["prompts"]]
+    topk = spec.get("prompt_topk", 0)  # > 0: also return the top-k prompt logprobs per position
     params = SamplingParams(
         temperature=0.0, max_tokens=spec.get("max_tokens", 32), ignore_eos=True,
-        prompt_logprobs=0 if spec.get("prompt_logprobs", True) else None,
+        prompt_logprobs=topk if spec.get("prompt_logprobs", True) else None,
         logprobs=0,
     )
     outputs = llm.generate(prompts, params)
     result = {"outputs": []}
     for prompt_ids, out in zip(spec["prompts"], outputs):
         completion = out.outputs[0]
-        prompt_lp = None
+        prompt_lp, prompt_top = None, None
         if out.prompt_logprobs is not None:
             # position 0 has no logprob; position i holds log p(prompt[i] | prompt[:i])
             prompt_lp = [None] + [entry[tok].logprob for tok, entry in zip(prompt_ids[1:], out.prompt_logprobs[1:])]
+            if topk:
+                prompt_top = [None] + [
+                    {str(t): lp.logprob for t, lp in entry.items() if lp.rank is not None and lp.rank <= topk}
+                    for entry in out.prompt_logprobs[1:]
+                ]
         gen_lp = [entry[tok].logprob for tok, entry in zip(completion.token_ids, completion.logprobs or [])]
-        result["outputs"].append({"token_ids": list(completion.token_ids), "prompt_logprobs": prompt_lp, "logprobs": gen_lp})
+        result["outputs"].append({
+            "token_ids": list(completion.token_ids), "prompt_logprobs": prompt_lp, "logprobs": gen_lp,
+            "prompt_topk": prompt_top,
+        })
+    if spec.get("speculative_config"):
+        result["spec_decode"] = _spec_counters(llm)
     result["implementation"] = llm.apply_model(lambda model: f"{type(model).__module__}.{type(model).__name__}")[0]
     if captured:
         import torch
 
         torch.save({k: [(x, y) for x, y in v] for k, v in captured.items()}, spec["capture_path"])
     return result
+
+
+def _spec_counters(llm) -> dict[str, float]:
+    """vLLM's spec-decode counters (drafts, draft tokens, accepted tokens) after the run."""
+    counters = {}
+    for metric in llm.get_metrics():
+        if metric.name.startswith("vllm:spec_decode_num_") and hasattr(metric, "value"):
+            counters[metric.name.removeprefix("vllm:spec_decode_")] = metric.value
+    return counters
 
 
 def _capture_mlps(model, layers: list[int], store: dict) -> None:

@@ -21,21 +21,34 @@ import torch  # noqa: E402
 def run(spec: dict) -> dict:
     from transformers import BailingHybridForCausalLM
 
-    model = BailingHybridForCausalLM.from_pretrained(spec["model"], dtype=torch.float32).eval()
+    device = spec.get("device", "cpu")
+    model = BailingHybridForCausalLM.from_pretrained(spec["model"], dtype=torch.float32).to(device).eval()
+
+    def logprobs(seq: list[int]) -> torch.Tensor:
+        """Row i: log p(· | seq[:i+1])."""
+        return torch.log_softmax(model(torch.tensor([seq], device=device)).logits[0].float(), dim=-1).cpu()
+
     results = []
     for ids in spec["prompts"]:
         seq = list(ids)
         for _ in range(spec.get("max_tokens", 32)):  # greedy, recomputed from scratch each step
-            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
-        lp = torch.log_softmax(model(torch.tensor([seq])).logits[0].float(), dim=-1)
+            seq.append(int(model(torch.tensor([seq], device=device)).logits[0, -1].argmax()))
+        lp = logprobs(seq)
         # log p(seq[i] | seq[:i]); None at position 0
-        logprobs = [None] + [lp[i - 1, tok].item() for i, tok in enumerate(seq) if i > 0]
-        results.append({"token_ids": seq[len(ids):], "logprobs": logprobs})
-    # teacher-forced scoring of other continuations (e.g. the engine's), if asked
+        results.append({"token_ids": seq[len(ids):], "logprobs": [None] + [lp[i - 1, t].item() for i, t in enumerate(seq) if i > 0]})
+    # teacher-forced scoring of other sequences (e.g. the engine's): logprob of each token, the argmax
+    # at each position, and optionally the logprobs of queried token ids per position
     scored = []
-    for seq in spec.get("score", []):
-        lp = torch.log_softmax(model(torch.tensor([seq])).logits[0].float(), dim=-1)
-        scored.append([None] + [lp[i - 1, tok].item() for i, tok in enumerate(seq) if i > 0])
+    for n, seq in enumerate(spec.get("score", [])):
+        lp = logprobs(seq)
+        entry = {
+            "logprobs": [None] + [lp[i - 1, t].item() for i, t in enumerate(seq) if i > 0],
+            "argmax": [None] + [int(lp[i - 1].argmax()) for i in range(1, len(seq))],
+        }
+        queries = spec.get("query", [])
+        if n < len(queries):
+            entry["lp_at"] = [None if q is None else [lp[i - 1, t].item() for t in q] for i, q in enumerate(queries[n]) if i < len(seq)]
+        scored.append(entry)
     return {"outputs": results, "scored": scored}
 
 

@@ -65,14 +65,14 @@ def test_greedy_continuations_match_oracle(engine, oracle):
 def test_prompt_logprobs_match_oracle(engine, oracle):
     for n, got, scored in zip(PROMPT_LENGTHS, engine["outputs"], oracle["scored"]):
         if n > 1:
-            err = max_abs_diff(got["prompt_logprobs"], scored[:n])
+            err = max_abs_diff(got["prompt_logprobs"], scored["logprobs"][:n])
             assert err <= LOGPROB_TOL, f"prompt of {n} tokens: prompt logprob error {err:.2e}"
 
 
 def test_decode_logprobs_match_oracle(engine, oracle):
     """Each decode step's logprob, teacher-forced by the oracle on the engine's own tokens: state carried."""
     for n, got, scored in zip(PROMPT_LENGTHS, engine["outputs"], oracle["scored"]):
-        err = max_abs_diff(got["logprobs"], scored[n:])
+        err = max_abs_diff(got["logprobs"], scored["logprobs"][n:])
         assert err <= LOGPROB_TOL, f"prompt of {n} tokens: decode logprob error {err:.2e}"
 
 
