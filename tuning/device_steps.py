@@ -46,7 +46,7 @@ def _step(name: str, status: dict[str, Any], fn: Callable[[], Any]) -> Any:
 def _tune(runner: Any, folder: Path, report: Path, extra: list[str], budget_min: float, ms: str,
           max_candidates: int) -> dict[str, Any]:
     args = cli.parser().parse_args([
-        "--model", "ling-3.0-flash", "--batch-sizes", ms, "--bench-batch-sizes", BENCH_MS, "--space", "full",
+        "--model", "ling-3.0-flash", "--batch-sizes", ms, "--bench-batch-sizes", BENCH_MS, "--space", "quick",
         "--max-candidates", str(max_candidates), "--budget", str(budget_min), "--out", str(folder),
         "--no-progress", *extra])
     doc = cli.run(args, runner_factory=lambda shape, a: runner)
