@@ -80,10 +80,11 @@ def test_order_is_seeded_and_independent_of_the_limit():
     assert b == [c for c in a if triton_wna16_smem(c) <= GB10_SMEM_PER_BLOCK]
 
 
-def test_max_count_takes_a_prefix_and_says_so():
+def test_max_count_takes_a_prefix_of_triton_configs_only():
     c = candidates(1024, LING, H200_SMEM, "full", max_count=10)
     assert len(c.kept) == 10 and c.kept == candidates(1024, LING, H200_SMEM, "full").kept[:10]
     assert c.dropped["max_count"] > 0
+    assert len(candidates(16, LING, H200_SMEM, "full", max_count=10).kept) == 120  # CUDA kernel: all
 
 
 def test_every_cuda_candidate_passes_the_cuda_checks():
