@@ -30,16 +30,16 @@ def decide(rows: list[Row], decode_max_m: int = 64, margin: float = 0.05) -> tup
     triton_bad = [r.m for r in decode if r.tuned.us is None]
     marlin_bad = [r.m for r in decode if r.marlin.us is None]
     if triton_bad and marlin_bad:
-        return None, f"neither backend ran correctly at every decode M (triton failed {triton_bad}, marlin {marlin_bad})"
+        return None, f"neither backend ran at every decode M (triton failed {triton_bad}, marlin {marlin_bad})"
     if triton_bad:
         return "marlin", f"tuned Triton failed at M={triton_bad}"
     if marlin_bad:
         return "triton", f"Marlin failed at M={marlin_bad}"
     speedup = math.exp(sum(math.log(r.marlin.us / r.tuned.us) for r in decode) / len(decode))
-    ms = [r.m for r in decode]
+    why = f"tuned Triton is {speedup:.2f}x Marlin (geomean over M={[r.m for r in decode]}; "
     if speedup >= 1 + margin:
-        return "triton", f"tuned Triton is {speedup:.2f}x Marlin (geomean over M={ms}; needs >= {1 + margin:.2f}x)"
-    return "marlin", f"tuned Triton is {speedup:.2f}x Marlin (geomean over M={ms}; needs >= {1 + margin:.2f}x to switch)"
+        return "triton", why + f"needs >= {1 + margin:.2f}x)"
+    return "marlin", why + f"needs >= {1 + margin:.2f}x to switch)"
 
 
 def write_choice(folder: Path, device_name: str, rows: list[Row], decode_max_m: int = 64,

@@ -16,13 +16,13 @@ import dataclasses
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ling_tuning.choice import write_choice
 from ling_tuning.compare import compare
-from ling_tuning.configfile import (TUNED_FOLDER_ENV, build_table, config_file_name, unsafe_lookups,
-                                    write_table)
+from ling_tuning.configfile import TUNED_FOLDER_ENV, build_table, config_file_name, unsafe_lookups, write_table
 from ling_tuning.report import summary_table, tuning_table
 from ling_tuning.runner import REL_TOL, NoDevice, Runner
 from ling_tuning.shapes import MoEShape, default_batch_sizes, resolve_model
@@ -60,9 +60,11 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--smem-limit", type=int,
                    help="shared memory per block in bytes (default: the device's; 101376 emulates GB10)")
     p.add_argument("--budget", type=float, default=60.0, help="minutes for the tuning loop (resume to go on)")
-    p.add_argument("--max-candidates", type=int, help="Triton-kernel M: time at most this many configs (a seeded sample; each one compiles)")
+    p.add_argument("--max-candidates", type=int,
+                   help="Triton-kernel M: time at most this many configs (a seeded sample; each one compiles)")
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"tuned-config folder (default {DEFAULT_OUT})")
-    p.add_argument("--decode-max-m", type=int, default=64, help="largest M that counts as decode for the backend choice")
+    p.add_argument("--decode-max-m", type=int, default=64,
+                   help="largest M that counts as decode for the backend choice")
     p.add_argument("--margin", type=float, default=0.05, help="speed-up Triton needs over Marlin to be chosen")
     p.add_argument("--no-marlin", action="store_true", help="skip the Marlin comparison")
     p.add_argument("--seed", type=int, default=0)

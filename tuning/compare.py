@@ -7,10 +7,12 @@ stream: distinct experts touched x bytes per expert (int4 weights + bf16 group s
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
+from ling_tuning.configfile import lookup
 from ling_tuning.runner import REL_TOL, Measured, Runner
 from ling_tuning.shapes import MoEShape
 from ling_tuning.space import Config, uses_cuda_kernel
@@ -41,9 +43,9 @@ class Row:
         return asdict(self)
 
 
-def _timed(fn: Callable[[], Measured]) -> Timing:
+def _timed(fn: Callable[..., Measured], *args: Any) -> Timing:
     try:
-        got = fn()
+        got = fn(*args)
     except Exception as e:  # a baseline that crashes (vLLM's default at M <= 2) is a result too
         return Timing(error=f"{type(e).__name__}: {e}"[:300])
     if got.us is None or not got.rel_err <= REL_TOL:
@@ -54,17 +56,15 @@ def _timed(fn: Callable[[], Measured]) -> Timing:
 def compare(shape: MoEShape, ms: list[int], runner: Runner, folder: Path,
             table: dict[int, Config], with_marlin: bool = True) -> list[Row]:
     """Time default, tuned (through the file in `folder`) and Marlin at each M."""
-    from ling_tuning.configfile import lookup
-
     rows = []
     for m in ms:
         rows.append(Row(
             m=m,
             kernel="cuda_wna16" if uses_cuda_kernel(m, shape) else "triton_wna16",
             experts=runner.experts_touched(m),
-            tuned=_timed(lambda: runner.triton(m, None, folder)),
-            default=_timed(lambda: runner.triton(m, None, None)),
-            marlin=_timed(lambda: runner.marlin(m)) if with_marlin else Timing(error="not measured"),
+            tuned=_timed(runner.triton, m, None, folder),
+            default=_timed(runner.triton, m, None, None),
+            marlin=_timed(runner.marlin, m) if with_marlin else Timing(error="not measured"),
             tiles=table[lookup(table, m)] if table else None,
         ))
     return rows

@@ -18,8 +18,9 @@ import os
 import shutil
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ling_tuning import cli
 from ling_tuning.shapes import PRESETS

@@ -15,13 +15,13 @@ routing (so L2 cannot keep the experts between calls), replayed; median per call
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
-
 from ling_tuning.runner import REL_TOL, DeviceInfo, Measured, NoDevice
 from ling_tuning.shapes import MoEShape
 from ling_tuning.smem import device_smem_limit
@@ -103,7 +103,9 @@ class CudaRunner:
         from vllm.model_executor.layers.fused_moe import override_config
         from vllm.model_executor.layers.fused_moe.config import int4_w4a16_moe_quant_config
         from vllm.model_executor.layers.quantization.utils.marlin_utils import (
-            marlin_make_workspace_new, marlin_moe_permute_scales)
+            marlin_make_workspace_new,
+            marlin_moe_permute_scales,
+        )
         from vllm.scalar_type import scalar_types
 
         self.shape, self.seed, self.rotations, self.replays = shape, seed, rotations, replays
@@ -309,10 +311,10 @@ def kda_guard_demo(smem_limit: int, seq_len: int = 2048, heads: int = 32, head_d
             seen = log.kernels.get(name, {"kept": {}, "dropped": {}})
             chosen = [str(c) for c in tuner.cache.values()]
             sizes = [seen["kept"].get(c, {}).get("smem") for c in chosen]
-            over += [(name, c, s) for c, s in zip(chosen, sizes) if s is not None and s > smem_limit]
+            over += [(name, c, s) for c, s in zip(chosen, sizes, strict=True) if s is not None and s > smem_limit]
             if chosen or seen["dropped"]:
                 kernels[name] = {"configs": len(tuner.configs), "kept": len(seen["kept"]),
-                                 "dropped": seen["dropped"], "chosen": dict(zip(chosen, sizes)),
+                                 "dropped": seen["dropped"], "chosen": dict(zip(chosen, sizes, strict=True)),
                                  "max_kept_smem": max((x["smem"] or 0 for x in seen["kept"].values()), default=None)}
     return {"smem_limit": smem_limit, "seq_len": t, "heads": h, "head_dim": d,
             "output_finite": bool(o.isfinite().all() and ht.isfinite().all()),

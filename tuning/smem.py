@@ -19,7 +19,7 @@ activations: BM·BK·2 bytes of dynamic shared memory, launched without an opt-i
 from __future__ import annotations
 
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 GB10_SMEM_PER_BLOCK = 101_376
 CUDA_DYNAMIC_SMEM_DEFAULT = 48 * 1024

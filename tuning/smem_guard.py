@@ -18,9 +18,10 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 logger = logging.getLogger(__name__)
 

@@ -108,7 +108,7 @@ def cuda_violations(cfg: Config, shape: MoEShape, smem_limit: int, m: int = 1) -
         tiles = [(cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"])] * 2
     else:
         tiles = cuda_heuristic_tiles(m, shape, bm)
-    for (bn, bk), size_k in zip(tiles, shape.gemm_ks):
+    for (bn, bk), size_k in zip(tiles, shape.gemm_ks, strict=True):
         if bk % shape.group_size or bk // shape.group_size not in CUDA_GROUPS_PER_K_TILE:
             out.append(f"cuda_k_groups: BLOCK_SIZE_K/group={bk}/{shape.group_size} not in {CUDA_GROUPS_PER_K_TILE}")
         if size_k % bk:
@@ -138,7 +138,7 @@ def violations(m: int, cfg: Config, shape: MoEShape, smem_limit: int) -> list[st
 
 
 def _product(axes: dict[str, tuple[int, ...]]) -> list[Config]:
-    return [dict(zip(axes, values)) for values in itertools.product(*axes.values())]
+    return [dict(zip(axes, values, strict=True)) for values in itertools.product(*axes.values())]
 
 
 def max_useful_block_m(m: int, shape: MoEShape) -> int:

@@ -8,15 +8,14 @@ Results already in the store are reused and cost nothing, which is what makes a 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
-
-from tqdm import tqdm
 
 from ling_tuning.runner import REL_TOL, Runner
 from ling_tuning.shapes import MoEShape
 from ling_tuning.space import Config, candidates, violations
 from ling_tuning.store import Result, ResultStore
+from tqdm import tqdm
 
 
 @dataclass

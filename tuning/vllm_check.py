@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ling_tuning.configfile import TUNED_FOLDER_ENV
 from ling_tuning.shapes import MoEShape

@@ -1,7 +1,6 @@
 import json
 
 import pytest
-
 from ling_tuning.choice import CHOICE_FILE, decide, recommended_backend, write_choice
 from ling_tuning.compare import Row, Timing
 

@@ -3,14 +3,13 @@
 import json
 
 import pytest
-from tuning_fakes import LING, FakeClock, FakeRunner
-
 from ling_tuning.choice import recommended_backend
 from ling_tuning.cli import main
 from ling_tuning.configfile import config_file_name, read_table, unsafe_lookups
 from ling_tuning.smem import GB10_SMEM_PER_BLOCK, triton_wna16_smem
 from ling_tuning.space import candidates
 from ling_tuning.tuner import measure
+from tuning_fakes import LING, FakeClock, FakeRunner
 
 MS = "1,4,16,1024"
 

@@ -1,9 +1,15 @@
 import json
 
 import pytest
-
-from ling_tuning.configfile import (build_table, config_file_name, lookup, read_table, schema_errors, unsafe_lookups,
-                                    write_table)
+from ling_tuning.configfile import (
+    build_table,
+    config_file_name,
+    lookup,
+    read_table,
+    schema_errors,
+    unsafe_lookups,
+    write_table,
+)
 from ling_tuning.shapes import PRESETS
 from ling_tuning.smem import GB10_SMEM_PER_BLOCK
 

@@ -1,9 +1,14 @@
 import json
 
 import pytest
-
-from ling_tuning.shapes import (PRESETS, MoEShape, bundled_config_path, default_batch_sizes, resolve_model,
-                                shape_from_config)
+from ling_tuning.shapes import (
+    PRESETS,
+    MoEShape,
+    bundled_config_path,
+    default_batch_sizes,
+    resolve_model,
+    shape_from_config,
+)
 
 LING_CT = {  # the INT4 checkpoint's relevant fields (ling3-architecture.md §1, §8)
     "architectures": ["BailingMoeV3ForCausalLM"], "model_type": "bailing_hybrid", "hidden_size": 2560,
@@ -17,7 +22,8 @@ LING_CT = {  # the INT4 checkpoint's relevant fields (ling3-architecture.md §1,
 def test_ling_config_gives_vllm_shape_and_int4_dtype():
     shape = shape_from_config(LING_CT)
     assert shape == PRESETS["ling-3.0-flash"]
-    assert (shape.num_experts, shape.intermediate, shape.hidden, shape.top_k, shape.group_size) == (512, 768, 2560, 8, 32)
+    s = shape
+    assert (s.num_experts, s.intermediate, s.hidden, s.top_k, s.group_size) == (512, 768, 2560, 8, 32)
     assert shape.dtype == "int4_w4a16"
 
 

@@ -5,11 +5,10 @@ import json
 from pathlib import Path
 
 import pytest
-
 from ling_tuning.smem import GB10_SMEM_PER_BLOCK, SMEM_LIMIT_ENV, cuda_wna16_smem, device_smem_limit, triton_wna16_smem
 
 DATA = json.loads((Path(__file__).parent / "data" / "triton36_wna16_smem.json").read_text())
-ROWS = [dict(zip(DATA["columns"], r)) for r in DATA["rows"]]
+ROWS = [dict(zip(DATA["columns"], r, strict=True)) for r in DATA["rows"]]
 COMPILED = [(r, arch) for r in ROWS for arch in ("sm90", "sm121") if r[arch] is not None]
 
 
@@ -26,7 +25,8 @@ def test_estimate_is_exact_for_nearly_every_config():
 def test_num_stages_does_not_change_this_kernels_shared_memory():
     by_tile: dict[tuple, set] = {}
     for r, a in COMPILED:
-        by_tile.setdefault((r["BLOCK_SIZE_M"], r["BLOCK_SIZE_N"], r["BLOCK_SIZE_K"], r["num_warps"], a), set()).add(r[a])
+        tile = (r["BLOCK_SIZE_M"], r["BLOCK_SIZE_N"], r["BLOCK_SIZE_K"], r["num_warps"], a)
+        by_tile.setdefault(tile, set()).add(r[a])
     assert by_tile and all(len(v) == 1 for v in by_tile.values())
 
 

@@ -1,9 +1,16 @@
 import pytest
-
 from ling_tuning.shapes import PRESETS
 from ling_tuning.smem import GB10_SMEM_PER_BLOCK, triton_wna16_smem
-from ling_tuning.space import (TRITON_FULL, candidates, cuda_heuristic_tiles, cuda_violations, triton_violations,
-                               uses_cuda_kernel, violations, vllm_default_config)
+from ling_tuning.space import (
+    TRITON_FULL,
+    candidates,
+    cuda_heuristic_tiles,
+    cuda_violations,
+    triton_violations,
+    uses_cuda_kernel,
+    violations,
+    vllm_default_config,
+)
 
 LING = PRESETS["ling-3.0-flash"]
 H200_SMEM = 232_448

@@ -1,12 +1,11 @@
 import json
 
 import pytest
-from tuning_fakes import LING, FakeClock, FakeRunner
-
 from ling_tuning.smem import GB10_SMEM_PER_BLOCK
 from ling_tuning.space import candidates
 from ling_tuning.store import Result, ResultStore
 from ling_tuning.tuner import DeviceBroken, measure, pick_best, tune
+from tuning_fakes import LING, FakeClock, FakeRunner
 
 META = {"shape": LING.to_dict(), "device": "NVIDIA GB10"}
 CFG = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "SPLIT_K": 1}

