@@ -115,7 +115,7 @@ class CudaRunner:
         self._smem_seen: dict[str, int] = {}
         self._inputs: dict[tuple[str, int], Any] = {}
         torch.manual_seed(seed)
-        dev = torch.device("cuda", torch.cuda.current_device())  # an index: vLLM sizes workspaces by it
+        self.dev = dev = torch.device("cuda", torch.cuda.current_device())  # vLLM sizes workspaces by index
         e, n, k, g = shape.num_experts, shape.intermediate, shape.hidden, shape.group_size
 
         def codes(rows: int, cols: int) -> torch.Tensor:
@@ -146,11 +146,11 @@ class CudaRunner:
 
     # ---- inputs and reference -------------------------------------------------------------------
     def _make_inputs(self, m: int, seed: int) -> Inputs:
-        gen = torch.Generator(device="cuda").manual_seed(seed)
-        s = self.shape
-        x = torch.randn(m, s.hidden, device="cuda", dtype=torch.bfloat16, generator=gen)
-        ids = torch.rand(m, s.num_experts, device="cuda", generator=gen).topk(s.top_k, dim=1).indices
-        w = torch.randn(m, s.top_k, device="cuda", generator=gen).softmax(dim=1)
+        gen = torch.Generator(device=self.dev).manual_seed(seed)
+        s, dev = self.shape, self.dev
+        x = torch.randn(m, s.hidden, device=dev, dtype=torch.bfloat16, generator=gen)
+        ids = torch.rand(m, s.num_experts, device=dev, generator=gen).topk(s.top_k, dim=1).indices
+        w = torch.randn(m, s.top_k, device=dev, generator=gen).softmax(dim=1)
         return x, ids.to(torch.int32).contiguous(), w.float().contiguous()
 
     def _sets(self, kind: str, m: int) -> Any:
@@ -190,11 +190,15 @@ class CudaRunner:
                                     workspace=self.ws, is_k_full=True)
         return call
 
+    def _sync(self) -> None:
+        if self.dev.type == "cuda":
+            torch.cuda.synchronize()
+
     def _check(self, call: Callable[..., torch.Tensor], m: int) -> float:
         worst = 0.0
         for (x, ids, w), ref in self._sets("check", m):
             out = call(x, ids, w)
-            torch.cuda.synchronize()  # surface asynchronous launch errors here, not later
+            self._sync()  # surface asynchronous launch errors here, not later
             err = ((out.float() - ref).norm() / ref.norm()).item()
             worst = max(worst, err if err == err else float("inf"))
         return worst

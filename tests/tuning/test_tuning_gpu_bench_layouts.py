@@ -63,3 +63,51 @@ def test_reference_equals_a_token_by_token_moe():
             h = dequantize(w13[ex], s13[ex], group) @ x[t]
             want += w[t, j] * (dequantize(w2[ex], s2[ex], group) @ (torch.nn.functional.silu(h[:n]) * h[n:]))
         torch.testing.assert_close(out[t], want, rtol=1e-5, atol=1e-5)
+
+
+def cpu_runner(fused_experts):
+    """A CudaRunner on CPU tensors with vLLM's fused_experts replaced: exercises its check logic."""
+    from contextlib import nullcontext
+    from types import SimpleNamespace
+
+    from ling_tuning.gpu_bench import CudaRunner
+    from ling_tuning.shapes import MoEShape
+
+    r = object.__new__(CudaRunner)
+    r.shape = MoEShape(num_experts=8, intermediate=64, hidden=128, top_k=2, group_size=32)
+    r.seed, r.rotations, r.replays, r.dev = 0, 2, 1, torch.device("cpu")
+    r._inputs, r._smem_seen, r.quant = {}, {}, None
+    r.w13, r.w2 = pack_nibbles(codes(8, 128, 128)), pack_nibbles(codes(8, 128, 64))
+    r.s13, r.s2 = torch.rand(8, 128, 4) / 50, torch.rand(8, 128, 2) / 50
+    r._fm = SimpleNamespace(fused_experts=fused_experts, fused_moe_kernel_gptq_awq=None)
+    r._override = lambda cfg: nullcontext()
+    r._time = lambda call, m: 42.0
+    return r
+
+
+def test_runner_accepts_a_correct_kernel():
+    def exact(x, w13, w2, w, ids, global_num_experts, quant_config):
+        return reference_moe(x, ids, w, w13, runner.s13, w2, runner.s2, 32).to(torch.bfloat16)
+
+    runner = cpu_runner(exact)
+    got = runner.triton(4, {"BLOCK_SIZE_M": 4, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "SPLIT_K": 1})
+    assert got.us == 42.0 and got.rel_err < 1e-2 and got.smem is None  # CUDA kernel: nothing compiled
+    triton_m = runner.shape.cuda_max_tokens + 8
+    got = runner.triton(triton_m, {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 64, "GROUP_SIZE_M": 1,
+                                   "num_warps": 4, "num_stages": 2, "SPLIT_K": 1})
+    assert got.us == 42.0 and runner.experts_touched(triton_m) <= runner.shape.num_experts
+
+
+def test_runner_rejects_a_kernel_that_leaves_the_previous_output_in_place():
+    """The allocator hands back the last output's memory; a kernel that writes nothing would match
+    the previous config's result on the same inputs. Two input sets per M expose it."""
+    stale = {}
+
+    def writes_nothing(x, w13, w2, w, ids, global_num_experts, quant_config):
+        if "out" not in stale:  # the first call leaves a correct result behind
+            stale["out"] = reference_moe(x, ids, w, w13, runner.s13, w2, runner.s2, 32).to(torch.bfloat16)
+        return stale["out"]
+
+    runner = cpu_runner(writes_nothing)
+    got = runner.triton(4, {"BLOCK_SIZE_M": 4, "BLOCK_SIZE_N": 128, "BLOCK_SIZE_K": 128, "SPLIT_K": 1})
+    assert got.us is None and got.rel_err > 0.5
