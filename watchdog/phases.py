@@ -52,6 +52,7 @@ class Monitor:
         self.failures, self.first_failure_t = 0, None
         self.last_probe = ""
         self.fatal: LogEvent | None = None
+        self.root_cause: str | None = None  # the first exception line of this launch
         self.http_up = False  # "Starting vLLM server on" seen: time to poll /health
         self._pending: Fault | None = None
 
@@ -69,6 +70,8 @@ class Monitor:
             if self.fatal is None or self.fatal.retry:  # the root cause comes first; keep it
                 self.fatal = ev
             self.emit("fatal_line", f"vLLM reported: {ev.text}", level="error", retry=ev.retry)
+        elif ev.kind == "error":
+            self.root_cause = self.root_cause or ev.text
         elif ev.kind == "alert":
             self.emit("alert", f"vLLM reported: {ev.text}", level="warning")
         else:

@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from ling_watchdog.config import Config
 from ling_watchdog.device import Device
@@ -70,7 +71,7 @@ def _weights(args: ServeArgs, cfg: Config) -> tuple[int, str]:
 def check_util(args: ServeArgs, cfg: Config, dev: Device, ctx: int) -> Verdict:
     rule = "util_ceiling"
     if dev.kind == "cpu":
-        return _ok(rule, "CPU engine: --gpu-memory-utilization does not apply")
+        return _ok(rule, "CPU engine: no GB10 ceiling (util reserves CPU memory there: see memory_fit)")
     if args.kv_cache_bytes is not None:
         return _ok(rule, "--kv-cache-memory-bytes is set: vLLM ignores --gpu-memory-utilization")
     util = args.util if args.util is not None else VLLM_DEFAULT_UTIL
@@ -186,22 +187,31 @@ def _too_small(fp: Footprint, cfg: Config, demand: int, how: str, total: int) ->
     return f"the model needs {fp}, more than {how} = {gib(demand)}. Safe: {safe}."
 
 
-def check_memory(args: ServeArgs, cfg: Config, dev: Device, host: Host, ctx: int) -> Verdict:
+def _kv_cache_bytes(args: ServeArgs, dev: Device, env: Mapping[str, str]) -> int | None:
+    """--kv-cache-memory-bytes, or on the CPU engine its legacy form VLLM_CPU_KVCACHE_SPACE (GiB)."""
+    if args.kv_cache_bytes is not None:
+        return args.kv_cache_bytes
+    space = env.get("VLLM_CPU_KVCACHE_SPACE", "")
+    return int(space) * GiB if dev.kind == "cpu" and space else None
+
+
+def check_memory(args: ServeArgs, cfg: Config, dev: Device, host: Host, ctx: int,
+                 env: Mapping[str, str] = os.environ) -> Verdict:
     """What vLLM will take (its reservation) against what the model needs (its footprint) and what
-    the box has (MemAvailable less a reserve for the host)."""
+    the box has (MemAvailable less a reserve for the host). util is a fraction of the whole box on
+    unified memory and, on the CPU engine (vllm-cpu 0.32 cpu_worker.py), of host memory too."""
     rule, fp = "memory_fit", footprint(args, cfg, ctx)
+    kv_bytes = _kv_cache_bytes(args, dev, env)
     reserve, supply = int(cfg.host_reserve_gib * GiB), host.available - int(cfg.host_reserve_gib * GiB)
     total = dev.total_bytes if dev.kind == "discrete" and dev.total_bytes else host.total
     values = dict(need=fp.need, weights=fp.weights, kv=fp.kv, overhead=fp.overhead, available=host.available,
                   total=total, host_reserve=reserve, device=dev.kind, max_model_len=ctx)
-    if args.kv_cache_bytes is not None:  # vLLM sizes the cache in bytes and ignores util
-        if fp.kv > args.kv_cache_bytes:
-            return _refuse(rule, f"--kv-cache-memory-bytes {args.kv_cache_bytes:,} is less than the {fp.kv:,} B "
-                           f"one {ctx}-token sequence needs. Safe: --kv-cache-memory-bytes {fp.kv:,} or a lower "
+    if kv_bytes is not None:  # vLLM sizes the cache in bytes and ignores util
+        if fp.kv > kv_bytes:
+            return _refuse(rule, f"a KV cache of {kv_bytes:,} B is less than the {fp.kv:,} B one {ctx}-token "
+                           f"sequence needs. Safe: --kv-cache-memory-bytes {fp.kv:,} or a lower "
                            f"--max-model-len.", values)
-        demand, how = fp.weights + args.kv_cache_bytes + fp.overhead, "weights + --kv-cache-memory-bytes + overhead"
-    elif dev.kind == "cpu":
-        demand, how = fp.need, "the model"
+        demand, how = fp.weights + kv_bytes + fp.overhead, f"weights + KV cache {gib(kv_bytes)} + overhead"
     else:
         util = args.util if args.util is not None else VLLM_DEFAULT_UTIL
         demand, how = int(util * total), f"--gpu-memory-utilization {util} x {gib(total)}"
@@ -211,25 +221,23 @@ def check_memory(args: ServeArgs, cfg: Config, dev: Device, host: Host, ctx: int
     if dev.kind == "discrete" and dev.total_bytes:
         return _ok(rule, f"fits on the GPU: {fp} within {how}", **values)
     if demand > supply:
-        what = (f"the model needs {fp}, but MemAvailable {gib(host.available)} less the host reserve "
-                f"{gib(reserve)} leaves {gib(supply)}" if dev.kind == "cpu" else
-                f"{how} = {gib(demand)} plus the host reserve {gib(reserve)} exceeds MemAvailable "
+        what = (f"{how} = {gib(demand)} plus the host reserve {gib(reserve)} exceeds MemAvailable "
                 f"{gib(host.available)}; the model needs {fp}")
-        lower = (fp.need <= supply and args.kv_cache_bytes is None and dev.kind != "cpu")
+        lower = fp.need <= supply and kv_bytes is None
         hint = f", or --gpu-memory-utilization {math.floor(100 * supply / total) / 100:.2f}" if lower else ""
         return _refuse(rule, f"{what}. Safe: free memory first (stop other servers, drop the page cache)"
                        f"{hint}.", values)
-    covers = str(fp) if demand == fp.need else f"{how} = {gib(demand)} covers {fp}"
-    return _ok(rule, f"fits: {covers}; MemAvailable {gib(host.available)} keeps "
+    return _ok(rule, f"fits: {how} = {gib(demand)} covers {fp}; MemAvailable {gib(host.available)} keeps "
                f"{gib(host.available - demand)} for the host", **values)
 
 
-def check(args: ServeArgs, cfg: Config, dev: Device, host: Host) -> list[Verdict]:
-    """All rules, in the order an operator would fix them."""
+def check(args: ServeArgs, cfg: Config, dev: Device, host: Host,
+          env: Mapping[str, str] = os.environ) -> list[Verdict]:
+    """All rules, in the order an operator would fix them (env: the serve command's environment)."""
     try:
         ctx = _context(args, cfg)
         return [check_util(args, cfg, dev, ctx), check_chunked_prefill(args, cfg, ctx),
                 check_spec_tokens(args, cfg, dev), check_max_seqs(args, cfg, dev), check_eager(args, dev),
-                check_memory(args, cfg, dev, host, ctx)]
+                check_memory(args, cfg, dev, host, ctx, env)]
     except ValueError as e:
         return [Verdict("serve_args", "refuse", f"serve_args: {e}")]

@@ -15,7 +15,7 @@ SHORT = {"-sc": "--speculative-config", "-cc": "--compilation-config", "-tp": "-
 # Boolean flags take no value; vLLM spells them --enable-x / --no-enable-x / --disable-x.
 BOOL_PREFIXES = ("--enable-", "--no-", "--disable-")
 BOOL_FLAGS = {"--enforce-eager", "--trust-remote-code", "--headless", "--force"}
-NUMBER = re.compile(r"-?\d+(\.\d+)?([kKmMgG])?")
+NUMBER = re.compile(r"-?\d+(\.\d+)?([kKmMgGtT])?")
 
 
 def _is_value(token: str) -> bool:
@@ -23,11 +23,12 @@ def _is_value(token: str) -> bool:
 
 
 def human_int(text: str) -> int:
-    """vLLM's max-model-len syntax: '1k' = 1000, '1K' = 1024 (likewise m/M, g/G)."""
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgKMG]?)", text.strip())
+    """vLLM's human_readable_int: '1k' = 1000, '1K' = 1024 (likewise m/M, g/G, t/T)."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)", text.strip())
     if not m:
-        raise ValueError(f"{text!r} is not a token count (use e.g. 131072, 128K or 131k)")
-    scale = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "K": 2**10, "M": 2**20, "G": 2**30}[m[2]]
+        raise ValueError(f"{text!r} is not a count (use e.g. 131072, 128K or 131k)")
+    scale = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+             "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}[m[2]]
     return int(float(m[1]) * scale)
 
 

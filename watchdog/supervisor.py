@@ -207,7 +207,8 @@ class Supervisor:
         if fatal is not None and not fatal.retry:
             return Outcome(code=ExitCode.FATAL, message=f"the serve command failed during {phase} with an "
                            f"error a relaunch would repeat: {fatal.text}")
-        reason = f"; vLLM said: {fatal.text}" if fatal else ""
+        reason = "".join([f"; first error: {monitor.root_cause}" if monitor.root_cause else "",
+                          f"; vLLM said: {fatal.text}" if fatal else ""])
         fault = Fault("crash", f"exit_{phase}", f"the serve command exited with rc {rc} during {phase}{reason}",
                       0.0, dict(rc=rc))
         self.log.emit("crash", f"crash during {phase}: {fault.message}", level="error", cause=fault.cause,

@@ -32,13 +32,17 @@ FATAL = (
     (re.compile(r"EngineDeadError"), True),
     (re.compile(r"CUDA out of memory"), True),
 )
-# Logged, not fatal: vLLM carries on without the plugin (and then may run the wrong model, W1).
-ALERTS = ("Failed to load plugin", "OutOfResources: shared memory")
+# The last line of a traceback, bare or behind vLLM's "ERROR ... [file.py:N] " prefix. The first one
+# of a launch is the root cause; vLLM's own fatal lines come after it ("See root cause above").
+ERROR = re.compile(r"(?:^|ERROR .*?\] )((?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)): (.+)$")
+# Logged, not fatal by themselves: a plugin that failed to load (vLLM carries on, maybe with the wrong
+# model: W1) and a Triton kernel over GB10's 101,376 B of shared memory (W3, W5, W6).
+ALERTS = (re.compile(r"Failed to load plugin"), re.compile(r"OutOfResources.*shared memory"))
 
 
 @dataclass(frozen=True, slots=True)
 class LogEvent:
-    kind: str  # "shard" | a MILESTONES key | "fatal" | "alert"
+    kind: str  # "shard" | a MILESTONES key | "fatal" | "error" | "alert"
     text: str
     shard: int = 0
     total: int = 0
@@ -56,6 +60,8 @@ def parse(line: str) -> LogEvent | None:
     for pattern, retry in FATAL:
         if pattern.search(text):
             return LogEvent("fatal", text, retry=retry)
-    if any(needle in text for needle in ALERTS):
+    if m := ERROR.search(text):
+        return LogEvent("error", f"{m[1]}: {m[2]}")
+    if any(pattern.search(text) for pattern in ALERTS):
         return LogEvent("alert", text)
     return None

@@ -101,7 +101,8 @@ def watchdog(tmp_path):
     runs: list[Run] = []
 
     def start(mode: str = "clean", cfg: dict[str, Any] | None = None, fake: list[str] = (),
-              serve: list[str] = ("--max-model-len", "8192"), wd: list[str] = ()) -> Run:
+              serve: list[str] = ("--max-model-len", "8192", "--gpu-memory-utilization", "0.05"),
+              wd: list[str] = ()) -> Run:
         n = len(runs)
         log_dir, port, tag = tmp_path / f"logs{n}", free_port(), f"fake-{uuid.uuid4().hex[:10]}"
         cfg_file = tmp_path / f"watchdog{n}.yaml"

