@@ -15,7 +15,7 @@ import signal
 import sys
 
 from ling_watchdog import memory, preflight, procs
-from ling_watchdog.config import DEFAULTS, Config, ConfigError, field_types, load_config
+from ling_watchdog.config import DEFAULTS, Config, field_types, load_config
 from ling_watchdog.device import detect
 from ling_watchdog.events import EventLog, format_summary, read_events, summarise
 from ling_watchdog.serve_args import ServeArgs
@@ -75,8 +75,9 @@ def run_preflight(cmd: list[str], cfg: Config, log: EventLog) -> bool:
     if refused and cfg.force:
         rules = ", ".join(v.rule for v in refused)
         log.emit("preflight_forced", f"!!! FORCED: starting despite {len(refused)} refused safety rule(s) "
-                 f"({rules}) because of --force. These limits exist because such settings have hung a DGX "
-                 f"Spark; you are on your own. !!!", level="warning", rules=[v.rule for v in refused])
+                 f"({rules}) because of --force. Each of these limits exists because such settings hung or "
+                 f"crashed a DGX Spark: watch this server closely. !!!", level="warning",
+                 rules=[v.rule for v in refused])
         return True
     return not refused
 
@@ -132,6 +133,6 @@ def main(argv: list[str] | None = None) -> int:
         if argv[:1] == ["preflight"]:
             return command_run(argv[1:], only_preflight=True)
         return command_run(argv, only_preflight=False)
-    except ConfigError as e:
+    except ValueError as e:  # ConfigError, or a serve flag that is not a number (--port x)
         print(f"ling-watchdog: {e}", file=sys.stderr)
         return ExitCode.USAGE

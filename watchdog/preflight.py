@@ -209,7 +209,7 @@ def check_memory(args: ServeArgs, cfg: Config, dev: Device, host: Host, ctx: int
     if kv_bytes is not None:  # vLLM sizes the cache in bytes and ignores util
         if fp.kv > kv_bytes:
             return _refuse(rule, f"a KV cache of {kv_bytes:,} B is less than the {fp.kv:,} B one {ctx}-token "
-                           f"sequence needs. Safe: --kv-cache-memory-bytes {fp.kv:,} or a lower "
+                           f"sequence needs. Safe: --kv-cache-memory-bytes {math.ceil(fp.kv / GiB)}G or a lower "
                            f"--max-model-len.", values)
         demand, how = fp.weights + kv_bytes + fp.overhead, f"weights + KV cache {gib(kv_bytes)} + overhead"
     else:

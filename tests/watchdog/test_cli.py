@@ -72,7 +72,8 @@ def test_status_json_is_machine_readable(tmp_path, capsys):
 def test_a_serve_command_that_cannot_start_exits_1_and_says_so(tmp_path):
     # a real run installs signal handlers and becomes a subreaper: keep that out of pytest's process
     r = subprocess.run([sys.executable, "-m", "ling_watchdog", "--log-dir", str(tmp_path), "--memory-model", "cpu",
-                        "--weights-gib", "0.01", "--", str(tmp_path / "no-such-vllm"), "serve", "m",
+                        "--weights-gib", "0.01", "--overhead-gib", "0.1", "--host-reserve-gib", "0.1", "--",
+                        str(tmp_path / "no-such-vllm"), "serve", "m",
                         "--max-model-len", "4096", "--kv-cache-memory-bytes", "1G"], capture_output=True, text=True)
     assert r.returncode == 1 and "No such file" in r.stdout
     assert "cannot start" in read_events(tmp_path)[-1]["message"]

@@ -116,7 +116,7 @@ def test_on_the_cpu_engine_util_reserves_host_memory_unless_the_kv_cache_is_size
 
 def test_kv_cache_bytes_smaller_than_one_sequence_are_refused():
     v = verdicts("vllm serve m --max-model-len 131072 --kv-cache-memory-bytes 1000000")["memory_fit"]
-    assert v.verdict == "refuse" and "Safe: --kv-cache-memory-bytes" in v.message
+    assert v.verdict == "refuse" and "Safe: --kv-cache-memory-bytes 2G or a lower --max-model-len" in v.message
 
 
 def test_unreadable_arguments_are_a_refusal_not_a_crash():
