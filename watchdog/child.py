@@ -9,11 +9,10 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import psutil
-
 from ling_watchdog import procs
 
 # tqdm redraws with "\r" (vLLM's CUDA-graph capture bar): each redraw counts as a line.

@@ -22,7 +22,8 @@ from ling_watchdog.serve_args import ServeArgs
 from ling_watchdog.supervisor import ExitCode, Supervisor
 
 MiB = 1 << 20
-USAGE = "ling-watchdog [preflight] [options] -- <serve command...>\n       ling-watchdog status [--log-dir DIR] [--json]"
+USAGE = ("ling-watchdog [preflight] [options] -- <serve command...>\n"
+         "       ling-watchdog status [--log-dir DIR] [--json]")
 
 
 def _help_texts() -> dict[str, str]:

@@ -12,10 +12,11 @@ import logging.handlers
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 SERVE_LOG = "serve.log"
 EVENTS_LOG = "events.jsonl"

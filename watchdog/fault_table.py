@@ -100,7 +100,8 @@ def run(sc: Scenario, workdir: Path, timeout: float = 90) -> dict:
     cfg_file.write_text(yaml.safe_dump(cfg))
     cmd = [sys.executable, "-m", "ling_watchdog", "--config", str(cfg_file), "--", sys.executable,
            str(TESTS / "fake_vllm.py"), "serve", "fake-model", "--port", str(_free_port()), "--max-model-len",
-           "8192", "--gpu-memory-utilization", "0.05", "--fake-mode", sc.mode, "--fake-tag", tag, "--fake-state", str(log_dir) + ".launches",
+           "8192", "--gpu-memory-utilization", "0.05", "--fake-mode", sc.mode, "--fake-tag", tag,
+           "--fake-state", str(log_dir) + ".launches",
            "--fake-shard-s", "0.02", *sc.fake]
     wd = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + timeout

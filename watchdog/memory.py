@@ -3,10 +3,9 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import psutil
-
 from ling_watchdog.config import Config
 
 GiB = 1 << 30

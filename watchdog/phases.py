@@ -12,9 +12,10 @@ The Monitor is pure bookkeeping over observations with explicit times; the super
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Callable
+from typing import Any
 
 from ling_watchdog.config import Config
 from ling_watchdog.probes import ProbeResult

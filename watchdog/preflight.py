@@ -17,9 +17,10 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from ling_watchdog.config import Config
 from ling_watchdog.device import Device

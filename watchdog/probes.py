@@ -11,11 +11,10 @@ import queue
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import requests
-
 from ling_watchdog.config import Config
 
 TOKENS = re.compile(r"^vllm:(?:generation|prompt)_tokens_total(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M)

@@ -38,7 +38,7 @@ class ServeArgs:
     model: str | None
 
     @classmethod
-    def parse(cls, argv: list[str]) -> "ServeArgs":
+    def parse(cls, argv: list[str]) -> ServeArgs:
         flags: dict[str, str | None] = {}
         positional: list[str] = []
         i = 0

@@ -16,7 +16,7 @@ from ling_watchdog.events import EventLog
 from ling_watchdog.memory import gib
 from ling_watchdog.phases import Fault, Monitor, Phase
 from ling_watchdog.policy import RelaunchPolicy
-from ling_watchdog.probes import ProbeResult, Prober
+from ling_watchdog.probes import Prober, ProbeResult
 from ling_watchdog.procs import CpuSampler
 from ling_watchdog.vllm_log import parse
 

@@ -238,8 +238,8 @@ def api_server(args: argparse.Namespace, argv: list[str]) -> int:
     say(who, "INFO", "Supported tasks: ['generate']")
     say(who, "INFO", f"Starting vLLM server on http://{args.host}:{args.port}")
     say(who, "INFO", "Available routes are:")
-    print("INFO:     Started server process [%d]\nINFO:     Waiting for application startup.\n"
-          "INFO:     Application startup complete." % os.getpid(), flush=True)
+    print(f"INFO:     Started server process [{os.getpid()}]\nINFO:     Waiting for application startup.\n"
+          "INFO:     Application startup complete.", flush=True)
     if faulty and args.fake_mode in ("slow_first", "busy", "memory_hog"):
         fault(who, args.fake_mode)
     if faulty and args.fake_mode == "wedge":

@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import pytest
-
 from ling_watchdog import memory
 from ling_watchdog.cli import main
 from ling_watchdog.events import read_events

@@ -1,6 +1,5 @@
 """Settings: defaults.yaml < --config files < flags, with clear errors."""
 import pytest
-
 from ling_watchdog.config import ConfigError, load_config
 
 

@@ -34,7 +34,8 @@ def test_rotation_and_reopening_lose_no_event(tmp_path):
 
 
 def test_a_line_cut_short_by_a_crash_is_skipped(tmp_path):
-    (tmp_path / "events.jsonl").write_text('{"event": "start", "t": 1, "ts": "x", "message": "m", "pid": 1}\n{"event": "la')
+    whole = '{"event": "start", "t": 1, "ts": "x", "message": "m", "pid": 1}'
+    (tmp_path / "events.jsonl").write_text(whole + '\n{"event": "la')
     assert [r["event"] for r in read_events(tmp_path)] == ["start"]
 
 

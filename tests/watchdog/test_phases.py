@@ -1,6 +1,5 @@
 """The phase rules of one launch, driven with explicit times (no processes)."""
 import pytest
-
 from ling_watchdog.config import load_config
 from ling_watchdog.phases import Monitor, Phase
 from ling_watchdog.probes import ProbeResult
@@ -121,7 +120,10 @@ def test_health_not_ready_after_ready_timeout_is_a_wedge(monitor):
 
 def test_k_consecutive_liveness_failures_are_a_wedge_and_a_success_resets_the_count(monitor):
     t = to_serving(monitor)
-    fail = lambda t: ProbeResult("live", False, "1-token completion: ReadTimeout in 60.0s", t)
+
+    def fail(t):
+        return ProbeResult("live", False, "1-token completion: ReadTimeout in 60.0s", t)
+
     monitor.probe(fail(t + 1))
     monitor.probe(fail(t + 2))
     monitor.probe(ProbeResult("live", True, "1-token completion 200 in 0.1s", t + 3))

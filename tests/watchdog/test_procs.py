@@ -4,7 +4,6 @@ import sys
 import time
 
 import pytest
-
 from ling_watchdog.procs import CpuSampler, tree
 
 SPAWN = "import subprocess, sys; subprocess.run([sys.executable, '-c', {!r}])"

@@ -2,7 +2,6 @@
 import shlex
 
 import pytest
-
 from ling_watchdog.serve_args import ServeArgs, human_int
 
 MTP1 = """'{"method":"mtp","num_speculative_tokens":1}'"""
@@ -49,9 +48,9 @@ def test_human_readable_token_counts_follow_vllm(text, n):
 
 def test_bad_values_name_the_flag():
     with pytest.raises(ValueError, match="--speculative-config .* is not JSON"):
-        parse("vllm serve m --speculative-config '{mtp'").spec_tokens
+        _ = parse("vllm serve m --speculative-config '{mtp'").spec_tokens
     with pytest.raises(ValueError, match="'lots' is not a count"):
-        parse("vllm serve m --max-model-len lots").max_model_len
+        _ = parse("vllm serve m --max-model-len lots").max_model_len
 
 
 def test_probe_address_and_served_name_follow_the_command():

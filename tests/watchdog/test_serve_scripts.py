@@ -10,8 +10,6 @@ import time
 from pathlib import Path
 
 import yaml
-
-from conftest import FAKE, FAST, free_port, tagged
 from ling_watchdog.config import load_config
 from ling_watchdog.device import Device
 from ling_watchdog.events import read_events
@@ -19,6 +17,7 @@ from ling_watchdog.memory import GiB
 from ling_watchdog.preflight import Host, check
 from ling_watchdog.serve_args import ServeArgs
 from ling_watchdog.supervisor import ExitCode
+from watchdog_harness import FAKE, FAST, free_port, tagged
 
 SERVE = Path(__file__).parents[2] / "serve"
 
@@ -51,7 +50,8 @@ def test_no_mtp_variant_drops_only_the_speculative_config():
 
 def test_every_setting_is_overridable_from_the_environment():
     _, cmd = dry_run(DEVICE="cuda", MODEL="/m", CTX="32768", PORT="9001", HOST="0.0.0.0", UTIL="0.6",
-                     MAX_BATCHED="4096", MTP_K="0", EXTRA_ARGS="--seed 7", VLLM_CMD="python3 -m vllm.entrypoints.openai.api_server")
+                     MAX_BATCHED="4096", MTP_K="0", EXTRA_ARGS="--seed 7",
+                     VLLM_CMD="python3 -m vllm.entrypoints.openai.api_server")
     a = ServeArgs.parse(cmd)
     assert (a.model, a.max_model_len, a.port, a.flags["--host"], a.util) == ("/m", 32768, 9001, "0.0.0.0", 0.6)
     assert (a.max_batched_tokens, a.spec_tokens, a.flags["--seed"]) == (4096, 0, "7")

