@@ -39,7 +39,7 @@ GENERATOR_VERSION = 1  # bump when the weights, config or tokenizer recipe chang
 FULL_CONFIG_DIR = Path(__file__).parent / "configs" / "ling-3.0-flash-int4"
 STAMP_FILE = "vllm_ling_tiny.json"
 NUM_SHARDS = 2  # more than one, so multi-shard loading is exercised
-VARIANTS = ("default", "qlora", "mtp_echo")
+VARIANTS = ("default", "qlora", "mtp_echo", "stable_router")
 INT4_GROUP_SIZE = 32
 
 # Tiny values on top of the full Flash config (§11). The clamp limits are tuned to the weight scales
@@ -694,6 +694,10 @@ def make_tiny_checkpoint(out_dir: str | os.PathLike, *, seed: int = 0, int4: boo
         tensors = random_weights(config, seed, live_vocab)
         if variant == "mtp_echo":
             make_draft_agree(tensors, config)
+        if variant == "stable_router":  # bf16 comparisons: expert choice set by a wide bias, not by near-ties
+            for name, t in tensors.items():
+                if name.endswith("mlp.gate.expert_bias"):
+                    t.mul_(STABLE_BIAS_GAIN)
         if int4:
             tensors = quantize_experts(tensors)
     _write_shards(out, tensors)
@@ -705,6 +709,7 @@ def make_tiny_checkpoint(out_dir: str | os.PathLike, *, seed: int = 0, int4: boo
     return out
 
 
+STABLE_BIAS_GAIN = 100.0  # expert_bias N(0, 0.05) -> N(0, 5): selection set by the bias, far above bf16 noise
 ECHO_DAMPING = 0.1  # scale of every layer's output projection in the mtp_echo variant
 
 

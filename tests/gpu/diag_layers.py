@@ -30,7 +30,8 @@ def main():
     model = str(ensure_tiny())
     eager = "--eager" in sys.argv
     store = {}
-    llm = LLM(model=model, dtype=sys.argv[3] if len(sys.argv) > 3 and not sys.argv[3].startswith("-") else "bfloat16",
+    dtype = next((a for a in sys.argv[2:] if not a.startswith("-")), "bfloat16")
+    llm = LLM(model=model, dtype=dtype,
               enforce_eager=eager, gpu_memory_utilization=0.3, max_model_len=1024, hf_overrides=NO_CLAMPS, seed=0)
     llm.apply_model(hooks(store))
     llm.generate([TokensPrompt(prompt_token_ids=IDS)], SamplingParams(max_tokens=1, temperature=0))

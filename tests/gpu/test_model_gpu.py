@@ -50,7 +50,7 @@ def runs(request, tmp_path_factory):
     from vllm_ling.tiny import dequantize_checkpoint, ensure_tiny
 
     tmp = tmp_path_factory.mktemp(f"gpu-{request.param}")
-    model = str(ensure_tiny(seed=0, int4=request.param == "int4"))
+    model = str(ensure_tiny(seed=0, int4=request.param == "int4", variant="stable_router"))
     reference = model if request.param == "bf16" else str(dequantize_checkpoint(model, tmp / "dequantized"))
     no_clamps = {"expert_swiglu_limit_list": [0] * 6, "share_expert_swiglu_limit_list": [0] * 6}
     engine = run_script("engine_runner.py", {

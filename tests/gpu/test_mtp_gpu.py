@@ -40,7 +40,7 @@ def _acceptance(run: dict) -> float:
     return c.get("num_accepted_tokens", 0.0) / max(c.get("num_draft_tokens", 0.0), 1.0)
 
 
-@pytest.fixture(scope="module", params=["default", "mtp_echo"])
+@pytest.fixture(scope="module", params=["stable_router", "mtp_echo"])
 def pair(request, tmp_path_factory):
     from vllm_ling.tiny import ensure_tiny
 
@@ -75,7 +75,7 @@ def test_acceptance_tracks_draft_quality(pair):
     name, _, spec = pair
     rate = _acceptance(spec)
     verdict = judge_acceptance({}, spec["spec_decode"], minimum=0.3)
-    assert verdict.failed == (name == "default"), verdict.line()
+    assert verdict.failed == (name == "stable_router"), verdict.line()
     assert spec["spec_decode"].get("num_drafts", 0) > 0, "MTP never drafted"
     if name == "mtp_echo":
         assert rate >= 0.8, f"a draft built to agree was accepted only {rate:.2%}"
