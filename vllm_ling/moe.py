@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from vllm.model_executor.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from vllm.utils.torch_utils import direct_register_custom_op
 
 from vllm_ling import compat
 from vllm_ling.config import swiglu_limit
@@ -92,9 +93,24 @@ class TorchRoutedExperts(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         c = self.config
-        weights, ids = grouped_topk(router_logits, bias, c.n_group, c.topk_group, c.num_experts_per_tok,
-                                    c.norm_topk_prob, c.routed_scaling_factor)
-        return routed_experts(hidden_states, self.w13, self.w2, weights, ids, self.limit)
+        return torch.ops.vllm.vllm_ling_cpu_moe(
+            hidden_states, router_logits, bias, self.w13, self.w2, c.n_group, c.topk_group,
+            c.num_experts_per_tok, c.norm_topk_prob, c.routed_scaling_factor, self.limit or 0.0,
+        )
+
+
+def _cpu_moe(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
+             n_group: int, topk_group: int, top_k: int, renormalize: bool, scale: float, limit: float) -> torch.Tensor:
+    """Opaque to torch.compile: the expert loop is data-dependent (which experts were hit)."""
+    weights, ids = grouped_topk(logits, bias, n_group, topk_group, top_k, renormalize, scale)
+    return routed_experts(x, w13, w2, weights, ids, limit or None)
+
+
+def _cpu_moe_fake(x, logits, bias, w13, w2, n_group, topk_group, top_k, renormalize, scale, limit) -> torch.Tensor:
+    return torch.empty_like(x)
+
+
+direct_register_custom_op(op_name="vllm_ling_cpu_moe", op_func=_cpu_moe, mutates_args=[], fake_impl=_cpu_moe_fake)
 
 
 class BailingMoeV3MoE(nn.Module):

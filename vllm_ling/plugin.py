@@ -12,6 +12,16 @@ logger = logging.getLogger("vllm_ling")
 _registered: str | None = None
 
 
+def _route_logs_through_vllm() -> None:
+    """Our `vllm_ling.*` loggers write through vLLM's handlers, so their lines land in the server log."""
+    ours, theirs = logging.getLogger("vllm_ling"), logging.getLogger("vllm")
+    if not ours.handlers and theirs.handlers:
+        for handler in theirs.handlers:
+            ours.addHandler(handler)
+        ours.setLevel(logging.INFO)
+        ours.propagate = False
+
+
 def register() -> str:
     """Register Ling V3 with vLLM; return which implementation serves ("vllm-ling" or "vllm").
 
@@ -21,6 +31,8 @@ def register() -> str:
     if _registered is not None:
         return _registered
     from vllm import ModelRegistry
+
+    _route_logs_through_vllm()
 
     from vllm_ling.parsers import register_parsers
 

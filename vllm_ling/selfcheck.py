@@ -86,10 +86,11 @@ def inspect_log(log: str, args: list[str]) -> list[Verdict]:
     eager = "--enforce-eager" in args
     mtp_req = '"mtp"' in joined or "'mtp'" in joined or "method=mtp" in joined
     graphs = re.search(r"Graph capturing finished in", log)
-    verdicts = [
-        Verdict("CUDA graphs", bool(graphs), "captured" if graphs else
-                ("--enforce-eager" if eager else "no 'Graph capturing finished' line"), requested=not eager),
-    ]
+    device = re.search(r"device_config=(\w+)", log)
+    on_cpu = bool(device) and device.group(1) == "cpu"
+    why = "captured" if graphs else ("CPU engine" if on_cpu else "--enforce-eager" if eager
+                                     else "no 'Graph capturing finished' line")
+    verdicts = [Verdict("CUDA graphs", bool(graphs), why, requested=not eager and not on_cpu)]
     spec = re.search(r"speculative_config=SpeculativeConfig\(method='mtp'|Speculative decoding.*mtp", log, re.I)
     verdicts.append(Verdict("MTP", bool(spec), "method=mtp in the engine config" if spec else "not configured",
                             requested=mtp_req))
@@ -99,7 +100,7 @@ def inspect_log(log: str, args: list[str]) -> list[Verdict]:
     tuned = re.search(r"Using configuration from (\S+) for MoE layer", log)
     default = re.search(r"Using default MoE config", log)
     verdicts.append(Verdict("tuned MoE tiles", bool(tuned), tuned.group(1) if tuned else
-                            ("vLLM fell back to default tiles" if default else "Triton MoE not used (Marlin)"),
+                            ("vLLM fell back to default tiles" if default else "no Triton MoE config lookup (Marlin or CPU)"),
                             requested="VLLM_TUNED_CONFIG_FOLDER" in joined and bool(default)))
     verdicts.append(Verdict("FP8 LM head", False, "not implemented in vllm-ling yet"))
     return verdicts
