@@ -11,6 +11,8 @@ on CPU it calls our torch-native ops in `vllm_ling.ops`.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 
@@ -28,7 +30,29 @@ from vllm_ling import compat, kda_core
 from vllm_ling.config import kda_head_dim
 from vllm_ling.ops.kda import kda_safe_gate, kda_softplus_gate
 
+logger = logging.getLogger("vllm_ling")
 OP_NAME = "vllm_ling_kda"
+GB10_SMEM = 101_376  # bytes of shared memory per block on a DGX Spark (sm_121)
+_smem_guarded = False
+
+
+def guard_kda_autotune_smem() -> None:
+    """On a GPU with GB10's shared memory (or LING_SMEM_LIMIT set), keep vLLM's vendored KDA autotuners from
+    trying configs over the limit: a failing autotune mid-serve wedged a Spark for 90 s+ (W6). Once per process;
+    on bigger GPUs (the H200) nothing changes."""
+    global _smem_guarded
+    if _smem_guarded or not torch.cuda.is_available():
+        return
+    _smem_guarded = True
+    from ling_tuning.smem import device_smem_limit
+    from ling_tuning.smem_guard import install_for_device
+
+    limit = device_smem_limit()
+    if limit > GB10_SMEM:
+        return
+    guard = install_for_device()
+    logger.info("vllm-ling: KDA Triton autotune configs limited to %d B of shared memory per block (%s)",
+                limit, "installed" if guard is not None else "NOT installed: see the line above")
 
 
 def _kda_op(qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, out: torch.Tensor, layer_name: str) -> None:
@@ -65,6 +89,7 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
 
     def __init__(self, config, vllm_config, prefix: str) -> None:
         super().__init__()
+        guard_kda_autotune_smem()
         quant_config = vllm_config.quant_config
         self.model_config = vllm_config.model_config
         self.cache_config = vllm_config.cache_config
