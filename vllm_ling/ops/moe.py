@@ -59,10 +59,12 @@ def dequantize_pack_quantized(packed: torch.Tensor, scale: torch.Tensor, shape: 
     """compressed-tensors pack-quantized int4 (symmetric, grouped): w = (nibble − 8) · scale[row, col // g].
 
     packed: int32 [out, in/8], eight little-endian nibbles per word; scale: [out, in/g]; shape: (out, in).
+    The product is exact in fp32 and returned in the scale's dtype (bf16), which is what compressed-tensors'
+    own decompression yields, so a dequantized checkpoint and this path hold identical weights.
     """
     out_f, in_f = (int(v) for v in shape.tolist())
     shifts = torch.arange(0, 32, 4, dtype=torch.int32)
     nibbles = (packed.to(torch.int32).unsqueeze(-1) >> shifts) & 0xF
     q = nibbles.reshape(out_f, -1)[:, :in_f].float() - 8
     group = in_f // scale.shape[1]
-    return q * scale.float().repeat_interleave(group, dim=1)
+    return (q * scale.float().repeat_interleave(group, dim=1)).to(scale.dtype)

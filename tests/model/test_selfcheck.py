@@ -1,0 +1,55 @@
+"""The start-up self-check turns vLLM's log and spec-decode counters into ON/OFF lines, and fails loudly
+when an optimisation that was asked for is not active."""
+
+from vllm_ling.selfcheck import inspect_log, judge_acceptance
+
+GPU_LOG = """INFO [core.py:116] Initializing a V1 LLM engine (v0.26.0) with config: model='/m', speculative_config=SpeculativeConfig(method='mtp', model='/m', num_spec_tokens=1), device_config=cuda, ...
+INFO [int_wna16.py:157] Using 'MARLIN' WNA16 MoE backend.
+INFO [gpu_model_runner.py:6845] Graph capturing finished in 21 secs, took 0.55 GiB
+"""
+MTP_ARGS = ["vllm", "serve", "/m", "--speculative-config", '{"method":"mtp","num_speculative_tokens":1}']
+
+
+def _by_name(verdicts):
+    return {v.name: v for v in verdicts}
+
+
+def test_everything_requested_and_active_passes():
+    v = _by_name(inspect_log(GPU_LOG, MTP_ARGS))
+    assert v["CUDA graphs"].on and v["MTP"].on and v["INT4 experts"].on
+    assert "MARLIN" in v["INT4 experts"].why
+    assert not any(x.failed for x in v.values())
+
+
+def test_requested_mtp_that_did_not_start_fails():
+    log = GPU_LOG.replace("speculative_config=SpeculativeConfig(method='mtp', model='/m', num_spec_tokens=1)",
+                          "speculative_config=None")
+    v = _by_name(inspect_log(log, MTP_ARGS))
+    assert v["MTP"].failed and "FAILED" in v["MTP"].line()
+
+
+def test_missing_cuda_graphs_fail_unless_eager_was_asked_for():
+    log = GPU_LOG.replace("Graph capturing finished in 21 secs", "")
+    assert _by_name(inspect_log(log, MTP_ARGS))["CUDA graphs"].failed
+    assert not _by_name(inspect_log(log, MTP_ARGS + ["--enforce-eager"]))["CUDA graphs"].failed
+
+
+def test_cpu_engine_does_not_expect_cuda_graphs():
+    v = _by_name(inspect_log("... device_config=cpu, ...", []))
+    assert not v["CUDA graphs"].on and not v["CUDA graphs"].failed
+
+
+def test_tuned_tiles_requested_but_default_used_fails():
+    log = GPU_LOG + "WARNING Using default MoE config. Performance might be sub-optimal!\n"
+    v = _by_name(inspect_log(log, MTP_ARGS + ["VLLM_TUNED_CONFIG_FOLDER=/t"]))
+    assert v["tuned MoE tiles"].failed
+
+
+def test_acceptance_probe_catches_a_broken_draft():
+    before = {"num_draft_tokens": 100, "num_accepted_tokens": 90}
+    good = judge_acceptance(before, {"num_draft_tokens": 164, "num_accepted_tokens": 150}, minimum=0.3)
+    broken = judge_acceptance(before, {"num_draft_tokens": 164, "num_accepted_tokens": 91}, minimum=0.3)
+    silent = judge_acceptance(before, before, minimum=0.3)
+    assert good.on and not good.failed
+    assert broken.failed and "1.6%" in broken.why
+    assert silent.failed and "no draft tokens" in silent.why
