@@ -49,6 +49,10 @@ def run(spec: dict) -> dict:
         if n < len(queries):
             entry["lp_at"] = [None if q is None else [lp[i - 1, t].item() for t in q] for i, q in enumerate(queries[n]) if i < len(seq)]
         scored.append(entry)
+    if spec.get("hidden_path"):  # post-final-norm hidden states of the scored sequences (what MTP consumes)
+        hidden = [model.model(torch.tensor([seq], device=device)).last_hidden_state[0].float().cpu()
+                  for seq in spec.get("score", [])]
+        torch.save(hidden, spec["hidden_path"])
     return {"outputs": results, "scored": scored}
 
 
