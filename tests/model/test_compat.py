@@ -1,0 +1,49 @@
+"""The version seam: what the plugin changes in vLLM depends on whether Ling V3 is in-tree."""
+
+from __future__ import annotations
+
+import pytest
+from transformers import PretrainedConfig
+
+from vllm_ling import compat
+from vllm_ling.config import BailingMoeV3Config
+
+pytest.importorskip("vllm")
+
+
+def _v26_override(hf_config):
+    """vLLM 0.26's rewrite for every `bailing_hybrid` draft: Ling-2.5's MTP class."""
+    hf_config.model_type = "bailing_hybrid_mtp"
+    hf_config.update({"n_predict": 1, "architectures": ["BailingMoeV25MTPModel"]})
+    return hf_config
+
+
+def test_mtp_override_sends_ling3_drafts_to_our_class(monkeypatch):
+    monkeypatch.setattr(compat, "_original_hf_config_override", _v26_override)
+    draft = compat._ling3_hf_config_override(BailingMoeV3Config(architectures=["BailingMoeV3ForCausalLM"]))
+    assert draft.architectures == ["BailingMoeV3MTPModel"] and draft.model_type == "bailing_hybrid_mtp"
+    assert draft.n_predict == 1
+
+
+def test_mtp_override_leaves_ling_2_5_and_probe_configs_alone(monkeypatch):
+    monkeypatch.setattr(compat, "_original_hf_config_override", _v26_override)
+    ling25 = compat._ling3_hf_config_override(PretrainedConfig(architectures=["BailingMoeV2_5ForCausalLM"]))
+    assert ling25.architectures == ["BailingMoeV25MTPModel"]
+    probe = compat._ling3_hf_config_override(PretrainedConfig(architectures=[""]))  # vLLM's model_type probe
+    assert probe.architectures == ["BailingMoeV25MTPModel"]
+
+
+def test_on_a_vllm_with_ling3_in_tree_nothing_is_patched():
+    from vllm.config.speculative import SpeculativeConfig
+
+    assert compat.has_intree_ling3()  # the CI runs vLLM 0.32
+    before = SpeculativeConfig.__dict__["hf_config_override"]
+    assert compat.install_mtp_override() is False
+    assert SpeculativeConfig.__dict__["hf_config_override"] is before
+
+
+def test_kda_state_shape_counts_speculative_positions():
+    conv, rec = compat.kda_state_shape(tp_size=1, num_heads=32, head_dim=128, conv_kernel=4, num_spec=1)
+    assert sorted(conv) == [4, 3 * 32 * 128] and rec == (32, 128, 128)  # K-1+num_spec = 4 positions
+    conv2, rec2 = compat.kda_state_shape(tp_size=2, num_heads=32, head_dim=128, conv_kernel=4, num_spec=0)
+    assert sorted(conv2) == [3, 3 * 16 * 128] and rec2 == (16, 128, 128)
