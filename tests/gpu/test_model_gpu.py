@@ -8,23 +8,13 @@ prompt position; a prompt longer than --max-num-batched-tokens (chunked prefill 
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 pytest.importorskip("vllm")
-if not torch.cuda.is_available():
-    pytest.skip("needs CUDA", allow_module_level=True)
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "model"))
-from model_helpers import run_script  # noqa: E402
-
-GPU_ENV = {"VLLM_LING_FORCE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+from gpu_helpers import GPU_ENV, record, run_script  # noqa: E402  (skips the module without CUDA)
 PROMPT_LENGTHS = [1, 9, 63, 64, 65, 200, 517, 1000]  # 8 concurrent requests; 517 and 1000 exceed the budget
 TOKEN_BUDGET = 256
 MAX_TOKENS = 32
@@ -34,13 +24,6 @@ TOPK = 20
 def _prompts() -> list[list[int]]:
     rng = random.Random(7)
     return [[rng.randrange(10, 900) for _ in range(n)] for n in PROMPT_LENGTHS]
-
-
-def _record(name: str, data: dict) -> None:
-    out = os.environ.get("VLLM_LING_GPU_RESULTS")
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        (Path(out) / f"{name}.json").write_text(json.dumps(data, indent=2))
 
 
 @pytest.fixture(scope="module", params=["bf16", "int4"])
@@ -85,7 +68,7 @@ def test_teacher_forced_top1_and_logprob_error(runs):
                 num += (top[str(t)] - want) ** 2
                 den += want**2
     top1, rel = agree / total, (num / den) ** 0.5
-    _record(f"model_{name}_vs_oracle", {"positions": total, "top1_agreement": top1, "relative_logprob_error": rel})
+    record(f"model_{name}_vs_oracle", {"positions": total, "top1_agreement": top1, "relative_logprob_error": rel})
     assert top1 >= 0.99, f"top-1 agreement {top1:.4f} over {total} prompt positions"
     assert rel <= 2e-2, f"relative logprob error {rel:.3e}"
 
@@ -97,7 +80,7 @@ def test_concurrent_greedy_decode_agrees_with_oracle(runs):
         for j, tok in enumerate(out["token_ids"]):
             agree += tok == ref["argmax"][n + j]
             total += 1
-    _record(f"model_{name}_decode", {"requests": len(PROMPT_LENGTHS), "tokens": total, "agreement": agree / total})
+    record(f"model_{name}_decode", {"requests": len(PROMPT_LENGTHS), "tokens": total, "agreement": agree / total})
     assert agree / total >= 0.99, f"decode agreement {agree}/{total}"
 
 

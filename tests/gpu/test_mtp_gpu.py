@@ -8,23 +8,13 @@ Run on the device: VLLM_LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_mt
 
 from __future__ import annotations
 
-import json
-import os
 import random
-import sys
-from pathlib import Path
 
 import pytest
 
-torch = pytest.importorskip("torch")
+pytest.importorskip("torch")
 pytest.importorskip("vllm")
-if not torch.cuda.is_available():
-    pytest.skip("needs CUDA", allow_module_level=True)
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "model"))
-from model_helpers import run_script  # noqa: E402
-
-GPU_ENV = {"VLLM_LING_FORCE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+from gpu_helpers import GPU_ENV, record, run_script  # noqa: E402  (skips the module without CUDA)
 PROMPT_LENGTHS = [3, 17, 64, 130, 400]
 MAX_TOKENS = 128
 MTP = {"method": "mtp", "num_speculative_tokens": 1}
@@ -51,13 +41,10 @@ def pair(request, tmp_path_factory):
             "max_num_batched_tokens": 512, "prompt_logprobs": False}
     plain = run_script("engine_runner.py", base, tmp, "plain", GPU_ENV)
     spec = run_script("engine_runner.py", {**base, "speculative_config": MTP}, tmp, "mtp", GPU_ENV)
-    out = os.environ.get("VLLM_LING_GPU_RESULTS")
-    if out:
-        Path(out).mkdir(parents=True, exist_ok=True)
-        same = sum(a["token_ids"] == b["token_ids"] for a, b in zip(plain["outputs"], spec["outputs"]))
-        (Path(out) / f"mtp_{request.param}.json").write_text(json.dumps(
-            {"acceptance": _acceptance(spec), "counters": spec["spec_decode"], "identical_requests": same,
-             "requests": len(PROMPT_LENGTHS), "new_tokens_each": MAX_TOKENS}, indent=2))
+    same = sum(a["token_ids"] == b["token_ids"] for a, b in zip(plain["outputs"], spec["outputs"]))
+    record(f"mtp_{request.param}", {"acceptance": _acceptance(spec), "counters": spec["spec_decode"],
+                                    "identical_requests": same, "requests": len(PROMPT_LENGTHS),
+                                    "new_tokens_each": MAX_TOKENS})
     return request.param, plain, spec
 
 
