@@ -7,6 +7,7 @@ shared with pytest); results come back as JSON.
 from __future__ import annotations
 
 import pytest
+import torch
 
 from model_helpers import CPU_ENGINE_ENV, run_script
 
@@ -36,3 +37,12 @@ def tiny_bf16() -> str:
     from vllm_ling.tiny import ensure_tiny
 
     return str(ensure_tiny(seed=0))
+
+
+@pytest.fixture(scope="module")
+def single_thread():
+    """Tiny tensors: intra-op threads only add sync overhead (10x on a loaded 2-core host)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

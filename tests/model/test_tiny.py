@@ -16,6 +16,8 @@ from vllm_ling import tiny
 FP32_SUFFIXES = ("A_log", "dt_bias", "_conv1d.weight", "expert_bias")
 PROMPTS = ["The weather in the mountains", "def fibonacci(n):", "Please summarize the report."]
 
+pytestmark = pytest.mark.usefixtures("single_thread")
+
 
 # --------------------------------------------------------------------------------------------- helpers
 
@@ -72,15 +74,6 @@ def read_checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
 
 def config_of(model_dir: Path) -> dict:
     return json.loads((model_dir / "config.json").read_text())
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _single_thread():
-    """Tiny tensors: intra-op threads only add sync overhead (10x on a loaded 2-core host)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
