@@ -47,3 +47,20 @@ def test_kda_state_shape_counts_speculative_positions():
     assert sorted(conv) == [4, 3 * 32 * 128] and rec == (32, 128, 128)  # K-1+num_spec = 4 positions
     conv2, rec2 = compat.kda_state_shape(tp_size=2, num_heads=32, head_dim=128, conv_kernel=4, num_spec=0)
     assert sorted(conv2) == [3, 3 * 16 * 128] and rec2 == (16, 128, 128)
+
+
+@pytest.mark.parametrize("force, serves", [("0", "vllm"), ("1", "vllm-ling")])
+def test_plugin_stands_aside_for_in_tree_ling3_unless_forced(force, serves):
+    """A fresh process each: register() is once per process, as in vLLM."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from vllm import ModelRegistry; import vllm_ling.plugin as p; print(p.register()); "
+            "print(ModelRegistry.models['BailingMoeV3ForCausalLM'].module_name)")
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "VLLM_LING_FORCE": force},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    served, module = out.stdout.split()[-2:]
+    assert served == serves
+    assert module == ("vllm_ling.model" if force == "1" else "vllm.model_executor.models.bailing_moe_v3")
