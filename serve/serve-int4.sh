@@ -25,6 +25,7 @@
 #   LOG_DIR      watchdog logs (serve.log, events.jsonl)   ./logs
 #   WATCHDOG_ARGS  watchdog options, e.g. "--load-stall-s 240 --force"
 #   TUNED_DIR    MoE tuned configs; exported as VLLM_TUNED_CONFIG_FOLDER when it holds *.json
+#   SELFCHECK    1: once serving, run `python -m vllm_ling.selfcheck` through the watchdog (0: skip)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -82,6 +83,12 @@ read -r -a WD_ARGS <<<"${WATCHDOG_ARGS:-}"
 if command -v ling-watchdog >/dev/null 2>&1; then WATCHDOG=(ling-watchdog); else WATCHDOG=("$PYTHON" -m ling_watchdog); fi
 
 if [[ ${CHECK:-0} == 1 ]]; then WATCHDOG+=(preflight); fi
+
+# Once serving, the start-up self-check logs one ON/OFF line per optimisation and probes the MTP draft's
+# acceptance; an optimisation that was asked for but is not active is an error line (SELFCHECK=0: skip).
+if [[ ${SELFCHECK:-1} == 1 ]]; then
+    WD_ARGS+=(--after-serving "$PYTHON -m vllm_ling.selfcheck --log {log} --url {url} {args}")
+fi
 
 CMD=("${WATCHDOG[@]}" --log-dir "$LOG_DIR" "${WD_ARGS[@]}" -- "${LAUNCH[@]}" "${ARGS[@]}" "${EXTRA[@]}")
 if [[ ${DRY_RUN:-0} == 1 ]]; then

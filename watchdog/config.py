@@ -58,6 +58,9 @@ class Config:
     guard_floor_below_start_mb: float | None
     memory_poll_s: float
     memory_log_s: float
+    # after the server first serves
+    after_serving: str | None
+    after_serving_timeout_s: float
     release_fraction: float
     release_floor_gib: float | None
     release_timeout_s: float

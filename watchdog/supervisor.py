@@ -3,11 +3,14 @@ come back, relaunch with backoff, and stop with one clear final line and exit co
 from __future__ import annotations
 
 import queue
+import shlex
 import signal
+import subprocess
 import threading
 import time
 from dataclasses import dataclass
 from enum import IntEnum
+from pathlib import Path
 
 from ling_watchdog import memory
 from ling_watchdog.child import Child, Line, Output
@@ -115,8 +118,26 @@ class Supervisor:
                       f"{' '.join(self.cmd)}", n=self.launches, pid=child.pid)
         return self._watch(child, Monitor(self.cfg, self._clock(), self.log.emit), inbox)
 
+    def _after_serving(self) -> None:
+        """Run `after_serving` once (in a thread: supervision goes on); log its lines and its verdict."""
+        template = self.cfg.after_serving
+        log_file = str(Path(self.cfg.log_dir) / "serve.log")
+        argv: list[str] = []
+        for token in shlex.split(template):
+            argv += ["--", *self.cmd] if token == "{args}" else [token.format(url=self.url, log=log_file)]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=self.cfg.after_serving_timeout_s)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            self.log.emit("after_serving", f"after-serving check could not run: {e}", level="error")
+            return
+        for line in (done.stdout + done.stderr).splitlines():
+            self.log.emit("after_serving", line, level="error" if done.returncode else "info")
+        self.log.emit("after_serving", f"after-serving check exit {done.returncode}"
+                      + (": an optimisation asked for is NOT active (see above)" if done.returncode == 2 else ""),
+                      level="error" if done.returncode else "info", code=done.returncode)
+
     def _watch(self, child: Child, monitor: Monitor, inbox: queue.Queue) -> Outcome:
-        sampler, prober, stable = CpuSampler(), None, False
+        sampler, prober, stable, checked = CpuSampler(), None, False, False
         next_memory = next_log = self._clock()
         try:
             while True:
@@ -133,6 +154,9 @@ class Supervisor:
                 if prober is None and monitor.http_up:
                     prober = Prober(self.url, self.cfg, inbox, self.model, clock=self._clock)
                     prober.start()
+                if not checked and self.cfg.after_serving and monitor.phase is Phase.SERVING:
+                    checked = True
+                    threading.Thread(target=self._after_serving, name="after-serving", daemon=True).start()
                 if not stable and monitor.serving_for(now) >= self.cfg.stable_after_s:
                     stable = True
                     self.policy.stable()

@@ -183,3 +183,20 @@ def test_status_summarises_phase_relaunches_and_last_fault(watchdog):
     out = subprocess.run([sys.executable, "-m", "ling_watchdog", "status", "--log-dir", str(run.log_dir)],
                          capture_output=True, text=True, check=True).stdout
     assert "phase: stopped" in out and "exit 143" in out
+
+
+@pytest.mark.parametrize("code, level", [(0, "info"), (2, "error")])
+def test_after_serving_check_runs_once_and_its_verdict_is_logged(watchdog, code, level):
+    """The start-up self-check hook: run once serving starts, its lines and exit code land in the event log."""
+    import sys
+
+    check = f"{sys.executable} -c \"import sys; print('checked', sys.argv[1:3]); sys.exit({code})\" {{url}} {{log}}"
+    run = watchdog("clean", cfg=dict(after_serving=check))
+    run.wait_phase("serving")
+    verdict = run.wait_for(lambda e: e["event"] == "after_serving" and "code" in e)
+    assert verdict["code"] == code and verdict["level"] == level
+    lines = [e["message"] for e in run.events("after_serving")]
+    assert any(line.startswith("checked ['http://127.0.0.1:") and "serve.log" in line for line in lines)
+    assert run.stop(signal.SIGTERM) == 143
+    assert len([e for e in run.events("after_serving") if "code" in e]) == 1
+    assert run.orphans() == []
