@@ -1,0 +1,85 @@
+"""Full-size Ling-3.0-flash speed with random weights (`load_format=dummy`): one engine configuration per run.
+
+    ling-make-tiny /tmp/flash --full-config        # the bundled config.json, no weights
+    python -m ling_bench.fullsize /tmp/flash --mode graphs --out graphs.json    # eager | graphs | mtp
+
+Batch 1, token-id prompts (no tokenizer ships with the bundled config). Reports prefill tok/s at each
+--prefill length (time of a 1-token request), decode tok/s (the extra time of `--decode` more tokens), and
+peak GPU memory. With dummy weights MTP acceptance is meaningless: for `mtp` compare the decode step time
+with `graphs` (the verify step's cost), not tokens/s. Runs the engine in-process, so one configuration per
+process: vLLM does not give GPU memory back between engines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import time
+
+MODES = {
+    "eager": {"enforce_eager": True},
+    "graphs": {"enforce_eager": False},
+    "mtp": {"enforce_eager": False, "speculative_config": {"method": "mtp", "num_speculative_tokens": 1}},
+}
+
+
+def _timed(llm, prompt: list[int], max_tokens: int) -> float:
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
+    start = time.perf_counter()
+    llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+    return time.perf_counter() - start
+
+
+def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, util: float) -> dict:
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # same process: its GPU memory is ours to read
+    import torch
+    from vllm import LLM
+
+    llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, max_model_len=max(prefill) + decode + 16,
+              max_num_seqs=1, gpu_memory_utilization=util, enable_prefix_caching=False, seed=0, **MODES[mode])
+    vocab = llm.llm_engine.model_config.get_vocab_size()
+    rng = random.Random(0)
+    result: dict = {"mode": mode, "model": model, "prefill": {}, "decode_tokens": decode, "repeats": repeats}
+    short = [rng.randrange(10, vocab) for _ in range(32)]
+    _timed(llm, short, decode)  # warm-up: JIT and first-request costs are not speed
+    for n in prefill:
+        prompt = [rng.randrange(10, vocab) for _ in range(n)]
+        _timed(llm, prompt, 1)
+        t = statistics.median(_timed(llm, prompt, 1) for _ in range(repeats))
+        result["prefill"][str(n)] = {"seconds": t, "tok_s": n / t}
+    one = statistics.median(_timed(llm, short, 1) for _ in range(repeats))
+    many = statistics.median(_timed(llm, short, decode + 1) for _ in range(repeats))
+    step = (many - one) / decode
+    result |= {"decode_step_ms": 1e3 * step, "decode_tok_s": 1 / step}
+    if torch.cuda.is_available():
+        result["peak_gpu_gib"] = torch.cuda.max_memory_reserved() / 2**30
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m ling_bench.fullsize", description=__doc__.splitlines()[0])
+    ap.add_argument("model", help="a folder with config.json (ling-make-tiny DIR --full-config)")
+    ap.add_argument("--mode", choices=sorted(MODES), default="graphs")
+    ap.add_argument("--prefill", default="4096,16384,65536", help="prompt lengths, comma-separated")
+    ap.add_argument("--decode", type=int, default=128, help="tokens decoded per measurement")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--util", type=float, default=0.85)
+    ap.add_argument("--out", help="write the JSON result here")
+    a = ap.parse_args(argv)
+    result = run(a.model, a.mode, [int(x) for x in a.prefill.split(",")], a.decode, a.repeats, a.util)
+    text = json.dumps(result, indent=2)
+    print(text)
+    if a.out:
+        with open(a.out, "w") as f:
+            f.write(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# One device call = one step of the GPU plan. From the repo root on the H200, after the bundle's other
+# chunks were stashed (../shared/device/README.md), with carry [".devbundle/4"]:
+#   source .devbundle/4/activate.sh || exit 1; bash tests/gpu/run_on_device.sh STEP
+# Steps (minutes on a warm machine, measured or estimated):
+#   model       KDA kernels + tiny model bf16 & INT4 vs the oracle, CUDA graphs      (~6; bf16 alone ~4)
+#   mtp_echo    MTP k=1 lossless + acceptance, draft built to agree                  (~5)
+#   mtp_random  the same with the random (stable_router) draft                       (~5)
+#   tuning      ling-tune on the H200 + GB10-emulated, vLLM pickup, vs Marlin        (~7)
+#   fullsize_eager | fullsize_graphs | fullsize_mtp   124B dummy weights, batch 1    (~5-8 each, estimated)
+# Results land in $OUT (at most 8 files come back).
+set -uo pipefail
+: "${OUT:?run on the device: OUT is the folder that comes back}"
+STEP=${1:?step: model | mtp_echo | mtp_random | tuning | fullsize_eager | fullsize_graphs | fullsize_mtp}
+cp -r . /tmp/vllm-ling-src
+python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$HOME/vllm-site" /tmp/vllm-ling-src \
+    2>&1 | grep -v "already exists" || true
+export VLLM_LING_GPU_RESULTS=$OUT
+run() { timeout -k 10 "$1" "${@:2}" 2>&1 | tee -a "$OUT/$STEP.log" | grep -v " INFO \| WARNING " | tail -40; }
+case $STEP in
+    model) run 560 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kda_kernels_gpu.py tests/gpu/test_model_gpu.py ;;
+    mtp_echo) run 560 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mtp_gpu.py -k mtp_echo ;;
+    mtp_random) run 560 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mtp_gpu.py -k stable_router ;;
+    tuning) bash tuning/device_run.sh ;;
+    fullsize_*)
+        python3 -m vllm_ling.tiny /tmp/flash --full-config --force >/dev/null
+        run 560 python3 -m ling_bench.fullsize /tmp/flash --mode "${STEP#fullsize_}" --out "$OUT/$STEP.json" ;;
+    *) echo "unknown step $STEP" >&2; exit 2 ;;
+esac
