@@ -12,8 +12,8 @@
 set -uo pipefail
 : "${OUT:?run on the device: OUT is the folder that comes back}"
 STEP=${1:?step: model | mtp_echo | mtp_random | tuning | fullsize_eager | fullsize_graphs | fullsize_mtp}
-cp -r . /tmp/vllm-ling-src
-python3 -m pip install -q --no-deps --no-build-isolation --no-index --target "$HOME/vllm-site" /tmp/vllm-ling-src \
+rm -rf /tmp/vllm-ling-src && mkdir /tmp/vllm-ling-src && tar --exclude=./.devbundle --exclude=./.git -cf - . | tar -xf - -C /tmp/vllm-ling-src
+python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --target "$HOME/vllm-site" /tmp/vllm-ling-src \
     2>&1 | grep -v "already exists" || true
 export VLLM_LING_GPU_RESULTS=$OUT
 run() { timeout -k 10 "$1" "${@:2}" 2>&1 | tee -a "$OUT/$STEP.log" | grep -v " INFO \| WARNING " | tail -40; }
