@@ -4,8 +4,8 @@
 
 It builds the tiny checkpoint (real tensor names, real config fields, a local tokenizer), starts the
 shipped serve recipe (serve/serve-int4.sh) under ling-watchdog with MODEL pointing at it, waits until
-the server answers, sends a chat completion with a tool and a plain completion, prints them, runs the
-start-up self-check on the server log, and stops the watchdog with SIGTERM (it stops vLLM's process
+the server answers, sends a chat completion with a tool and a plain completion, prints them, shows the
+start-up self-check the watchdog ran once serving started, and stops the watchdog with SIGTERM (it stops vLLM's process
 group). A newcomer sees the whole path work without a GB10 or the 77 GB weights.
 """
 
@@ -81,6 +81,22 @@ def exercise(url: str) -> dict:
     return {"chat": chat, "completion": completion}
 
 
+def selfcheck_verdict(log_dir: Path, proc: subprocess.Popen, timeout: float) -> int | None:
+    """The recipe's watchdog runs the start-up self-check once serving starts: show its lines, return its exit."""
+    from ling_watchdog.events import read_events
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        events = [e for e in read_events(log_dir) if e.get("event") == "after_serving"]
+        if any("code" in e for e in events):
+            for e in events:
+                print(f"[demo] {e['message']}")
+            return next(e["code"] for e in events if "code" in e)
+        time.sleep(1)
+    print("[demo] the watchdog reported no self-check verdict", flush=True)
+    return None
+
+
 def stop(proc: subprocess.Popen, timeout: float = 60) -> int:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -113,8 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         message = result["chat"]["choices"][0]["message"]
         print("[demo] chat reply:", json.dumps({k: v for k, v in message.items() if v}))
         print("[demo] completion:", json.dumps(result["completion"]["choices"][0]["text"]))
-        check = subprocess.run([sys.executable, "-m", "vllm_ling.selfcheck", "--log", str(log_dir / "serve.log")])
-        ok = check.returncode == 0 and "choices" in result["chat"] and "choices" in result["completion"]
+        check = selfcheck_verdict(log_dir, proc, timeout=300)
+        ok = check == 0 and "choices" in result["chat"] and "choices" in result["completion"]
     finally:
         code = stop(proc)
     print(f"[demo] watchdog stopped (exit {code}); {'OK' if ok else 'FAILED'}", flush=True)

@@ -37,3 +37,16 @@ def max_abs_diff(a: list, b: list) -> float:
     pairs = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
     assert pairs and len(a) == len(b), "nothing to compare"
     return max(abs(x - y) for x, y in pairs)
+
+
+def read_checkpoint(model_dir: Path) -> dict:
+    """Every tensor of a (sharded) safetensors checkpoint, by name."""
+    from safetensors.torch import load_file
+
+    index = json.loads((model_dir / "model.safetensors.index.json").read_text())
+    shards = sorted(set(index["weight_map"].values()))
+    return {k: v for shard in shards for k, v in load_file(model_dir / shard).items()}
+
+
+def config_of(model_dir: Path) -> dict:
+    return json.loads((model_dir / "config.json").read_text())

@@ -4,7 +4,6 @@ dequantizer produce, within int4 error of the BF16 weights, and the quantization
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
@@ -12,7 +11,8 @@ import pytest
 import torch
 from compressed_tensors.compressors.pack_quantized.base import PackedQuantizationCompressor
 from compressed_tensors.quantization import QuantizationConfig
-from safetensors.torch import load_file
+
+from model_helpers import config_of, read_checkpoint
 
 from vllm_ling import tiny
 
@@ -32,16 +32,6 @@ def dirs(tmp_path_factory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def ckpt(dirs) -> dict[str, dict[str, torch.Tensor]]:
     return {k: read_checkpoint(v) for k, v in dirs.items()}
-
-
-def read_checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
-    index = json.loads((model_dir / "model.safetensors.index.json").read_text())
-    shards = sorted(set(index["weight_map"].values()))
-    return {k: v for shard in shards for k, v in load_file(model_dir / shard).items()}
-
-
-def config_of(model_dir: Path) -> dict:
-    return json.loads((model_dir / "config.json").read_text())
 
 
 def decode_by_the_documented_rule(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+
+from model_helpers import config_of, read_checkpoint
 
 from vllm_ling import tiny
 
@@ -64,16 +65,6 @@ def expected_tensors(c: dict) -> dict[str, tuple[int, ...]]:
             t |= {p + "enorm.weight": (H,), p + "hnorm.weight": (H,), p + "final_layernorm.weight": (H,),
                   p + "eh_proj.weight": (H, 2 * H)}
     return t
-
-
-def read_checkpoint(model_dir: Path) -> dict[str, torch.Tensor]:
-    index = json.loads((model_dir / "model.safetensors.index.json").read_text())
-    shards = sorted(set(index["weight_map"].values()))
-    return {k: v for shard in shards for k, v in load_file(model_dir / shard).items()}
-
-
-def config_of(model_dir: Path) -> dict:
-    return json.loads((model_dir / "config.json").read_text())
 
 
 @pytest.fixture(scope="module")
