@@ -32,7 +32,6 @@ from vllm_ling.ops.kda import kda_safe_gate, kda_softplus_gate
 
 logger = logging.getLogger("vllm_ling")
 OP_NAME = "vllm_ling_kda"
-GB10_SMEM = 101_376  # bytes of shared memory per block on a DGX Spark (sm_121)
 _smem_guarded = False
 
 
@@ -44,11 +43,11 @@ def guard_kda_autotune_smem() -> None:
     if _smem_guarded or not torch.cuda.is_available():
         return
     _smem_guarded = True
-    from ling_tuning.smem import device_smem_limit
+    from ling_tuning.smem import GB10_SMEM_PER_BLOCK, device_smem_limit
     from ling_tuning.smem_guard import install_for_device
 
     limit = device_smem_limit()
-    if limit > GB10_SMEM:
+    if limit > GB10_SMEM_PER_BLOCK:
         return
     guard = install_for_device()
     logger.info("vllm-ling: KDA Triton autotune configs limited to %d B of shared memory per block (%s)",
