@@ -3,7 +3,8 @@
 # chunks were stashed (../shared/device/README.md), with carry [".devbundle/4"]:
 #   source .devbundle/4/activate.sh || exit 1; bash tests/gpu/run_on_device.sh STEP
 # Steps (minutes on a warm machine, measured or estimated):
-#   model       KDA kernels + tiny model bf16 & INT4 vs the oracle, CUDA graphs      (~6; bf16 alone ~4)
+#   model       tiny model bf16 & INT4 vs the oracle (+ its bf16 floor), CUDA graphs (~6; bf16 alone ~4)
+#   kda         vLLM 0.26 KDA kernels fed our gate vs the fp32 recurrence               (~2)
 #   mtp_echo    MTP k=1 lossless + acceptance, draft built to agree                  (~5)
 #   mtp_random  the same with the random (stable_router) draft                       (~5)
 #   tuning      ling-tune on the H200 + GB10-emulated, vLLM pickup, vs Marlin        (~7)
@@ -18,7 +19,8 @@ python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --
 export VLLM_LING_GPU_RESULTS=$OUT
 run() { timeout -k 10 "$1" "${@:2}" 2>&1 | tee -a "$OUT/$STEP.log" | grep -v " INFO \| WARNING " | tail -40; }
 case $STEP in
-    model) run 560 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kda_kernels_gpu.py tests/gpu/test_model_gpu.py ;;
+    model) run 560 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_model_gpu.py ;;
+    kda) run 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kda_kernels_gpu.py ;;
     mtp_echo) run 560 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mtp_gpu.py -k mtp_echo ;;
     mtp_random) run 560 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mtp_gpu.py -k stable_router ;;
     tuning) bash tuning/device_run.sh ;;

@@ -1,5 +1,8 @@
 """The independent reference: transformers 5.20's pure-PyTorch `BailingHybridForCausalLM`, fp32 on CPU.
 
+`dtype` (default float32) also runs it in bfloat16: the GPU test uses that as the bf16 noise floor of the
+checkpoint itself (how often the reference's own bf16 argmax differs from its fp32 one).
+
 Run as its own process (python oracle.py SPEC.json OUT.json): transformers picks flash-linear-attention's
 Triton kernels when `fla` is importable (it is, as our op-test reference), and those need a GPU; hiding
 `fla` before transformers' model module is imported selects its torch path.
@@ -22,7 +25,8 @@ def run(spec: dict) -> dict:
     from transformers import BailingHybridForCausalLM
 
     device = spec.get("device", "cpu")
-    model = BailingHybridForCausalLM.from_pretrained(spec["model"], dtype=torch.float32).to(device).eval()
+    dtype = getattr(torch, spec.get("dtype", "float32"))
+    model = BailingHybridForCausalLM.from_pretrained(spec["model"], dtype=dtype).to(device).eval()
 
     def logprobs(seq: list[int]) -> torch.Tensor:
         """Row i: log p(· | seq[:i+1])."""
@@ -41,9 +45,12 @@ def run(spec: dict) -> dict:
     scored = []
     for n, seq in enumerate(spec.get("score", [])):
         lp = logprobs(seq)
+        top2 = lp[:-1].topk(2, dim=-1).values
         entry = {
             "logprobs": [None] + [lp[i - 1, t].item() for i, t in enumerate(seq) if i > 0],
             "argmax": [None] + [int(lp[i - 1].argmax()) for i in range(1, len(seq))],
+            # how decided the prediction is: top-1 minus top-2 logprob
+            "margin": [None] + (top2[:, 0] - top2[:, 1]).tolist(),
         }
         queries = spec.get("query", [])
         if n < len(queries):
