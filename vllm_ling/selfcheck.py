@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import re
 import sys
 import weakref
@@ -80,8 +81,9 @@ class Verdict:
         return f"{self.name:<16} {state:<6} {self.why}"
 
 
-def inspect_log(log: str, args: list[str]) -> list[Verdict]:
-    """What each optimisation did, from vLLM's start-up log and the serve arguments."""
+def inspect_log(log: str, args: list[str], choice: dict | None = None) -> list[Verdict]:
+    """What each optimisation did, from vLLM's start-up log and the serve arguments. `choice` is ling-tune's
+    measured MoE backend verdict (`backend_choice.json`), held against the backend vLLM really chose."""
     joined = " ".join(args)
     eager = "--enforce-eager" in args
     mtp_req = '"mtp"' in joined or "'mtp'" in joined or "method=mtp" in joined
@@ -94,9 +96,7 @@ def inspect_log(log: str, args: list[str]) -> list[Verdict]:
     spec = re.search(r"speculative_config=SpeculativeConfig\(method='mtp'|Speculative decoding.*mtp", log, re.I)
     verdicts.append(Verdict("MTP", bool(spec), "method=mtp in the engine config" if spec else "not configured",
                             requested=mtp_req))
-    marlin = re.search(r"Using '(\w+)' WNA16 MoE backend|Using (\w*Marlin\w*MoEMethod)", log)
-    verdicts.append(Verdict("INT4 experts", bool(marlin), f"backend {next(g for g in marlin.groups() if g)}"
-                            if marlin else "no WNA16 MoE backend line (BF16 checkpoint?)"))
+    verdicts.append(_int4_verdict(log, choice))
     tuned = re.search(r"Using configuration from (\S+) for MoE layer", log)
     default = re.search(r"Using default MoE config", log)
     verdicts.append(Verdict("tuned MoE tiles", bool(tuned), tuned.group(1) if tuned else
@@ -104,6 +104,36 @@ def inspect_log(log: str, args: list[str]) -> list[Verdict]:
                             requested="VLLM_TUNED_CONFIG_FOLDER" in joined and bool(default)))
     verdicts.append(Verdict("FP8 LM head", False, "not implemented in vllm-ling yet"))
     return verdicts
+
+
+def _int4_verdict(log: str, choice: dict | None) -> Verdict:
+    """Which INT4 MoE backend serves, and whether it is the one ling-tune measured fastest on this device."""
+    found = re.search(r"Using '(\w+)' WNA16 MoE backend|Using (CompressedTensorsWNA16\w*MoEMethod)", log)
+    if not found:
+        return Verdict("INT4 experts", False, "no WNA16 MoE backend line (BF16 checkpoint?)")
+    backend = next(g for g in found.groups() if g)
+    served = "marlin" if "marlin" in backend.lower() else "triton"
+    wanted = (choice or {}).get("moe_backend")
+    if wanted not in ("marlin", "triton"):
+        return Verdict("INT4 experts", True, f"backend {backend} (no ling-tune backend verdict)")
+    where = f"ling-tune on {choice.get('device_name', '?')}: {choice.get('reason', '')}"
+    if wanted != served:
+        return Verdict("INT4 experts", False, f"backend {backend}, but {where}; this vLLM chose otherwise",
+                       requested=True)
+    return Verdict("INT4 experts", True, f"backend {backend}, as measured ({where})")
+
+
+def read_choice(tuned_dir: str | None) -> dict | None:
+    """ling-tune's backend verdict file in the tuned-config folder, or None."""
+    import json
+    from pathlib import Path
+
+    from ling_tuning.choice import CHOICE_FILE
+
+    try:
+        return json.loads((Path(tuned_dir) / CHOICE_FILE).read_text()) if tuned_dir else None
+    except (OSError, ValueError):
+        return None
 
 
 def judge_acceptance(before: dict[str, float], after: dict[str, float], minimum: float) -> Verdict:
@@ -153,10 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--min-acceptance", type=float, default=0.3,
                    help="lowest draft acceptance that passes (real Ling MTP: ~0.9 at k=1)")
     p.add_argument("--probe-tokens", type=int, default=64)
+    p.add_argument("--tuned-dir", default=os.environ.get("VLLM_TUNED_CONFIG_FOLDER"),
+                   help="ling-tune's folder, for its measured MoE backend (default: $VLLM_TUNED_CONFIG_FOLDER)")
     p.add_argument("serve_args", nargs="*", help="the serve command's arguments (after --)")
     a = p.parse_args(argv)
     with open(a.log, errors="replace") as f:
-        verdicts = inspect_log(f.read(), a.serve_args)
+        verdicts = inspect_log(f.read(), a.serve_args, read_choice(a.tuned_dir))
     mtp = next(v for v in verdicts if v.name == "MTP")
     if a.url and mtp.on:
         import requests

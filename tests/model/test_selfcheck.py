@@ -1,7 +1,9 @@
 """The start-up self-check turns vLLM's log and spec-decode counters into ON/OFF lines, and fails loudly
 when an optimisation that was asked for is not active."""
 
-from vllm_ling.selfcheck import inspect_log, judge_acceptance
+import json
+
+from vllm_ling.selfcheck import inspect_log, judge_acceptance, read_choice
 
 GPU_LOG = """INFO [core.py:116] Initializing a V1 LLM engine (v0.26.0) with config: model='/m', speculative_config=SpeculativeConfig(method='mtp', model='/m', num_spec_tokens=1), device_config=cuda, ...
 INFO [int_wna16.py:157] Using 'MARLIN' WNA16 MoE backend.
@@ -53,3 +55,28 @@ def test_acceptance_probe_catches_a_broken_draft():
     assert good.on and not good.failed
     assert broken.failed and "1.6%" in broken.why
     assert silent.failed and "no draft tokens" in silent.why
+
+
+CHOICE = {"device_name": "NVIDIA H200", "moe_backend": "marlin",
+          "reason": "tuned Triton is 0.44x Marlin (geomean over M=[1, 2, 4, 8, 16, 64]; needs >= 1.05x to switch)"}
+
+
+def test_int4_backend_matches_ling_tunes_measured_choice(tmp_path):
+    (tmp_path / "backend_choice.json").write_text(json.dumps(CHOICE))
+    v = _by_name(inspect_log(GPU_LOG, MTP_ARGS, read_choice(str(tmp_path))))["INT4 experts"]
+    assert v.on and not v.failed and "as measured" in v.why and "0.44x" in v.why
+
+
+def test_int4_backend_other_than_the_measured_one_fails():
+    triton_log = GPU_LOG.replace("Using 'MARLIN' WNA16 MoE backend.", "Using CompressedTensorsWNA16MoEMethod")
+    v = _by_name(inspect_log(triton_log, MTP_ARGS, CHOICE))["INT4 experts"]
+    assert v.failed and "CompressedTensorsWNA16MoEMethod" in v.why
+    wants_triton = {**CHOICE, "moe_backend": "triton"}
+    assert _by_name(inspect_log(GPU_LOG, MTP_ARGS, wants_triton))["INT4 experts"].failed
+
+
+def test_no_or_unreadable_choice_file_means_no_verdict(tmp_path):
+    assert read_choice(None) is None and read_choice(str(tmp_path)) is None
+    (tmp_path / "backend_choice.json").write_text("{not json")
+    assert read_choice(str(tmp_path)) is None
+    assert _by_name(inspect_log(GPU_LOG, MTP_ARGS, None))["INT4 experts"].on
