@@ -15,24 +15,16 @@ own bf16 floor. Greedy decode is judged the same way, token by token, on the eng
 
 from __future__ import annotations
 
-import random
-
 import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("vllm")
+from criteria import DECIDED, PROMPT_LENGTHS, TOPK, model_prompts as _prompts  # noqa: E402
 from gpu_helpers import GPU_ENV, record, run_script  # noqa: E402  (skips the module without CUDA)
-PROMPT_LENGTHS = [1, 9, 63, 64, 65, 200, 517, 1000]  # 8 concurrent requests; 517 and 1000 exceed the budget
+
 TOKEN_BUDGET = 256
 MAX_TOKENS = 32
-TOPK = 20
-DECIDED = 0.2  # nats; bf16's own |Δ logprob| on this checkpoint: median 0.04, p99 0.18 (CPU, FINDINGS.md §1)
 FLOOR_SLACK = 0.005
-
-
-def _prompts() -> list[list[int]]:
-    rng = random.Random(7)
-    return [[rng.randrange(10, 900) for _ in range(n)] for n in PROMPT_LENGTHS]
 
 
 @pytest.fixture(scope="module", params=["bf16", "int4"])

@@ -22,11 +22,11 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("vllm")
+from criteria import DECIDED  # noqa: E402
 from gpu_helpers import GPU_ENV, record, run_script  # noqa: E402  (skips the module without CUDA)
 PROMPT_LENGTHS = [3, 17, 64, 130, 400]
 MAX_TOKENS = 128
 MTP = {"method": "mtp", "num_speculative_tokens": 1}
-DECIDED = 0.2  # nats: the fp32 oracle's top-1/top-2 margin above which bf16 does not flip (test_model_gpu.py)
 
 
 def _prompts() -> list[list[int]]:

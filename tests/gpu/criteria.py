@@ -1,0 +1,15 @@
+"""Shared by the GPU model tests and the bf16-floor script (no CUDA needed to import)."""
+
+import random
+
+# 8 concurrent requests; 517 and 1000 exceed the 256-token budget (chunked prefill carries KDA state)
+PROMPT_LENGTHS = [1, 9, 63, 64, 65, 200, 517, 1000]
+TOPK = 20
+# nats: a prediction is "decided" when the fp32 reference's top-1/top-2 logprob margin is at least this.
+# bf16's own |Δ logprob| on the tiny checkpoint: median 0.04, p99 0.18 (tests/gpu/bf16_floor.py, FINDINGS.md §1)
+DECIDED = 0.2
+
+
+def model_prompts() -> list[list[int]]:
+    rng = random.Random(7)
+    return [[rng.randrange(10, 900) for _ in range(n)] for n in PROMPT_LENGTHS]
