@@ -25,6 +25,8 @@
 #   LOG_DIR      watchdog logs (serve.log, events.jsonl)   ./logs
 #   WATCHDOG_ARGS  watchdog options, e.g. "--load-stall-s 240 --force"
 #   TUNED_DIR    MoE tuned configs; exported as VLLM_TUNED_CONFIG_FOLDER when it holds *.json
+#   MOE_BACKEND  INT4 expert kernels: auto | marlin | triton   auto: what ling-tune measured fastest on this
+#                GPU (backend_choice.json in TUNED_DIR, for this GPU's name), marlin without a verdict
 #   SELFCHECK    1: once serving, run `python -m vllm_ling.selfcheck` through the watchdog (0: skip)
 set -euo pipefail
 
@@ -73,6 +75,18 @@ fi
 if [[ $DEVICE == cuda ]]; then
     # CUDA graphs stay on (no --enforce-eager: W2). A 128K prefill reset a GB10 with expandable segments.
     export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:False}
+    MOE_BACKEND=${MOE_BACKEND:-auto}
+    if [[ $MOE_BACKEND == auto ]]; then
+        GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || true)
+        MOE_BACKEND=$("$PYTHON" -c 'import sys; from ling_tuning.choice import recommended_backend as r
+print(sys.argv[2] and r(sys.argv[1], sys.argv[2]) or "marlin")' "$TUNED_DIR" "$GPU_NAME" 2>/dev/null || echo marlin)
+    fi
+    case $MOE_BACKEND in
+        marlin) ;;
+        # 0.26 ignores --moe-backend for compressed-tensors INT4: the plugin switches it (VLLM_LING_MOE_BACKEND)
+        triton) export VLLM_LING_MOE_BACKEND=triton; ARGS+=(--moe-backend triton) ;;
+        *) echo "MOE_BACKEND=$MOE_BACKEND: use auto, marlin or triton" >&2; exit 2 ;;
+    esac
     if (( MTP_K > 0 )); then
         ARGS+=(--speculative-config "{\"method\":\"mtp\",\"num_speculative_tokens\":$MTP_K}")
     fi

@@ -122,6 +122,41 @@ def install_mtp_override() -> bool:
     return True
 
 
+MOE_BACKEND_ENV = "VLLM_LING_MOE_BACKEND"
+_CT_MOE = "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe"
+
+
+def requested_int4_moe_backend() -> str:
+    """"marlin" (vLLM's default for compressed-tensors INT4 experts) or "triton" ($VLLM_LING_MOE_BACKEND)."""
+    backend = os.environ.get(MOE_BACKEND_ENV, "marlin").strip().lower() or "marlin"
+    if backend not in ("marlin", "triton"):
+        raise ValueError(f"{MOE_BACKEND_ENV}={backend!r}: use 'marlin' or 'triton' (ling-tune's backend_choice.json "
+                         "says which one is faster on this device)")
+    return backend
+
+
+def install_int4_moe_backend() -> str | None:
+    """Serve INT4 experts with the Triton/CUDA wna16 fused-MoE kernels (the ones ling-tune tunes) on request.
+
+    vLLM 0.26 picks Marlin for compressed-tensors INT4 MoE whenever `check_moe_marlin_supports_layer` says so
+    and ignores --moe-backend there (its own TODO); answering that check with False makes it build
+    `CompressedTensorsWNA16MoEMethod`. 0.28+ honours `--moe-backend triton` itself, so nothing is patched.
+    Returns what was installed ("triton") or None. Idempotent.
+    """
+    if requested_int4_moe_backend() != "triton" or has_intree_ling3():
+        return None
+    import importlib
+
+    module = importlib.import_module(_CT_MOE)
+    if not getattr(module.check_moe_marlin_supports_layer, "_vllm_ling", False):
+        def no_marlin(*args: Any, **kwargs: Any) -> bool:
+            return False
+
+        no_marlin._vllm_ling = True  # type: ignore[attr-defined]
+        module.check_moe_marlin_supports_layer = no_marlin
+    return "triton"
+
+
 def register_config_class(config_cls: type) -> None:
     """Make config.json parse without --trust-remote-code, deterministically across transformers.
 

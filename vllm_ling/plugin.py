@@ -51,6 +51,9 @@ def register() -> str:
     ModelRegistry.register_model(ARCH, "vllm_ling.model:BailingMoeV3ForCausalLM")
     ModelRegistry.register_model(MTP_ARCH, "vllm_ling.mtp:BailingMoeV3MTPModel")
     compat.install_mtp_override()
+    if compat.install_int4_moe_backend():
+        logger.info("vllm-ling: INT4 experts go to vLLM's Triton/CUDA wna16 fused-MoE kernels (%s=triton), "
+                    "not Marlin.", compat.MOE_BACKEND_ENV)
     register_parsers(force=force)
     _registered = "vllm-ling"
     logger.info(

@@ -27,21 +27,24 @@ MAX_TOKENS = 32
 FLOOR_SLACK = 0.005
 
 
-@pytest.fixture(scope="module", params=["bf16", "int4"])
+@pytest.fixture(scope="module", params=["bf16", "int4", "int4_triton"])
 def runs(request, tmp_path_factory):
     """bf16: the BF16 checkpoint. int4: the INT4 checkpoint (Marlin W4A16 experts) against the oracle on
-    the same checkpoint dequantized to BF16 by compressed-tensors."""
+    the same checkpoint dequantized to BF16 by compressed-tensors. int4_triton: the same through vLLM's
+    Triton/CUDA wna16 fused-MoE kernels (VLLM_LING_MOE_BACKEND=triton), the path ling-tune tunes."""
     from vllm_ling.tiny import dequantize_checkpoint, ensure_tiny
 
     tmp = tmp_path_factory.mktemp(f"gpu-{request.param}")
-    model = str(ensure_tiny(seed=0, int4=request.param == "int4", variant="stable_router"))
-    reference = model if request.param == "bf16" else str(dequantize_checkpoint(model, tmp / "dequantized"))
+    int4 = request.param.startswith("int4")
+    model = str(ensure_tiny(seed=0, int4=int4, variant="stable_router"))
+    reference = str(dequantize_checkpoint(model, tmp / "dequantized")) if int4 else model
+    env = {**GPU_ENV, "VLLM_LING_MOE_BACKEND": "triton" if request.param == "int4_triton" else "marlin"}
     no_clamps = {"expert_swiglu_limit_list": [0] * 6, "share_expert_swiglu_limit_list": [0] * 6}
     engine = run_script("engine_runner.py", {
         "model": model, "prompts": _prompts(), "max_tokens": MAX_TOKENS, "dtype": "bfloat16",
         "hf_overrides": no_clamps, "enforce_eager": False, "gpu_memory_utilization": 0.3,
         "max_model_len": 2048, "max_num_batched_tokens": TOKEN_BUDGET, "max_num_seqs": 8, "prompt_topk": TOPK,
-    }, tmp, "engine", GPU_ENV)
+    }, tmp, "engine", env)
     queries = [[None] + [[int(t) for t in top] for top in o["prompt_topk"][1:]] for o in engine["outputs"]]
     oracle = run_script("oracle.py", {
         "model": reference, "prompts": [], "device": "cuda", "query": queries,
@@ -63,6 +66,13 @@ def _agreement(pairs: list[tuple[int, int, float]]) -> tuple[float, float, int]:
 
 def test_plugin_model_serves_on_gpu(runs):
     assert runs[1]["implementation"] == "vllm_ling.model.BailingMoeV3ForCausalLM"
+
+
+def test_int4_experts_use_the_requested_kernels(runs):
+    name, engine = runs[0], runs[1]
+    if name.startswith("int4"):
+        assert engine.get("moe_method"), "engine_runner reported no MoE quant method"
+        assert ("Marlin" in engine["moe_method"]) == (name == "int4"), engine["moe_method"]
 
 
 def test_teacher_forced_top1_and_logprob_error(runs):

@@ -60,11 +60,21 @@ def run(spec: dict) -> dict:
     if spec.get("speculative_config"):
         result["spec_decode"] = _spec_counters(llm)
     result["implementation"] = llm.apply_model(lambda model: f"{type(model).__module__}.{type(model).__name__}")[0]
+    result["moe_method"] = llm.apply_model(_moe_method)[0]
     if captured:
         import torch
 
         torch.save({k: [(x, y) for x, y in v] for k, v in captured.items()}, spec["capture_path"])
     return result
+
+
+def _moe_method(model) -> str | None:
+    """Class name of the first MoE quant method vLLM built (e.g. CompressedTensorsWNA16MarlinMoEMethod)."""
+    for module in model.modules():
+        method = getattr(module, "quant_method", None)
+        if method is not None and "MoE" in type(method).__name__:
+            return type(method).__name__
+    return None
 
 
 def _spec_counters(llm) -> dict[str, float]:

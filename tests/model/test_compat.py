@@ -64,3 +64,44 @@ def test_plugin_stands_aside_for_in_tree_ling3_unless_forced(force, serves):
     served, module = out.stdout.split()[-2:]
     assert served == serves
     assert module == ("vllm_ling.model" if force == "1" else "vllm.model_executor.models.bailing_moe_v3")
+
+
+def _fake_ct_moe(monkeypatch):
+    """0.26's compressed-tensors MoE module: picks Marlin whenever this check says yes."""
+    import sys
+    import types
+
+    module = types.ModuleType(compat._CT_MOE)
+    module.check_moe_marlin_supports_layer = lambda layer, group_size, **kw: True
+    monkeypatch.setitem(sys.modules, compat._CT_MOE, module)
+    monkeypatch.setattr(compat, "has_intree_ling3", lambda: False)
+    return module
+
+
+def test_int4_moe_backend_triton_turns_marlin_off_on_0_26(monkeypatch):
+    module = _fake_ct_moe(monkeypatch)
+    monkeypatch.setenv(compat.MOE_BACKEND_ENV, "triton")
+    assert compat.install_int4_moe_backend() == "triton"
+    assert compat.install_int4_moe_backend() == "triton"  # idempotent
+    assert module.check_moe_marlin_supports_layer(None, 32) is False
+
+
+def test_int4_moe_backend_default_patches_nothing(monkeypatch):
+    module = _fake_ct_moe(monkeypatch)
+    monkeypatch.delenv(compat.MOE_BACKEND_ENV, raising=False)
+    assert compat.install_int4_moe_backend() is None
+    monkeypatch.setenv(compat.MOE_BACKEND_ENV, "marlin")
+    assert compat.install_int4_moe_backend() is None
+    assert module.check_moe_marlin_supports_layer(None, 32) is True
+
+
+def test_int4_moe_backend_is_left_to_vllm_where_it_honours_moe_backend(monkeypatch):
+    monkeypatch.setenv(compat.MOE_BACKEND_ENV, "triton")
+    monkeypatch.setattr(compat, "has_intree_ling3", lambda: True)
+    assert compat.install_int4_moe_backend() is None
+
+
+def test_unknown_int4_moe_backend_is_refused_with_the_choices(monkeypatch):
+    monkeypatch.setenv(compat.MOE_BACKEND_ENV, "cutlass")
+    with pytest.raises(ValueError, match="'marlin' or 'triton'"):
+        compat.install_int4_moe_backend()

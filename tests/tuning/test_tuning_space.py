@@ -3,9 +3,11 @@ from ling_tuning.shapes import PRESETS
 from ling_tuning.smem import GB10_SMEM_PER_BLOCK, triton_wna16_smem
 from ling_tuning.space import (
     TRITON_FULL,
+    TRITON_QUICK,
     candidates,
     cuda_heuristic_tiles,
     cuda_violations,
+    explicit_default_config,
     triton_violations,
     uses_cuda_kernel,
     violations,
@@ -57,18 +59,42 @@ def test_vllm_default_fails_at_m_1_and_2_like_the_h200_baseline():
         assert violations(m, vllm_default_config(m, LING), LING, H200_SMEM) == []
 
 
-@pytest.mark.parametrize("bm, bn, bk, fits", [
-    (16, 256, 256, False),   # 139,264 B: fits the H200, not GB10
-    (32, 128, 256, True),    # 81,920 B
-    (64, 128, 256, True),    # 98,304 B: just under GB10's 101,376
-    (128, 128, 256, False),  # 131,072 B
-    (64, 256, 128, True),    # 81,920 B
+@pytest.mark.parametrize("bm, bn, bk, stages, fits", [
+    (16, 256, 256, 2, False),   # 147,456 B: fits the H200, not GB10
+    (32, 128, 256, 2, True),    # 98,304 B: just under GB10's 101,376
+    (32, 128, 256, 3, False),   # 114,688 B: one more A buffer
+    (64, 128, 128, 3, True),    # 81,920 B, as compiled on the H200
+    (64, 128, 256, 3, False),   # 163,840 B, as compiled on the H200 (the old model said 98,304: fits)
+    (128, 128, 256, 2, False),  # 196,608 B, as compiled on the H200
+    (64, 256, 128, 2, True),    # 98,304 B
 ])
-def test_gb10_limit_keeps_and_drops_known_triton_tiles(bm, bn, bk, fits):
+def test_gb10_limit_keeps_and_drops_known_triton_tiles(bm, bn, bk, stages, fits):
     cfg = {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 1, "num_warps": 4,
-           "num_stages": 3}
+           "num_stages": stages}
     assert (triton_violations(cfg, LING, GB10_SMEM_PER_BLOCK) == []) is fits
     assert triton_violations(cfg, LING, H200_SMEM) == []
+
+
+def test_quick_space_keeps_num_stages_2_and_3_and_stays_small():
+    """Stages change this kernel's shared memory on hardware (H200) and may change its speed."""
+    assert {2, 3} <= set(TRITON_QUICK["num_stages"])
+    assert len(candidates(8192, LING, H200_SMEM, "quick").kept) + sum(
+        candidates(8192, LING, H200_SMEM, "quick").dropped.values()) <= 480
+    kept = candidates(1024, LING, GB10_SMEM_PER_BLOCK, "quick").kept
+    assert {c["num_stages"] for c in kept} == {2, 3}
+
+
+def test_explicit_default_is_vllms_default_with_the_cuda_heuristic_tiles_filled_in():
+    for m in (4, 16, 64, 384):  # both GEMMs get 256 x 256 here: one explicit entry, the same launches
+        bm = vllm_default_config(m, LING)["BLOCK_SIZE_M"]
+        assert cuda_heuristic_tiles(m, LING, bm) == [(256, 256)] * 2
+        assert explicit_default_config(m, LING) == {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": 256, "BLOCK_SIZE_K": 256,
+                                                    "SPLIT_K": 1}
+    for m in (1, 2):  # the GEMMs disagree (and the first is invalid): left to vLLM, still rejected
+        assert explicit_default_config(m, LING) == vllm_default_config(m, LING)
+        assert violations(m, explicit_default_config(m, LING), LING, H200_SMEM)
+    for m in (385, 1024, 8192):
+        assert explicit_default_config(m, LING) == vllm_default_config(m, LING)
 
 
 def test_smem_pruning_happens_in_candidate_generation_and_only_drops_oversized():

@@ -2,7 +2,7 @@ import json
 
 import pytest
 from ling_tuning.smem import GB10_SMEM_PER_BLOCK
-from ling_tuning.space import candidates
+from ling_tuning.space import candidates, config_key, explicit_default_config
 from ling_tuning.store import Result, ResultStore
 from ling_tuning.tuner import DeviceBroken, measure, pick_best, tune
 from tuning_fakes import LING, FakeClock, FakeRunner
@@ -55,7 +55,10 @@ def test_tune_finds_the_cost_models_optimum_among_valid_candidates(tmp_path, fak
         valid = [c for c in candidates(m, LING, GB10_SMEM_PER_BLOCK).kept
                  if c.get("BLOCK_SIZE_N") != 512 and not (c.get("num_warps") == 8 and c.get("num_stages") == 4)]
         assert o.best.us == pytest.approx(min(fake_runner.cost(m, c) for c in valid))
-        assert o.measured == o.candidates and o.skipped == 0
+        in_plan = config_key(o.default.config) in {config_key(c) for c in candidates(m, LING, GB10_SMEM_PER_BLOCK).kept}
+        launched = not o.default.detail.startswith("vLLM default rejected")
+        assert o.measured == o.candidates + (launched and not in_plan) and o.skipped == 0
+        assert o.default.status != "ok" or o.best.us <= o.default.us
 
 
 def test_budget_is_shared_across_batch_sizes_and_every_m_gets_some(tmp_path):
@@ -108,3 +111,58 @@ def test_a_config_that_breaks_the_cuda_context_stops_the_run_and_is_not_retried(
     assert len(culprit) == 1 and culprit[0].config["BLOCK_SIZE_N"] == 256
     again = tune(LING, [16], FakeRunner(), ResultStore(tmp_path, META), GB10_SMEM_PER_BLOCK, progress=False)
     assert again[16].reused == len(store.results(16)) and again[16].best
+
+
+class DefaultIsFastest(FakeRunner):
+    """vLLM's default beats every searched config (the H200 at M = 1024: 3,158 µs vs 6,581 µs tuned)."""
+
+    def cost(self, m, cfg):
+        fastest = config_key(cfg) == config_key(self.resolved(m, explicit_default_config(m, self.shape)))
+        return 1.0 if fastest else super().cost(m, cfg)
+
+
+def test_vllms_default_is_measured_first_whatever_the_budget_and_kept_when_it_wins(tmp_path):
+    clock = FakeClock()
+    runner = DefaultIsFastest(clock=clock)
+    out = tune(LING, [4, 1024], runner, ResultStore(tmp_path, META), GB10_SMEM_PER_BLOCK, "quick", 6.0, clock, False)
+    for m, o in out.items():
+        first = next(c for mm, c in runner.calls if mm == m)
+        assert first == explicit_default_config(m, LING) == o.best.config
+        assert o.default.status == "ok" and o.best.us == o.default.us == 1.0 and o.skipped > 0
+    starved = tune(LING, [2048], runner, ResultStore(tmp_path, META), GB10_SMEM_PER_BLOCK, "quick", 0.0, clock,
+                   False)[2048]
+    assert starved.measured == 1 and starved.skipped == starved.candidates
+    assert starved.best.config == explicit_default_config(2048, LING)
+
+
+def test_a_default_the_kernel_rejects_is_recorded_and_tuning_goes_on(tmp_path, fake_runner, fake_clock):
+    """vLLM 0.26's CUDA default at M <= 2 picks BLOCK_SIZE_K // group = 16: rejected, never launched."""
+    out = tune(LING, [1, 2], fake_runner, ResultStore(tmp_path, META), GB10_SMEM_PER_BLOCK, "quick", 1e9, fake_clock,
+               False)
+    for m, o in out.items():
+        assert o.default.status == "error" and "cuda_k_groups" in o.default.detail
+        assert (m, o.default.config) not in fake_runner.calls
+        valid = [c for c in candidates(m, LING, GB10_SMEM_PER_BLOCK).kept if c["BLOCK_SIZE_N"] != 512]
+        assert o.best.us == pytest.approx(min(fake_runner.cost(m, c) for c in valid))
+
+
+def test_a_default_that_raises_at_launch_is_logged_and_the_best_candidate_is_written(tmp_path, fake_clock):
+    class DefaultRaises(FakeRunner):
+        def triton(self, m, config, folder=None):
+            if config == explicit_default_config(m, self.shape):
+                self.calls.append((m, config))
+                raise RuntimeError("moe_wna16_gemm, moe_wna16.cu:317, BLOCK_SIZE_K // group_size must be one of "
+                                   "[1, 2, 4, 8]")
+            return super().triton(m, config, folder)
+
+    runner = DefaultRaises(clock=fake_clock)
+    store = ResultStore(tmp_path, META)
+    out = tune(LING, [4, 1024], runner, store, GB10_SMEM_PER_BLOCK, "quick", 1e9, fake_clock, False)
+    for m, o in out.items():
+        assert o.default.status == "error" and "BLOCK_SIZE_K // group_size" in o.default.detail
+        assert store.get(m, explicit_default_config(m, LING)).status == "error"
+        valid = [c for c in candidates(m, LING, GB10_SMEM_PER_BLOCK).kept
+                 if config_key(c) != config_key(explicit_default_config(m, LING))]
+        assert o.best.us == pytest.approx(min(runner.cost(m, c) for c in valid))
+    again = tune(LING, [4], DefaultRaises(), ResultStore(tmp_path, META), GB10_SMEM_PER_BLOCK, progress=False)[4]
+    assert again.measured == 0 and again.default.status == "error"  # logged, not retried

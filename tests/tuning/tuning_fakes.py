@@ -8,7 +8,7 @@ from pathlib import Path
 from ling_tuning.configfile import config_file_name, lookup, read_table
 from ling_tuning.runner import DeviceInfo, Measured
 from ling_tuning.shapes import PRESETS, MoEShape
-from ling_tuning.space import Config, uses_cuda_kernel, violations
+from ling_tuning.space import Config, cuda_heuristic_tiles, uses_cuda_kernel, violations, vllm_default_config
 
 LING = PRESETS["ling-3.0-flash"]
 
@@ -47,7 +47,7 @@ class FakeRunner:
         self.calls.append((m, config))
         if config is None:
             if folder is None:  # vLLM's default: the CUDA heuristic fails at M <= 2, like the real one
-                config = {"BLOCK_SIZE_M": min(16, m), "BLOCK_SIZE_N": 64, "BLOCK_SIZE_K": 512 if m <= 2 else 64}
+                config = vllm_default_config(m, self.shape)
             else:
                 table = read_table(Path(folder) / config_file_name(self.shape, self.device.name))
                 config = table[lookup(table, m)]
@@ -58,7 +58,14 @@ class FakeRunner:
         if uses_cuda_kernel(m, self.shape) and config.get("BLOCK_SIZE_N") == 512:
             return Measured(None, 0.9)
         smem = None if uses_cuda_kernel(m, self.shape) else 4096
-        return Measured(self.cost(m, config), 0.004, smem)
+        return Measured(self.cost(m, self.resolved(m, config)), 0.004, smem)
+
+    def resolved(self, m: int, cfg: Config) -> Config:
+        """The tiles a launch uses: an entry without N/K gets vLLM's CUDA heuristic (first GEMM's)."""
+        if "BLOCK_SIZE_N" in cfg:
+            return cfg
+        bn, bk = cuda_heuristic_tiles(m, self.shape, cfg["BLOCK_SIZE_M"])[0]
+        return cfg | {"BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk}
 
     def marlin(self, m: int) -> Measured:
         return Measured(self.marlin_us + 0.02 * m, 0.003)

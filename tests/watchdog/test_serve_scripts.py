@@ -108,3 +108,41 @@ def test_systemd_unit_restarts_on_failure_but_not_on_refusals():
     assert set(svc["RestartPreventExitStatus"].split()) == {str(int(ExitCode.PREFLIGHT)), str(int(ExitCode.FATAL))}
     assert "143" in svc["SuccessExitStatus"].split()
     assert unit["Install"]["WantedBy"] == "multi-user.target"
+
+
+def _choice(folder: Path, backend: str, device: str = "NVIDIA GB10") -> Path:
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "backend_choice.json").write_text(json.dumps({"device_name": device, "moe_backend": backend}))
+    return folder
+
+
+def test_moe_backend_follows_ling_tunes_measured_choice(tmp_path):
+    """No nvidia-smi here, so the verdict applies only when it names no other device than the one asked for."""
+    _, cmd = dry_run(DEVICE="cuda", TUNED_DIR=str(_choice(tmp_path / "t", "triton")))
+    assert "--moe-backend" not in cmd  # tuned on a GB10, and this machine's GPU name is unknown: not applied
+    _, cmd = dry_run(DEVICE="cuda", TUNED_DIR=str(_choice(tmp_path / "t", "marlin")))
+    assert "--moe-backend" not in cmd
+    _, cmd = dry_run(DEVICE="cuda", MOE_BACKEND="triton")
+    assert cmd[cmd.index("--moe-backend") + 1] == "triton"
+
+
+def test_unknown_moe_backend_is_refused():
+    r = subprocess.run(["bash", str(SERVE / "serve-int4.sh")], env={**os.environ, "DRY_RUN": "1", "DEVICE": "cuda",
+                       "MOE_BACKEND": "cutlass"}, capture_output=True, text=True)
+    assert r.returncode == 2 and "use auto, marlin or triton" in r.stderr
+
+
+def test_moe_backend_verdict_for_this_gpu_is_applied(tmp_path):
+    """A fake nvidia-smi names the GPU: the verdict tuned on that GPU switches the INT4 experts to Triton."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA GB10'\n")
+    smi.chmod(0o755)
+    path = f"{bin_dir}:{os.environ['PATH']}"
+    _, cmd = dry_run(DEVICE="cuda", PATH=path, TUNED_DIR=str(_choice(tmp_path / "t", "triton")))
+    assert cmd[cmd.index("--moe-backend") + 1] == "triton"
+    _, cmd = dry_run(DEVICE="cuda", PATH=path, TUNED_DIR=str(_choice(tmp_path / "h", "triton", "NVIDIA H200")))
+    assert "--moe-backend" not in cmd  # measured on another GPU
