@@ -95,11 +95,13 @@ def _smem_model_check(store: ResultStore, ms: list[int], shape: MoEShape) -> dic
 
 
 def _outcome_json(o: MOutcome) -> dict[str, Any]:
-    best = o.best
+    best, default = o.best, o.default
     return {"M": o.m, "kernel": o.kernel, "candidates": o.candidates, "pruned": o.pruned,
             "measured": o.measured, "reused": o.reused, "skipped": o.skipped, "rejected": o.rejected,
             "best": None if best is None else {"config": best.config, "us": best.us, "rel_err": best.rel_err,
-                                                "smem": best.smem}}
+                                                "smem": best.smem},
+            "default": None if default is None else {"config": default.config, "status": default.status,
+                                                      "us": default.us, "detail": default.detail}}
 
 
 def run(args: argparse.Namespace, runner_factory: RunnerFactory = cuda_runner,

@@ -6,14 +6,18 @@ estimates before compiling anything, and checks the compiled kernel's real figur
 
 Triton `fused_moe_kernel_gptq_awq` (vLLM 0.26), int4, bf16 activations:
 
-    smem = max(BM·BK·2 + BK·BN·2,  BM·BN·2)
+    smem = max(num_stages·BM·BK·2 + BK·BN·2,  BM·BN·2)
 
-the bf16 A tile plus the dequantized bf16 B tile that feeds tl.dot, or the bf16 output tile the
-epilogue re-lays out, whichever is larger. num_stages does not enter: B is loaded as uint8 and
-dequantized in registers, so Triton's pipeliner leaves the loop single-buffered. Fitted on the
-compiled `metadata.shared` of the whole vLLM search space with Triton 3.6 and 3.9 for sm_90 and
-sm_121 (exact where both compile; see tuning-report.md). The CUDA `moe_wna16_gemm` stages only the
-activations: BM·BK·2 bytes of dynamic shared memory, launched without an opt-in, so <= 48 KiB.
+the bf16 A tile, multi-buffered num_stages times by Triton's pipeliner, plus the dequantized bf16
+B tile that feeds tl.dot (once), or the bf16 output tile the epilogue re-lays out, whichever is
+larger. Measured on the H200 (Triton 3.6, sm_90, `metadata.shared` of the kernels vLLM compiled):
+exact for (64,128,128,w8,s3) 81,920, (64,128,256,w8,s3) 163,840, (64,128,64,w4,s2) 32,768,
+(128,128,256,w8,s2) 196,608, (128,64,64,w4,s2) 40,960 (BM,BN,BK); an over-estimate where Triton
+allocates fewer A buffers than stages ((32,256,128,w4,s4) 90,112 = 3 buffers; (16,128,64,w8,s2)
+18,432 = 1 buffer), which only prunes more. The earlier offline compiles (tests/tuning/data, no GPU) were
+not pipelined at all, so there it over-estimates by (num_stages-1)·BM·BK·2: never under. The CUDA
+`moe_wna16_gemm` stages only the activations: BM·BK·2 bytes of dynamic shared memory, launched
+without an opt-in, so <= 48 KiB.
 """
 
 from __future__ import annotations
@@ -25,12 +29,15 @@ GB10_SMEM_PER_BLOCK = 101_376
 CUDA_DYNAMIC_SMEM_DEFAULT = 48 * 1024
 SMEM_LIMIT_ENV = "LING_SMEM_LIMIT"
 BF16 = 2
+TRITON_DEFAULT_STAGES = 3  # what a launch without num_stages gets (vLLM's default config sets none)
 
 
 def triton_wna16_smem(cfg: Mapping[str, int]) -> int:
-    """Estimated bytes of shared memory the Triton wna16 kernel compiles to for `cfg`."""
+    """Upper bound on the Triton wna16 kernel's shared memory for `cfg`:
+    max(stages·BM·BK·2 + BK·BN·2, BM·BN·2), stages = cfg's num_stages (Triton's default 3 if absent)."""
     bm, bn, bk = cfg["BLOCK_SIZE_M"], cfg["BLOCK_SIZE_N"], cfg["BLOCK_SIZE_K"]
-    return max(bm * bk * BF16 + bk * bn * BF16, bm * bn * BF16)
+    stages = cfg.get("num_stages", TRITON_DEFAULT_STAGES)
+    return max(stages * bm * bk * BF16 + bk * bn * BF16, bm * bn * BF16)
 
 
 def cuda_wna16_smem(block_m: int, block_k: int) -> int:

@@ -32,17 +32,17 @@ TRITON_FULL: dict[str, tuple[int, ...]] = {
     "num_warps": (4, 8),
     "num_stages": (2, 3, 4, 5),
 }
-# vLLM's tiles without its num_stages axis: this kernel dequantizes B in registers, so Triton does
-# not software-pipeline its loop and stages 2-5 compile to byte-identical PTX (Triton 3.6 sm_90,
-# 3.6 and 3.9 sm_121); and GROUP_SIZE_M only 1/16 (it reorders M blocks for L2 reuse, and an
-# expert rarely has more than a few). 240 configs instead of 1,920, every tile shape included.
+# vLLM's tiles with num_stages 2/3 only and GROUP_SIZE_M 1/16 (it reorders M blocks for L2 reuse,
+# and an expert rarely has more than a few): 480 configs instead of 1,920, every tile shape
+# included. Stages matter on hardware: the H200 compiled A multi-buffered (see ling_tuning.smem),
+# so they change shared memory and may change speed; 4/5 only add smem on top of 3.
 TRITON_QUICK: dict[str, tuple[int, ...]] = {
     "BLOCK_SIZE_M": (16, 32, 64, 128, 256),
     "BLOCK_SIZE_N": (32, 64, 128, 256),
     "BLOCK_SIZE_K": (64, 128, 256),
     "GROUP_SIZE_M": (1, 16),
     "num_warps": (4, 8),
-    "num_stages": (2,),
+    "num_stages": (2, 3),
 }
 CUDA_AXES: dict[str, tuple[int, ...]] = {
     "BLOCK_SIZE_M": (1, 2, 4, 8, 16, 32, 64),
@@ -202,3 +202,16 @@ def vllm_default_config(m: int, shape: MoEShape) -> Config:
     bn, bk = (32, 64) if m == 1 else (64, 32)
     return {"BLOCK_SIZE_M": bm, "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "GROUP_SIZE_M": 1,
             "num_warps": 4, "num_stages": 3, "SPLIT_K": 1}
+
+
+def explicit_default_config(m: int, shape: MoEShape) -> Config:
+    """`vllm_default_config` as the tuner measures and may write it: on the CUDA path with the N/K
+    vLLM's heuristic picks at this M filled in when both GEMMs get the same (the same launches, and
+    an entry that cannot change with the M it later serves); else unchanged (vLLM fills them in)."""
+    cfg = vllm_default_config(m, shape)
+    if uses_cuda_kernel(m, shape):
+        tiles = set(cuda_heuristic_tiles(m, shape, cfg["BLOCK_SIZE_M"]))
+        if len(tiles) == 1:
+            (bn, bk), = tiles
+            cfg = {"BLOCK_SIZE_M": cfg["BLOCK_SIZE_M"], "BLOCK_SIZE_N": bn, "BLOCK_SIZE_K": bk, "SPLIT_K": 1}
+    return cfg

@@ -7,7 +7,7 @@ from ling_tuning.choice import recommended_backend
 from ling_tuning.cli import main
 from ling_tuning.configfile import config_file_name, read_table, unsafe_lookups
 from ling_tuning.smem import GB10_SMEM_PER_BLOCK, triton_wna16_smem
-from ling_tuning.space import candidates
+from ling_tuning.space import candidates, config_key, explicit_default_config
 from ling_tuning.tuner import measure
 from tuning_fakes import LING, FakeClock, FakeRunner
 
@@ -35,8 +35,30 @@ def test_cli_writes_the_tuned_file_choice_and_report(tmp_path, capsys):
     report = json.loads((tmp_path / "tune-report.json").read_text())
     assert [t["M"] for t in report["tuning"]] == [1, 4, 16, 1024]
     assert report["comparison"][0]["default"]["error"]  # vLLM's default fails at M = 1
+    assert report["tuning"][0]["default"]["status"] == "error" and report["tuning"][1]["default"]["status"] == "ok"
     out = capsys.readouterr().out
     assert "| M | kernel | tuned tiles |" in out and f"VLLM_TUNED_CONFIG_FOLDER={tmp_path}" in out
+
+
+def test_when_vllms_default_beats_every_sampled_config_its_tiles_are_written(tmp_path, capsys):
+    """The H200 run at M = 1024: 4 of 16 sampled configs timed, all slower than vLLM's default."""
+    class DefaultIsFastest(FakeRunner):
+        def cost(self, m, cfg):
+            default = self.resolved(m, explicit_default_config(m, self.shape))
+            return 1.0 if config_key(cfg) == config_key(default) else super().cost(m, cfg)
+
+    rc, runner = run_cli(tmp_path, "--budget", "0.1", "--max-candidates", "16", runner=DefaultIsFastest())
+    assert rc == 0
+    table = read_table(tmp_path / config_file_name(LING, "NVIDIA GB10"))
+    assert table[1024] == explicit_default_config(1024, LING)  # BM64 BN64 BK32 w4 s3
+    for m in (4, 16):  # the CUDA default with its heuristic N/K made explicit
+        assert table[m] == {"BLOCK_SIZE_M": m, "BLOCK_SIZE_N": 256, "BLOCK_SIZE_K": 256, "SPLIT_K": 1}
+    report = json.loads((tmp_path / "tune-report.json").read_text())
+    assert report["tuning"][-1]["skipped"] > 0
+    rows = {r["m"]: r for r in report["comparison"]}
+    for m in (4, 16, 1024):  # tuned == default, never slower
+        assert rows[m]["tuned"]["us"] == rows[m]["default"]["us"] == 1.0
+    assert "| default µs | best µs |" in capsys.readouterr().out
 
 
 def test_interrupted_run_resumes_and_finishes(tmp_path):
