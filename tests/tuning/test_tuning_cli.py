@@ -47,7 +47,7 @@ def test_when_vllms_default_beats_every_sampled_config_its_tiles_are_written(tmp
             default = self.resolved(m, explicit_default_config(m, self.shape))
             return 1.0 if config_key(cfg) == config_key(default) else super().cost(m, cfg)
 
-    rc, runner = run_cli(tmp_path, "--budget", "0.1", "--max-candidates", "16", runner=DefaultIsFastest())
+    rc, _ = run_cli(tmp_path, "--budget", "0.1", "--max-candidates", "16", runner=DefaultIsFastest())
     assert rc == 0
     table = read_table(tmp_path / config_file_name(LING, "NVIDIA GB10"))
     assert table[1024] == explicit_default_config(1024, LING)  # BM64 BN64 BK32 w4 s3

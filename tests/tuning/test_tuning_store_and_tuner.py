@@ -87,7 +87,7 @@ def test_rerun_resumes_from_the_log_without_remeasuring(tmp_path):
 def test_best_ignores_results_that_do_not_fit_this_runs_limit(tmp_path):
     store = ResultStore(tmp_path, META)
     big = {"BLOCK_SIZE_M": 16, "BLOCK_SIZE_N": 256, "BLOCK_SIZE_K": 256, "GROUP_SIZE_M": 1, "num_warps": 4,
-           "num_stages": 2, "SPLIT_K": 1}  # 139,264 B by estimate
+           "num_stages": 2, "SPLIT_K": 1}  # 147,456 B by estimate
     small = big | {"BLOCK_SIZE_K": 64}
     compiled_big = small | {"BLOCK_SIZE_N": 64}  # fits by estimate, but compiled larger than the limit
     store.add(Result(1024, big, "ok", us=5.0, smem=139_264))
