@@ -22,12 +22,21 @@ def _heads(x: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, 
 
 
 def run_torch(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int) -> torch.Tensor:
-    """CPU path, our torch-native ops. No speculative decoding on the CPU engine."""
-    if meta.num_spec_decodes:
-        raise NotImplementedError(
-            "MTP speculative decoding is not supported on the CPU engine; serve without "
-            "--speculative-config, or on a CUDA GPU."
-        )
+    """CPU path, our torch-native ops; MTP verification rows as vLLM's CUDA kernels treat them."""
+    spec = meta.spec_sequence_masks is not None
+    spec_only = spec and meta.num_prefills == 0 and meta.num_decodes == 0
+    out = qkv.new_empty(qkv.shape[0], rec_state.shape[1], head_dim)
+    if spec:
+        rows = slice(None) if spec_only else meta.spec_token_indx
+        out[rows] = _verify_torch(qkv[rows], g[rows], beta[rows], conv_w, conv_state, rec_state, meta, head_dim)
+    if not spec_only:
+        rows = meta.non_spec_token_indx if spec else slice(None)
+        out[rows] = _plain_torch(qkv[rows], g[rows], beta[rows], conv_w, conv_state, rec_state, meta, head_dim)
+    return out
+
+
+def _plain_torch(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int) -> torch.Tensor:
+    """Prefill and plain decode rows: varlen conv + chunked (or, decode-only, recurrent) KDA."""
     cu = meta.non_spec_query_start_loc.long()
     num_seqs = cu.numel() - 1
     slots = meta.non_spec_state_indices_tensor[:num_seqs].long()
@@ -52,6 +61,44 @@ def run_torch(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int) 
         )
     rec_state[slots] = h_t
     return o[0]
+
+
+def _verify_torch(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int) -> torch.Tensor:
+    """MTP verification rows: each sequence is its last accepted token plus its drafts.
+
+    Mirrors vLLM's `causal_conv1d_update(num_accepted_tokens=...)` and `fused_recurrent_kda_fwd` with 2-D
+    state slots. Sequence i resumes from offset a = num_accepted_tokens[i] - 1: its conv window is
+    conv_state[slot, :, a : a+W-1] (the row holds W-1+num_spec inputs) and its recurrent state is
+    rec_state[slots[i, a]]. After its L tokens the conv row becomes [row[a+1 : a+W-1], x_0..x_{L-1}], and
+    the fp32 state after token t is written to slots[i, t], so the next step can resume from whichever
+    draft was accepted. Slot 0 is vLLM's null block (padding): zero output, nothing written.
+    """
+    num_spec = meta.num_spec_decodes
+    slots = meta.spec_state_indices_tensor[:num_spec].long()
+    qsl = meta.spec_query_start_loc[: num_spec + 1].long().tolist()
+    accepted = meta.num_accepted_tokens[:num_spec].long().tolist()
+    ns = conv_w.shape[1] - 1
+    out = qkv.new_zeros(qkv.shape[0], rec_state.shape[1], head_dim)
+    for i, (bos, eos) in enumerate(zip(qsl[:-1], qsl[1:])):
+        a = accepted[i] - 1
+        if eos == bos or int(slots[i, a]) <= 0:
+            continue
+        row = slots[i, 0]
+        window = conv_state[row, :, a : a + ns].clone()  # [D, W-1]
+        x, _ = causal_conv1d_torch(qkv[bos:eos], conv_w, window[None].to(qkv.dtype),
+                                   torch.tensor([0, eos - bos]), torch.ones(1, dtype=torch.bool), activation="silu")
+        rolled = torch.cat([window[:, 1:], qkv[bos:eos].T.to(conv_state.dtype)], dim=-1)  # [D, W-2+L]
+        conv_state[row, :, : rolled.shape[-1]] = rolled
+        q, k, v = _heads(x, head_dim)
+        o, _, states = recurrent_kda_torch(
+            q, k, v, g[None, bos:eos], beta[None, bos:eos], initial_state=rec_state[slots[i, a]][None].clone(),
+            use_qk_l2norm_in_kernel=True, return_all_states=True,
+        )
+        for t in range(eos - bos):
+            if int(slots[i, t]) > 0:
+                rec_state[slots[i, t]] = states[t].to(rec_state.dtype)
+        out[bos:eos] = o[0].to(out.dtype)
+    return out
 
 
 def run_cuda(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int) -> torch.Tensor:

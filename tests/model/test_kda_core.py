@@ -1,0 +1,110 @@
+"""The CPU KDA core under MTP verification: resuming from the accepted draft's state slot gives exactly what
+plain token-by-token decoding gives, whether the draft was accepted or rejected."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from vllm_ling.kda_core import run_torch
+
+H, D_HEAD, K_CONV, NUM_SPEC = 2, 8, 4, 1
+CH = 3 * H * D_HEAD  # q, k, v channels through the short conv
+A, B, PLAIN = 1, 2, 3  # cache slots (0 is vLLM's null block)
+
+
+def _tokens(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    qkv = torch.randn(n, CH, generator=gen)
+    g = -torch.rand(n, H, D_HEAD, generator=gen) * 2  # log-decay in [-2, 0]
+    beta = torch.rand(n, H, generator=gen)
+    return qkv, g, beta
+
+
+class Cache:
+    def __init__(self) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.conv_w = torch.randn(CH, K_CONV, generator=gen) * 0.5
+        self.conv = torch.zeros(4, CH, K_CONV - 1 + NUM_SPEC)
+        self.rec = torch.zeros(4, H, D_HEAD, D_HEAD)
+
+    def plain(self, qkv, g, beta, slot: int, first: bool = False) -> torch.Tensor:
+        """Prefill (first) or one-token decode steps of one sequence, the non-spec path."""
+        outs = []
+        steps = [(qkv, g, beta)] if first else [(qkv[i : i + 1], g[i : i + 1], beta[i : i + 1]) for i in range(len(qkv))]
+        for x, gg, bb in steps:
+            meta = SimpleNamespace(
+                spec_sequence_masks=None, num_prefills=int(first), num_decodes=int(not first),
+                non_spec_query_start_loc=torch.tensor([0, len(x)]), non_spec_state_indices_tensor=torch.tensor([slot]),
+                has_initial_state=torch.tensor([not first]))
+            outs.append(run_torch(x, gg, bb, self.conv_w, self.conv, self.rec, meta, D_HEAD))
+        return torch.cat(outs)
+
+    def verify(self, qkv, g, beta, accepted: int) -> torch.Tensor:
+        """One MTP verification step (last token + NUM_SPEC drafts) of one sequence with slots [A, B]."""
+        meta = SimpleNamespace(
+            spec_sequence_masks=torch.tensor([True]), num_prefills=0, num_decodes=0, num_spec_decodes=1,
+            spec_state_indices_tensor=torch.tensor([[A, B]]), spec_query_start_loc=torch.tensor([0, len(qkv)]),
+            num_accepted_tokens=torch.tensor([accepted]))
+        return run_torch(qkv, g, beta, self.conv_w, self.conv, self.rec, meta, D_HEAD)
+
+
+def _reference(*chunks) -> torch.Tensor:
+    """Plain decoding of the accepted tokens, one at a time, after the same prefill."""
+    ref = Cache()
+    prompt = chunks[0]
+    ref.plain(*prompt, slot=PLAIN, first=True)
+    return torch.cat([ref.plain(*c, slot=PLAIN) for c in chunks[1:]]) if len(chunks) > 1 else torch.empty(0)
+
+
+def _cat(*parts):
+    return tuple(torch.cat(x) for x in zip(*parts))
+
+
+def _sub(t, i, j):
+    return tuple(x[i:j] for x in t)
+
+
+def test_verify_after_accepted_draft_matches_plain_decoding():
+    prompt, step1, step2 = _tokens(7, 1), _tokens(2, 2), _tokens(2, 3)
+    cache = Cache()
+    cache.plain(*prompt, slot=A, first=True)
+    out1 = cache.verify(*step1, accepted=1)  # first verify after prefill
+    out2 = cache.verify(*step2, accepted=2)  # the draft of step 1 was accepted: resume after it
+    ref = _reference(prompt, step1, step2)
+    torch.testing.assert_close(torch.cat([out1, out2]), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_verify_after_rejected_draft_resumes_from_the_last_accepted_token():
+    prompt, step1, step2 = _tokens(7, 1), _tokens(2, 2), _tokens(2, 4)
+    cache = Cache()
+    cache.plain(*prompt, slot=A, first=True)
+    out1 = cache.verify(*step1, accepted=1)
+    out2 = cache.verify(*step2, accepted=1)  # step 1's draft rejected: its token never happened
+    ref = _reference(prompt, _sub(step1, 0, 1), step2)
+    torch.testing.assert_close(torch.cat([out1[:1], out2]), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_resuming_from_the_wrong_slot_is_caught():
+    """The comparison can fail: claiming the rejected draft was accepted gives other outputs."""
+    prompt, step1, step2 = _tokens(7, 1), _tokens(2, 2), _tokens(2, 4)
+    cache = Cache()
+    cache.plain(*prompt, slot=A, first=True)
+    cache.verify(*step1, accepted=1)
+    wrong = cache.verify(*step2, accepted=2)
+    ref = _reference(prompt, _sub(step1, 0, 1), step2)
+    assert (wrong - ref[-2:]).abs().max() > 1e-2
+
+
+def test_null_block_padding_rows_are_zero_and_write_nothing():
+    cache = Cache()
+    qkv, g, beta = _tokens(2, 5)
+    before_conv, before_rec = cache.conv.clone(), cache.rec.clone()
+    meta = SimpleNamespace(
+        spec_sequence_masks=torch.tensor([True]), num_prefills=0, num_decodes=0, num_spec_decodes=1,
+        spec_state_indices_tensor=torch.tensor([[0, 0]]), spec_query_start_loc=torch.tensor([0, 2]),
+        num_accepted_tokens=torch.tensor([1]))
+    out = run_torch(qkv, g, beta, cache.conv_w, cache.conv, cache.rec, meta, D_HEAD)
+    assert out.abs().max() == 0
+    assert torch.equal(cache.conv, before_conv) and torch.equal(cache.rec, before_rec)
