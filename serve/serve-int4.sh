@@ -87,11 +87,11 @@ print(sys.argv[2] and r(sys.argv[1], sys.argv[2]) or "marlin")' "$TUNED_DIR" "$G
         triton) export VLLM_LING_MOE_BACKEND=triton; ARGS+=(--moe-backend triton) ;;
         *) echo "MOE_BACKEND=$MOE_BACKEND: use auto, marlin or triton" >&2; exit 2 ;;
     esac
-    if (( MTP_K > 0 )); then
-        ARGS+=(--speculative-config "{\"method\":\"mtp\",\"num_speculative_tokens\":$MTP_K}")
-    fi
 fi
-# (cpu: no MTP and no CUDA allocator settings.)
+# MTP on both devices (the CPU engine verifies drafts with the plugin's torch KDA path).
+if (( MTP_K > 0 )); then
+    ARGS+=(--speculative-config "{\"method\":\"mtp\",\"num_speculative_tokens\":$MTP_K}")
+fi
 read -r -a EXTRA <<<"${EXTRA_ARGS:-}"
 read -r -a WD_ARGS <<<"${WATCHDOG_ARGS:-}"
 if command -v ling-watchdog >/dev/null 2>&1; then WATCHDOG=(ling-watchdog); else WATCHDOG=("$PYTHON" -m ling_watchdog); fi

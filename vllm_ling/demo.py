@@ -112,12 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m vllm_ling.demo", description=__doc__.splitlines()[0])
     p.add_argument("--log-dir", default="logs/demo", help="watchdog logs (serve.log, events.jsonl)")
     p.add_argument("--timeout", type=float, default=900, help="seconds to wait for the server")
-    p.add_argument("--mtp", action="store_true", help="serve-int4-mtp.sh (GPU only)")
+    p.add_argument("--mtp", action="store_true",
+                   help="the MTP recipe (serve-int4-mtp.sh), on the tiny checkpoint whose draft is built to agree")
     a = p.parse_args(argv)
 
     from vllm_ling.tiny import ensure_tiny
 
-    model = ensure_tiny()
+    model = ensure_tiny(variant="mtp_echo" if a.mtp else "default")
     port, log_dir = free_port(), Path(a.log_dir).resolve()
     url = f"http://127.0.0.1:{port}"
     script = REPO / "serve" / ("serve-int4-mtp.sh" if a.mtp else "serve-int4.sh")
