@@ -63,17 +63,22 @@ SCENARIOS = (
 )
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 
 
-def _tagged(tag: str) -> list[psutil.Process]:
+def tagged(tag: str) -> list[psutil.Process]:
+    """Every live process whose argv carries the run's tag (API server, engine, escaped grandchild)."""
     found = []
     for p in psutil.process_iter(["cmdline", "status"]):
-        if tag in (p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE:
-            found.append(p)
+        try:
+            if tag in (p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.Error:
+            continue
     return found
 
 
@@ -99,7 +104,7 @@ def run(sc: Scenario, workdir: Path, timeout: float = 90) -> dict:
     cfg_file.parent.mkdir(parents=True, exist_ok=True)
     cfg_file.write_text(yaml.safe_dump(cfg))
     cmd = [sys.executable, "-m", "ling_watchdog", "--config", str(cfg_file), "--", sys.executable,
-           str(TESTS / "fake_vllm.py"), "serve", "fake-model", "--port", str(_free_port()), "--max-model-len",
+           str(TESTS / "fake_vllm.py"), "serve", "fake-model", "--port", str(free_port()), "--max-model-len",
            "8192", "--gpu-memory-utilization", "0.05", "--fake-mode", sc.mode, "--fake-tag", tag,
            "--fake-state", str(log_dir) + ".launches",
            "--fake-shard-s", "0.02", *sc.fake]
@@ -117,7 +122,7 @@ def run(sc: Scenario, workdir: Path, timeout: float = 90) -> dict:
         wd.kill()
         rc = wd.wait()
     time.sleep(3.0 if sc.kill == signal.SIGKILL else 0.5)  # parent-death signal and shutdown take a moment
-    orphans = _tagged(tag)
+    orphans = tagged(tag)
     for p in orphans:
         p.kill()
     return _row(sc, _events(log_dir), (log_dir / "serve.log").read_text(errors="replace"), rc, len(orphans))

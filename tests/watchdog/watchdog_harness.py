@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable
@@ -15,29 +14,13 @@ from typing import Any
 
 import psutil
 import yaml
+from ling_watchdog.fault_table import free_port, tagged  # noqa: F401  (re-exported: shared with the fault table)
 
 FAKE = Path(__file__).with_name("fake_vllm.py")
 
 FAST: dict[str, Any] = yaml.safe_load(FAKE.with_name("fast.yaml").read_text())
 FAULT_MARK = re.compile(r"fake fault (\w+) at t=([\d.]+)")
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def tagged(tag: str) -> list[psutil.Process]:
-    """Every live process whose argv carries the run's tag (API server, engine, escaped grandchild)."""
-    out = []
-    for p in psutil.process_iter(["cmdline", "status"]):
-        try:
-            if tag in (p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE:
-                out.append(p)
-        except psutil.Error:
-            continue
-    return out
 
 
 @dataclass
