@@ -5,9 +5,11 @@
 
 Batch 1, token-id prompts (no tokenizer ships with the bundled config). Reports prefill tok/s at each
 --prefill length (time of a 1-token request), decode tok/s (the extra time of `--decode` more tokens), and
-peak GPU memory. With dummy weights MTP acceptance is meaningless: for `mtp` compare the decode step time
-with `graphs` (the verify step's cost), not tokens/s. Runs the engine in-process, so one configuration per
-process: vLLM does not give GPU memory back between engines.
+peak GPU memory, and the bytes a decode step reads (counted from config.json by `ling_bench.projection`)
+against this GPU's device-to-device copy bandwidth measured in the same run. With dummy weights MTP
+acceptance is meaningless: for `mtp` compare the decode step time with `graphs` (the verify step's cost), not
+tokens/s; the acceptance seen is reported so the step count is exact. Runs the engine in-process, so one
+configuration per process: vLLM does not give GPU memory back between engines.
 """
 
 from __future__ import annotations
@@ -36,13 +38,53 @@ def _timed(llm, prompt: list[int], max_tokens: int) -> float:
     return time.perf_counter() - start
 
 
+def copy_bandwidth_gbs(gib: float = 1.0, repeats: int = 10) -> float | None:
+    """Device-to-device copy, read + write bytes per second (the roofline a decode step is held to)."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        dst.copy_(src)
+    end.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1e3 / repeats
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * gib * 2**30 / seconds / 1e9
+
+
+def roofline(model: str, mode: str, context: int, step_s: float, copy_gbs: float | None,
+             accepted_per_step: float) -> dict:
+    """Bytes one decode step reads (a verify step of 2 tokens + the draft with MTP) and the share of the
+    copy bandwidth that the measured step time reaches."""
+    from ling_bench.projection import decode_step_bytes
+
+    with open(os.path.join(model, "config.json")) as f:
+        config = json.load(f)
+    mtp = mode == "mtp"
+    step_bytes = decode_step_bytes(config, context, tokens=2 if mtp else 1, mtp=mtp).total
+    engine_step_s = step_s * (1 + accepted_per_step)  # one engine step yields 1 + accepted tokens
+    out = {"bytes_per_step_gb": step_bytes / 1e9, "engine_step_ms": 1e3 * engine_step_s,
+           "achieved_gbs": step_bytes / engine_step_s / 1e9, "copy_gbs": copy_gbs}
+    if copy_gbs:
+        out["fraction_of_copy_bw"] = out["achieved_gbs"] / copy_gbs
+    return out
+
+
 def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, util: float) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # same process: its GPU memory is ours to read
     import torch
     from vllm import LLM
 
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, max_model_len=max(prefill) + decode + 16,
-              max_num_seqs=1, gpu_memory_utilization=util, enable_prefix_caching=False, seed=0, **MODES[mode])
+              max_num_seqs=1, gpu_memory_utilization=util, enable_prefix_caching=False, seed=0,
+              disable_log_stats=mode != "mtp", **MODES[mode])
     vocab = llm.llm_engine.model_config.get_vocab_size()
     rng = random.Random(0)
     result: dict = {"mode": mode, "model": model, "prefill": {}, "decode_tokens": decode, "repeats": repeats}
@@ -57,8 +99,16 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     many = statistics.median(_timed(llm, short, decode + 1) for _ in range(repeats))
     step = (many - one) / decode
     result |= {"decode_step_ms": 1e3 * step, "decode_tok_s": 1 / step}
+    accepted = 0.0
+    if mode == "mtp":
+        counters = {m.name: getattr(m, "value", 0) for m in llm.get_metrics()
+                    if m.name.startswith("vllm:spec_decode_num_")}
+        result["spec_decode"] = counters
+        drafts = counters.get("vllm:spec_decode_num_drafts", 0)
+        accepted = counters.get("vllm:spec_decode_num_accepted_tokens", 0) / drafts if drafts else 0.0
     if torch.cuda.is_available():
         result["peak_gpu_gib"] = torch.cuda.max_memory_reserved() / 2**30
+    result["roofline"] = roofline(model, mode, len(short) + decode // 2, step, copy_bandwidth_gbs(), accepted)
     return result
 
 

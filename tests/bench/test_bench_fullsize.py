@@ -10,17 +10,22 @@ import pytest
 pytestmark = pytest.mark.engine
 
 
-def test_fullsize_reports_prefill_decode_and_mode(tmp_path):
+@pytest.mark.parametrize("mode", ["eager", "mtp"])
+def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode):
     pytest.importorskip("vllm")
     from vllm_ling.tiny import ensure_tiny
 
     env = {**os.environ, "VLLM_LING_FORCE": "1", "VLLM_MLA_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_CPU_CI_ENV": "1"}
     out = tmp_path / "r.json"
-    proc = subprocess.run([sys.executable, "-m", "ling_bench.fullsize", str(ensure_tiny()), "--mode", "eager",
+    proc = subprocess.run([sys.executable, "-m", "ling_bench.fullsize", str(ensure_tiny()), "--mode", mode,
                            "--prefill", "32,96", "--decode", "4", "--repeats", "1", "--util", "0.1", "--out", str(out)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(out.read_text())
-    assert r["mode"] == "eager" and set(r["prefill"]) == {"32", "96"}
+    assert r["mode"] == mode and set(r["prefill"]) == {"32", "96"}
     assert all(v["tok_s"] > 0 for v in r["prefill"].values()) and r["decode_tok_s"] > 0
+    roof = r["roofline"]
+    assert roof["bytes_per_step_gb"] > 0 and roof["achieved_gbs"] > 0 and roof["copy_gbs"] is None  # no GPU
+    if mode == "mtp":
+        assert r["spec_decode"]["vllm:spec_decode_num_drafts"] > 0, "MTP never drafted"
