@@ -84,7 +84,14 @@ print(sys.argv[2] and r(sys.argv[1], sys.argv[2]) or "marlin")' "$TUNED_DIR" "$G
     case $MOE_BACKEND in
         marlin) ;;
         # 0.26 ignores --moe-backend for compressed-tensors INT4: the plugin switches it (VLLM_LING_MOE_BACKEND)
-        triton) export VLLM_LING_MOE_BACKEND=triton; ARGS+=(--moe-backend triton) ;;
+        triton)
+            # vLLM 0.26's default wna16 tiles crash at M = 1, 2 for Ling's shape (BENCHMARKS.md): tuned file first
+            if ! compgen -G "$TUNED_DIR/E=*dtype=int4_w4a16.json" >/dev/null; then
+                echo "MOE_BACKEND=triton needs ling-tune's int4_w4a16 tile file in TUNED_DIR=$TUNED_DIR (vLLM's" \
+                     "default tiles crash at batch 1 for this shape): run ling-tune first, or use MOE_BACKEND=marlin" >&2
+                exit 2
+            fi
+            export VLLM_LING_MOE_BACKEND=triton; ARGS+=(--moe-backend triton) ;;
         *) echo "MOE_BACKEND=$MOE_BACKEND: use auto, marlin or triton" >&2; exit 2 ;;
     esac
 fi

@@ -125,8 +125,16 @@ def test_moe_backend_follows_ling_tunes_measured_choice(tmp_path):
     assert "--moe-backend" not in cmd  # tuned on a GB10, and this machine's GPU name is unknown: not applied
     _, cmd = dry_run(DEVICE="cuda", TUNED_DIR=str(_choice(tmp_path / "t", "marlin")))
     assert "--moe-backend" not in cmd
-    _, cmd = dry_run(DEVICE="cuda", MOE_BACKEND="triton")
+    tiles = _choice(tmp_path / "forced", "marlin")
+    (tiles / "E=512,N=768,device_name=NVIDIA_GB10,dtype=int4_w4a16.json").write_text("{}")
+    _, cmd = dry_run(DEVICE="cuda", MOE_BACKEND="triton", TUNED_DIR=str(tiles))
     assert cmd[cmd.index("--moe-backend") + 1] == "triton"
+
+
+def test_triton_moe_without_a_tuned_file_is_refused(tmp_path):
+    r = subprocess.run(["bash", str(SERVE / "serve-int4.sh")], env={**os.environ, "DRY_RUN": "1", "DEVICE": "cuda",
+                       "MOE_BACKEND": "triton", "TUNED_DIR": str(tmp_path)}, capture_output=True, text=True)
+    assert r.returncode == 2 and "run ling-tune first, or use MOE_BACKEND=marlin" in r.stderr
 
 
 def test_unknown_moe_backend_is_refused():
@@ -143,7 +151,9 @@ def test_moe_backend_verdict_for_this_gpu_is_applied(tmp_path):
     smi.write_text("#!/bin/sh\necho 'NVIDIA GB10'\n")
     smi.chmod(0o755)
     path = f"{bin_dir}:{os.environ['PATH']}"
-    _, cmd = dry_run(DEVICE="cuda", PATH=path, TUNED_DIR=str(_choice(tmp_path / "t", "triton")))
+    tuned = _choice(tmp_path / "t", "triton")
+    (tuned / "E=512,N=768,device_name=NVIDIA_GB10,dtype=int4_w4a16.json").write_text("{}")
+    _, cmd = dry_run(DEVICE="cuda", PATH=path, TUNED_DIR=str(tuned))
     assert cmd[cmd.index("--moe-backend") + 1] == "triton"
     _, cmd = dry_run(DEVICE="cuda", PATH=path, TUNED_DIR=str(_choice(tmp_path / "h", "triton", "NVIDIA H200")))
     assert "--moe-backend" not in cmd  # measured on another GPU
