@@ -123,17 +123,37 @@ def _int4_verdict(log: str, choice: dict | None) -> Verdict:
     return Verdict("INT4 experts", True, f"backend {backend}, as measured ({where})")
 
 
-def read_choice(tuned_dir: str | None) -> dict | None:
-    """ling-tune's backend verdict file in the tuned-config folder, or None."""
+def read_choice(tuned_dir: str | None, device_name: str | None) -> dict | None:
+    """ling-tune's backend verdict in the tuned-config folder, if it was measured on `device_name`; else None
+    (a folder copied from another GPU says nothing about this one)."""
     import json
     from pathlib import Path
 
     from ling_tuning.choice import CHOICE_FILE
+    from ling_tuning.configfile import device_name_as_file_name
 
+    if not tuned_dir or not device_name:
+        return None
     try:
-        return json.loads((Path(tuned_dir) / CHOICE_FILE).read_text()) if tuned_dir else None
+        doc = json.loads((Path(tuned_dir) / CHOICE_FILE).read_text())
     except (OSError, ValueError):
         return None
+    same = isinstance(doc, dict) and device_name_as_file_name(str(doc.get("device_name", ""))) == \
+        device_name_as_file_name(device_name)
+    return doc if same else None
+
+
+def gpu_name() -> str | None:
+    """This machine's first GPU as nvidia-smi names it (the name vLLM puts in tuned-file names), or None."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        return None
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                         text=True, timeout=30)
+    names = out.stdout.strip().splitlines() if out.returncode == 0 else []
+    return names[0].strip() if names else None
 
 
 def judge_acceptance(before: dict[str, float], after: dict[str, float], minimum: float) -> Verdict:
@@ -188,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("serve_args", nargs="*", help="the serve command's arguments (after --)")
     a = p.parse_args(argv)
     with open(a.log, errors="replace") as f:
-        verdicts = inspect_log(f.read(), a.serve_args, read_choice(a.tuned_dir))
+        verdicts = inspect_log(f.read(), a.serve_args, read_choice(a.tuned_dir, gpu_name()))
     mtp = next(v for v in verdicts if v.name == "MTP")
     if a.url and mtp.on:
         import requests

@@ -63,7 +63,7 @@ CHOICE = {"device_name": "NVIDIA H200", "moe_backend": "marlin",
 
 def test_int4_backend_matches_ling_tunes_measured_choice(tmp_path):
     (tmp_path / "backend_choice.json").write_text(json.dumps(CHOICE))
-    v = _by_name(inspect_log(GPU_LOG, MTP_ARGS, read_choice(str(tmp_path))))["INT4 experts"]
+    v = _by_name(inspect_log(GPU_LOG, MTP_ARGS, read_choice(str(tmp_path), "NVIDIA H200")))["INT4 experts"]
     assert v.on and not v.failed and "as measured" in v.why and "0.44x" in v.why
 
 
@@ -75,8 +75,11 @@ def test_int4_backend_other_than_the_measured_one_fails():
     assert _by_name(inspect_log(GPU_LOG, MTP_ARGS, wants_triton))["INT4 experts"].failed
 
 
-def test_no_or_unreadable_choice_file_means_no_verdict(tmp_path):
-    assert read_choice(None) is None and read_choice(str(tmp_path)) is None
+def test_no_unreadable_or_other_gpus_choice_file_means_no_verdict(tmp_path):
+    assert read_choice(None, "NVIDIA H200") is None and read_choice(str(tmp_path), "NVIDIA H200") is None
+    (tmp_path / "backend_choice.json").write_text(json.dumps({**CHOICE, "moe_backend": "triton"}))
+    assert read_choice(str(tmp_path), "NVIDIA GB10") is None  # measured on an H200: no verdict for a GB10
+    assert read_choice(str(tmp_path), None) is None  # GPU unknown
     (tmp_path / "backend_choice.json").write_text("{not json")
-    assert read_choice(str(tmp_path)) is None
+    assert read_choice(str(tmp_path), "NVIDIA H200") is None
     assert _by_name(inspect_log(GPU_LOG, MTP_ARGS, None))["INT4 experts"].on
