@@ -24,7 +24,8 @@
 #   EXTRA_ARGS   more vLLM flags, appended
 #   LOG_DIR      watchdog logs (serve.log, events.jsonl)   ./logs
 #   WATCHDOG_ARGS  watchdog options, e.g. "--load-stall-s 240 --force"
-#   TUNED_DIR    MoE tuned configs; exported as VLLM_TUNED_CONFIG_FOLDER when it holds *.json
+#   TUNED_DIR    MoE tuned configs (ling-tune's --out)   ~/.cache/vllm-ling/moe-configs; exported as
+#                VLLM_TUNED_CONFIG_FOLDER when it holds *.json
 #   MOE_BACKEND  INT4 expert kernels: auto | marlin | triton   auto: what ling-tune measured fastest on this
 #                GPU (backend_choice.json in TUNED_DIR, for this GPU's name), marlin without a verdict
 #   SELFCHECK    1: once serving, run `python -m vllm_ling.selfcheck` through the watchdog (0: skip)
@@ -43,7 +44,7 @@ MTP_K=${MTP_K:-0}
 TOOL_PARSER=${TOOL_PARSER:-ling3}
 REASONING_PARSER=${REASONING_PARSER:-ling3}
 LOG_DIR=${LOG_DIR:-logs}
-TUNED_DIR=${TUNED_DIR:-$HERE/../vllm_ling/configs}
+TUNED_DIR=${TUNED_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vllm-ling/moe-configs}  # where ling-tune writes
 DEVICE=${DEVICE:-auto}
 if [[ $DEVICE == auto ]]; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then DEVICE=cuda; else DEVICE=cpu; fi
@@ -113,6 +114,9 @@ fi
 
 CMD=("${WATCHDOG[@]}" --log-dir "$LOG_DIR" "${WD_ARGS[@]}" -- "${LAUNCH[@]}" "${ARGS[@]}" "${EXTRA[@]}")
 if [[ ${DRY_RUN:-0} == 1 ]]; then
+    for v in VLLM_TUNED_CONFIG_FOLDER VLLM_LING_MOE_BACKEND; do  # what the command inherits (stderr)
+        if [[ -n ${!v:-} ]]; then echo "env: $v=${!v}" >&2; fi
+    done
     printf '%q ' "${CMD[@]}"; echo
     exit 0
 fi

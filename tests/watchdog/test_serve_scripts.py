@@ -157,3 +157,17 @@ def test_moe_backend_verdict_for_this_gpu_is_applied(tmp_path):
     assert cmd[cmd.index("--moe-backend") + 1] == "triton"
     _, cmd = dry_run(DEVICE="cuda", PATH=path, TUNED_DIR=str(_choice(tmp_path / "h", "triton", "NVIDIA H200")))
     assert "--moe-backend" not in cmd  # measured on another GPU
+
+
+def test_tuned_folder_defaults_to_where_ling_tune_writes(tmp_path):
+    """ling-tune's default --out is $XDG_CACHE_HOME/vllm-ling/moe-configs; the recipe exports it when it has files."""
+    from ling_tuning.cli import DEFAULT_OUT
+
+    tuned = tmp_path / "vllm-ling" / "moe-configs"
+    tuned.mkdir(parents=True)
+    (tuned / "E=512,N=768,device_name=NVIDIA_GB10,dtype=int4_w4a16.json").write_text("{}")
+    env = {**os.environ, "DRY_RUN": "1", "DEVICE": "cuda", "XDG_CACHE_HOME": str(tmp_path), "MOE_BACKEND": "triton"}
+    env.pop("VLLM_TUNED_CONFIG_FOLDER", None)
+    r = subprocess.run(["bash", str(SERVE / "serve-int4.sh")], env=env, capture_output=True, text=True, check=True)
+    assert f"env: VLLM_TUNED_CONFIG_FOLDER={tuned}" in r.stderr and "env: VLLM_LING_MOE_BACKEND=triton" in r.stderr
+    assert DEFAULT_OUT.parts[-2:] == ("vllm-ling", "moe-configs")  # ling-tune's side of the same path
