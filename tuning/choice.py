@@ -65,20 +65,22 @@ def write_choice(folder: Path, device_name: str, rows: list[Row], decode_max_m: 
     return doc
 
 
-def recommended_backend(folder: str | Path, device_name: str | None = None) -> str | None:
-    """The measured MoE backend for this tuned folder: "marlin", "triton", or None when there is no
-    usable verdict (no file, unreadable, undecided, or tuned on another device than `device_name`)."""
-    path = Path(folder) / CHOICE_FILE
+def read_choice(folder: str | Path, device_name: str | None = None) -> dict[str, Any] | None:
+    """The verdict document in this tuned folder, or None when there is no usable verdict (no file,
+    unreadable, undecided, or tuned on another device than `device_name`)."""
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads((Path(folder) / CHOICE_FILE).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(doc, dict):
-        return None
-    backend = doc.get("moe_backend")
-    if backend not in BACKENDS:
+    if not isinstance(doc, dict) or doc.get("moe_backend") not in BACKENDS:
         return None
     if device_name is not None and device_name_as_file_name(str(doc.get("device_name", ""))) != \
             device_name_as_file_name(device_name):
         return None
-    return backend
+    return doc
+
+
+def recommended_backend(folder: str | Path, device_name: str | None = None) -> str | None:
+    """The measured MoE backend for this tuned folder: "marlin", "triton", or None (see `read_choice`)."""
+    doc = read_choice(folder, device_name)
+    return None if doc is None else doc["moe_backend"]

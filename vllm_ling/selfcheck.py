@@ -113,9 +113,9 @@ def _int4_verdict(log: str, choice: dict | None) -> Verdict:
         return Verdict("INT4 experts", False, "no WNA16 MoE backend line (BF16 checkpoint?)")
     backend = next(g for g in found.groups() if g)
     served = "marlin" if "marlin" in backend.lower() else "triton"
-    wanted = (choice or {}).get("moe_backend")
-    if wanted not in ("marlin", "triton"):
+    if choice is None:
         return Verdict("INT4 experts", True, f"backend {backend} (no ling-tune backend verdict)")
+    wanted = choice["moe_backend"]
     where = f"ling-tune on {choice.get('device_name', '?')}: {choice.get('reason', '')}"
     if wanted != served:
         return Verdict("INT4 experts", False, f"backend {backend}, but {where}; this vLLM chose otherwise",
@@ -126,21 +126,9 @@ def _int4_verdict(log: str, choice: dict | None) -> Verdict:
 def read_choice(tuned_dir: str | None, device_name: str | None) -> dict | None:
     """ling-tune's backend verdict in the tuned-config folder, if it was measured on `device_name`; else None
     (a folder copied from another GPU says nothing about this one)."""
-    import json
-    from pathlib import Path
+    from ling_tuning.choice import read_choice as read_verdict
 
-    from ling_tuning.choice import CHOICE_FILE
-    from ling_tuning.configfile import device_name_as_file_name
-
-    if not tuned_dir or not device_name:
-        return None
-    try:
-        doc = json.loads((Path(tuned_dir) / CHOICE_FILE).read_text())
-    except (OSError, ValueError):
-        return None
-    same = isinstance(doc, dict) and device_name_as_file_name(str(doc.get("device_name", ""))) == \
-        device_name_as_file_name(device_name)
-    return doc if same else None
+    return read_verdict(tuned_dir, device_name) if tuned_dir and device_name else None
 
 
 def gpu_name() -> str | None:
