@@ -24,6 +24,7 @@ pytest.importorskip("torch")
 pytest.importorskip("vllm")
 from criteria import BF16_FLIP_MAX_MARGIN, DECIDED, DECIDED_AGREEMENT  # noqa: E402
 from gpu_helpers import GPU_ENV, record, run_script  # noqa: E402  (skips the module without CUDA)
+from model_helpers import first_difference, spec_acceptance  # noqa: E402  (on sys.path via gpu_helpers)
 PROMPT_LENGTHS = [3, 17, 64, 130, 400]
 MAX_TOKENS = 128
 MTP = {"method": "mtp", "num_speculative_tokens": 1}
@@ -32,11 +33,6 @@ MTP = {"method": "mtp", "num_speculative_tokens": 1}
 def _prompts() -> list[list[int]]:
     rng = random.Random(11)
     return [[rng.randrange(10, 900) for _ in range(n)] for n in PROMPT_LENGTHS]
-
-
-def _acceptance(run: dict) -> float:
-    c = run["spec_decode"]
-    return c.get("num_accepted_tokens", 0.0) / max(c.get("num_draft_tokens", 0.0), 1.0)
 
 
 @pytest.fixture(scope="module", params=["stable_router", "mtp_echo"])
@@ -57,10 +53,10 @@ def pair(request, tmp_path_factory):
     }, tmp, "oracle")
     n = len(PROMPT_LENGTHS)
     plain["scored"], spec["scored"] = oracle["scored"][:n], oracle["scored"][n:]
-    report = {"acceptance": _acceptance(spec), "counters": spec["spec_decode"], "requests": [],
+    report = {"acceptance": spec_acceptance(spec), "counters": spec["spec_decode"], "requests": [],
               "new_tokens_each": MAX_TOKENS}
     for p, a, b, ref in zip(PROMPT_LENGTHS, plain["outputs"], spec["outputs"], spec["scored"]):
-        first = _first_difference(a["token_ids"], b["token_ids"])
+        first = first_difference(a["token_ids"], b["token_ids"])
         report["requests"].append({
             "prompt_tokens": p, "identical": first is None, "first_difference": first,
             "oracle_margin_there": None if first is None else ref["margin"][p + first],
@@ -68,10 +64,6 @@ def pair(request, tmp_path_factory):
     report["identical_requests"] = sum(r["identical"] for r in report["requests"])
     record(f"mtp_{request.param}", report)
     return request.param, plain, spec, report
-
-
-def _first_difference(a: list[int], b: list[int]) -> int | None:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
 def _decided_agreement(prompt_len: int, tokens: list[int], ref: dict) -> dict:
@@ -110,7 +102,7 @@ def test_acceptance_tracks_draft_quality(pair):
     from vllm_ling.selfcheck import judge_acceptance
 
     name, _, spec, _ = pair
-    rate = _acceptance(spec)
+    rate = spec_acceptance(spec)
     verdict = judge_acceptance({}, spec["spec_decode"], minimum=0.3)
     assert verdict.failed == (name == "stable_router"), verdict.line()
     assert spec["spec_decode"].get("num_drafts", 0) > 0, "MTP never drafted"

@@ -33,6 +33,17 @@ def run_script(script: str, spec: dict, tmp: Path, name: str, env: dict | None =
     return json.loads(out_path.read_text())
 
 
+def spec_acceptance(run: dict) -> float:
+    """Accepted / drafted tokens from an engine_runner result's spec-decode counters."""
+    c = run["spec_decode"]
+    return c.get("num_accepted_tokens", 0.0) / max(c.get("num_draft_tokens", 0.0), 1.0)
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where two greedy continuations part, or None."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+
+
 def max_abs_diff(a: list, b: list) -> float:
     pairs = [(x, y) for x, y in zip(a, b) if x is not None and y is not None]
     assert pairs and len(a) == len(b), "nothing to compare"

@@ -14,7 +14,7 @@ import random
 
 import pytest
 
-from model_helpers import CPU_ENGINE_ENV, run_script
+from model_helpers import CPU_ENGINE_ENV, first_difference, run_script, spec_acceptance
 
 pytest.importorskip("vllm")
 
@@ -37,15 +37,10 @@ def pair(request, tmp_path_factory):
     return request.param, plain, spec
 
 
-def _acceptance(spec: dict) -> float:
-    c = spec["spec_decode"]
-    return c.get("num_accepted_tokens", 0.0) / max(c.get("num_draft_tokens", 0.0), 1.0)
-
-
 def test_mtp_greedy_output_is_identical_to_plain_greedy(pair):
     name, plain, spec = pair
     for n, a, b in zip(PROMPT_LENGTHS, plain["outputs"], spec["outputs"]):
-        first = next((i for i, (x, y) in enumerate(zip(a["token_ids"], b["token_ids"])) if x != y), None)
+        first = first_difference(a["token_ids"], b["token_ids"])
         assert first is None, f"{name}: the {n}-token prompt's output differs with MTP from new token {first}"
         assert len(b["token_ids"]) == MAX_TOKENS
 
@@ -55,7 +50,7 @@ def test_acceptance_tracks_draft_quality_and_the_self_check_judges_it(pair):
 
     name, _, spec = pair
     assert spec["spec_decode"].get("num_drafts", 0) > 0, "MTP never drafted"
-    rate = _acceptance(spec)
+    rate = spec_acceptance(spec)
     verdict = judge_acceptance({}, spec["spec_decode"], minimum=0.3)
     if name == "mtp_echo":
         assert rate >= 0.8, f"a draft built to agree was accepted only {rate:.1%}"
