@@ -78,9 +78,9 @@ if [[ $DEVICE == cuda ]]; then
     export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:False}
     MOE_BACKEND=${MOE_BACKEND:-auto}
     if [[ $MOE_BACKEND == auto ]]; then
-        GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || true)
         MOE_BACKEND=$("$PYTHON" -c 'import sys; from ling_tuning.choice import recommended_backend as r
-print(sys.argv[2] and r(sys.argv[1], sys.argv[2]) or "marlin")' "$TUNED_DIR" "$GPU_NAME" 2>/dev/null || echo marlin)
+from vllm_ling.selfcheck import gpu_name; n = gpu_name(); print(n and r(sys.argv[1], n) or "marlin")' \
+            "$TUNED_DIR" 2>/dev/null || echo marlin)
     fi
     case $MOE_BACKEND in
         marlin) ;;
