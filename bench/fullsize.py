@@ -19,6 +19,7 @@ import json
 import os
 import random
 import statistics
+import sys
 import time
 
 MODES = {
@@ -77,28 +78,39 @@ def roofline(model: str, mode: str, context: int, step_s: float, copy_gbs: float
     return out
 
 
-def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, util: float) -> dict:
+def _progress(t0: float, what: str) -> None:
+    """A line per phase on stderr: a run cut short by a time limit still shows how far it got."""
+    print(f"[fullsize] {time.perf_counter() - t0:7.1f} s  {what}", file=sys.stderr, flush=True)
+
+
+def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, util: float, chunk: int) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # same process: its GPU memory is ours to read
     import torch
     from vllm import LLM
 
+    t0 = time.perf_counter()
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, max_model_len=max(prefill) + decode + 16,
-              max_num_seqs=1, gpu_memory_utilization=util, enable_prefix_caching=False, seed=0,
+              max_num_seqs=1, max_num_batched_tokens=chunk, gpu_memory_utilization=util, enable_prefix_caching=False, seed=0,
               disable_log_stats=mode != "mtp", **MODES[mode])
     vocab = llm.llm_engine.model_config.get_vocab_size()
     rng = random.Random(0)
-    result: dict = {"mode": mode, "model": model, "prefill": {}, "decode_tokens": decode, "repeats": repeats}
+    result: dict = {"mode": mode, "model": model, "prefill": {}, "decode_tokens": decode, "repeats": repeats,
+                    "chunked_prefill_tokens": chunk}
     short = [rng.randrange(10, vocab) for _ in range(32)]
+    _progress(t0, f"engine up ({mode})")
     _timed(llm, short, decode)  # warm-up: JIT and first-request costs are not speed
+    _progress(t0, "warm-up done")
     for n in prefill:
         prompt = [rng.randrange(10, vocab) for _ in range(n)]
         _timed(llm, prompt, 1)
         t = statistics.median(_timed(llm, prompt, 1) for _ in range(repeats))
         result["prefill"][str(n)] = {"seconds": t, "tok_s": n / t}
+        _progress(t0, f"prefill {n}: {n / t:.0f} tok/s")
     one = statistics.median(_timed(llm, short, 1) for _ in range(repeats))
     many = statistics.median(_timed(llm, short, decode + 1) for _ in range(repeats))
     step = (many - one) / decode
     result |= {"decode_step_ms": 1e3 * step, "decode_tok_s": 1 / step}
+    _progress(t0, f"decode: {1 / step:.1f} tok/s")
     accepted = 0.0
     if mode == "mtp":
         counters = {m.name: getattr(m, "value", 0) for m in llm.get_metrics()
@@ -120,9 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode", type=int, default=128, help="tokens decoded per measurement")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--util", type=float, default=0.85)
+    ap.add_argument("--chunk", type=int, default=8192, help="max_num_batched_tokens (the serve recipe's chunk)")
     ap.add_argument("--out", help="write the JSON result here")
     a = ap.parse_args(argv)
-    result = run(a.model, a.mode, [int(x) for x in a.prefill.split(",")], a.decode, a.repeats, a.util)
+    result = run(a.model, a.mode, [int(x) for x in a.prefill.split(",")], a.decode, a.repeats, a.util, a.chunk)
     text = json.dumps(result, indent=2)
     print(text)
     if a.out:

@@ -16,9 +16,11 @@ from vllm_ling.ops.kda import chunk_kda_torch, recurrent_kda_torch
 
 
 def _heads(x: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """[n, 3·P] -> q, k, v each [1, n, H, d]."""
+    """[n, 3·P] -> q, k, v each [1, n, H, d], dense: the FLA kernels index them as contiguous [T, H, d] (a
+    strided chunk handed to `fused_recurrent_kda_fwd` made every verify-batch sequence but the first read
+    another token's channels)."""
     n = x.shape[0]
-    return tuple(t.reshape(1, n, -1, head_dim) for t in x.chunk(3, dim=-1))  # type: ignore[return-value]
+    return tuple(t.reshape(1, n, -1, head_dim).contiguous() for t in x.chunk(3, dim=-1))  # type: ignore[return-value]
 
 
 def run_torch(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int) -> torch.Tensor:

@@ -19,11 +19,12 @@ def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode):
            "VLLM_CPU_CI_ENV": "1"}
     out = tmp_path / "r.json"
     proc = subprocess.run([sys.executable, "-m", "ling_bench.fullsize", str(ensure_tiny()), "--mode", mode,
-                           "--prefill", "32,96", "--decode", "4", "--repeats", "1", "--util", "0.1", "--out", str(out)],
+                           "--prefill", "32,96", "--decode", "4", "--repeats", "1", "--util", "0.1", "--chunk", "64",
+                           "--out", str(out)],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(out.read_text())
-    assert r["mode"] == mode and set(r["prefill"]) == {"32", "96"}
+    assert r["mode"] == mode and set(r["prefill"]) == {"32", "96"} and r["chunked_prefill_tokens"] == 64
     assert all(v["tok_s"] > 0 for v in r["prefill"].values()) and r["decode_tok_s"] > 0
     roof = r["roofline"]
     assert roof["bytes_per_step_gb"] > 0 and roof["achieved_gbs"] > 0 and roof["copy_gbs"] is None  # no GPU

@@ -7,8 +7,10 @@ os.environ.update(VLLM_ENABLE_V1_MULTIPROCESSING="0", VLLM_LING_FORCE="1")
 sys.modules["fla"] = None
 import torch
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "model"))
+from model_helpers import NO_CLAMPS  # noqa: E402
+
 IDS = [(37 * i + 11) % 890 + 10 for i in range(200)]
-NO_CLAMPS = {"expert_swiglu_limit_list": [0] * 6, "share_expert_swiglu_limit_list": [0] * 6}
 
 
 def hooks(store):

@@ -5,7 +5,9 @@
 # Steps (minutes on a warm machine, measured or estimated):
 #   model       tiny model bf16 & INT4 vs the oracle (+ its bf16 floor), CUDA graphs (~6; bf16 alone ~4)
 #   model_triton  the INT4 checkpoint through the Triton/CUDA wna16 MoE kernels        (~3)
-#   kda         vLLM 0.26 KDA kernels fed our gate vs the fp32 recurrence               (~2)
+#   kda         vLLM 0.26 KDA kernels fed our gate vs the fp32 recurrence, + kda_core   (~2)
+#   kda_core    our CUDA glue (run_cuda) vs the CPU path on decode and verify batches    (~1)
+#   mtp         both of the next two; in each, the plain and the MTP engine run side by side   (~7, estimated)
 #   mtp_echo    MTP k=1 lossless + acceptance, draft built to agree                  (~5)
 #   mtp_random  the same with the random (stable_router) draft                       (~5)
 #   tuning      ling-tune on the H200 + GB10-emulated, vLLM pickup, vs Marlin        (~7)
@@ -13,7 +15,7 @@
 # Results land in $OUT (at most 8 files come back).
 set -uo pipefail
 : "${OUT:?run on the device: OUT is the folder that comes back}"
-STEP=${1:?step: model | model_triton | kda | mtp_echo | mtp_random | tuning | fullsize_eager | fullsize_graphs | fullsize_mtp}
+STEP=${1:?step: model | model_triton | kda | kda_core | mtp | mtp_echo | mtp_random | tuning | fullsize_eager | fullsize_graphs | fullsize_mtp}
 rm -rf /tmp/vllm-ling-src && mkdir /tmp/vllm-ling-src && tar --exclude=./.devbundle --exclude=./.git -cf - . | tar -xf - -C /tmp/vllm-ling-src
 python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --target "$HOME/vllm-site" /tmp/vllm-ling-src \
     2>&1 | grep -v "already exists" || true
@@ -22,7 +24,9 @@ run() { timeout -k 10 "$1" "${@:2}" 2>&1 | tee -a "$OUT/$STEP.log" | grep -v " I
 case $STEP in
     model) run 560 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_model_gpu.py -k "not int4_triton" ;;
     model_triton) run 560 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_model_gpu.py -k int4_triton ;;
-    kda) run 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kda_kernels_gpu.py ;;
+    kda) run 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kda_kernels_gpu.py tests/gpu/test_kda_core_gpu.py ;;
+    kda_core) run 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kda_core_gpu.py ;;
+    mtp) run 580 python3 -m pytest -q -p no:cacheprovider --durations=6 tests/gpu/test_mtp_gpu.py ;;
     mtp_echo) run 560 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mtp_gpu.py -k mtp_echo ;;
     mtp_random) run 560 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_mtp_gpu.py -k stable_router ;;
     tuning) bash tuning/device_run.sh ;;

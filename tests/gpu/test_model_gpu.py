@@ -21,6 +21,7 @@ pytest.importorskip("torch")
 pytest.importorskip("vllm")
 from criteria import DECIDED, DECIDED_AGREEMENT, PROMPT_LENGTHS, TOPK, model_prompts as _prompts  # noqa: E402
 from gpu_helpers import GPU_ENV, record, run_script  # noqa: E402  (skips the module without CUDA)
+from model_helpers import NO_CLAMPS  # noqa: E402  (on sys.path via gpu_helpers)
 
 TOKEN_BUDGET = 256
 MAX_TOKENS = 32
@@ -39,10 +40,9 @@ def runs(request, tmp_path_factory):
     model = str(ensure_tiny(seed=0, int4=int4, variant="stable_router"))
     reference = str(dequantize_checkpoint(model, tmp / "dequantized")) if int4 else model
     env = {**GPU_ENV, "VLLM_LING_MOE_BACKEND": "triton" if request.param == "int4_triton" else "marlin"}
-    no_clamps = {"expert_swiglu_limit_list": [0] * 6, "share_expert_swiglu_limit_list": [0] * 6}
     engine = run_script("engine_runner.py", {
         "model": model, "prompts": _prompts(), "max_tokens": MAX_TOKENS, "dtype": "bfloat16",
-        "hf_overrides": no_clamps, "enforce_eager": False, "gpu_memory_utilization": 0.3,
+        "hf_overrides": NO_CLAMPS, "enforce_eager": False, "gpu_memory_utilization": 0.3,
         "max_model_len": 2048, "max_num_batched_tokens": TOKEN_BUDGET, "max_num_seqs": 8, "prompt_topk": TOPK,
     }, tmp, "engine", env)
     queries = [[None] + [[int(t) for t in top] for top in o["prompt_topk"][1:]] for o in engine["outputs"]]

@@ -12,7 +12,7 @@ import random
 
 import pytest
 
-from model_helpers import max_abs_diff
+from model_helpers import NO_CLAMPS, max_abs_diff
 
 pytestmark = pytest.mark.engine
 
@@ -20,7 +20,6 @@ PROMPT_LENGTHS = [1, 7, 63, 64, 65, 150, 300]
 TOKEN_BUDGET = 128  # --max-num-batched-tokens: the 150- and 300-token prompts are prefilled in chunks
 MAX_TOKENS = 32
 LOGPROB_TOL = 1e-3
-NO_CLAMPS = {"expert_swiglu_limit_list": [0] * 6, "share_expert_swiglu_limit_list": [0] * 6}
 
 
 def _prompts(seed: int = 1234) -> list[list[int]]:

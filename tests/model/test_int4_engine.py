@@ -7,12 +7,11 @@ import random
 
 import pytest
 
-from model_helpers import max_abs_diff
+from model_helpers import NO_CLAMPS, max_abs_diff
 
 pytestmark = pytest.mark.engine
 
 PROMPT_LENGTHS = [5, 64, 130]
-NO_CLAMPS = {"expert_swiglu_limit_list": [0] * 6, "share_expert_swiglu_limit_list": [0] * 6}
 
 
 @pytest.fixture(scope="module")

@@ -108,3 +108,14 @@ def test_null_block_padding_rows_are_zero_and_write_nothing():
     out = run_torch(qkv, g, beta, cache.conv_w, cache.conv, cache.rec, meta, D_HEAD)
     assert out.abs().max() == 0
     assert torch.equal(cache.conv, before_conv) and torch.equal(cache.rec, before_rec)
+
+
+def test_heads_are_dense_as_the_fla_kernels_index_them():
+    """q, k, v go to vLLM's FLA kernels, which index [T, H, d] as contiguous: strided chunks of the conv output
+    made every sequence but the first in an H200 verify batch read another token's channels (FINDINGS.md §1)."""
+    from vllm_ling.kda_core import _heads
+
+    qkvb = torch.randn(5, CH + H)  # the model's fused q|k|v|β projection; q|k|v is its strided first part
+    for t, part in zip(_heads(qkvb[:, :CH], D_HEAD), qkvb[:, :CH].chunk(3, dim=-1)):
+        assert t.is_contiguous() and t.shape == (1, 5, H, D_HEAD)
+        assert torch.equal(t.reshape(5, -1), part)

@@ -1,0 +1,109 @@
+"""`kda_core.run_cuda` (vLLM's conv and FLA kernels, called as the model calls them) equals `run_torch` (the CPU
+path, which tests/model/test_kda_core.py holds to plain token-by-token decoding) on whole batches: plain decode
+and MTP verification of several sequences at once, accepted and rejected drafts mixed, q|k|v a strided view
+of the fused projection as in the model.
+
+The kernel tests (test_kda_kernels_gpu.py) feed the kernels dense tensors; this checks our glue. It catches
+the bug found on the H200 (FINDINGS.md §4): q, k, v handed to `fused_recurrent_kda_fwd` as strided views of
+the conv output, which the kernel indexes as dense [T, H, d], so in a verify batch every sequence but the
+first read another token's channels. Run: pytest tests/gpu/test_kda_core_gpu.py -q
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+torch = pytest.importorskip("torch")
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA (vLLM's conv and KDA kernels are Triton GPU kernels)", allow_module_level=True)
+pytest.importorskip("vllm.third_party.flash_linear_attention.ops.kda")
+try:
+    import vllm_ling  # noqa: F401
+except ImportError:  # a bare checkout on the GPU host
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first  # noqa: E402
+
+from vllm_ling.kda_core import run_cuda, run_torch  # noqa: E402
+
+H, D, K_CONV, NUM_SPEC, N = 4, 128, 4, 1, 3  # Ling's head_dim; 3 sequences per batch
+CH = 3 * H * D
+SPEC_SLOTS = [[1, 2], [3, 4], [5, 6]]  # per sequence: the slot of each verified position (0 is the null block)
+REL_TOL = 2e-2  # bf16 inputs and conv state on the GPU against fp32 on the CPU; the glue bug gave ~1
+
+
+def _step(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """qkv as the model has it: the strided first part of the fused q|k|v|β projection; fp32 g and β."""
+    gen = torch.Generator().manual_seed(seed)
+    qkvb = torch.randn(n, CH + H, generator=gen).bfloat16()
+    g = -torch.rand(n, H, D, generator=gen) * 2
+    beta = torch.rand(n, H, generator=gen)
+    return qkvb[:, :CH], g, beta
+
+
+class Caches:
+    """The same cache contents on the CPU (fp32, run_torch) and on the GPU (bf16 conv as in the model)."""
+
+    def __init__(self) -> None:
+        gen = torch.Generator().manual_seed(0)
+        self.conv_w = torch.randn(CH, K_CONV, generator=gen) * 0.5
+        conv = torch.randn(7, CH, K_CONV - 1 + NUM_SPEC, generator=gen).bfloat16()
+        rec = torch.randn(7, H, D, D, generator=gen) * 0.1
+        self.cpu = conv.float(), rec.clone()
+        storage = conv.cuda() if is_conv_state_dim_first() else conv.transpose(1, 2).contiguous().cuda()
+        view = storage if is_conv_state_dim_first() else storage.transpose(1, 2)  # [slots, CH, width], as kda.py
+        self.gpu = view, rec.cuda()
+
+    def run(self, step, meta_cpu: SimpleNamespace, meta_gpu: SimpleNamespace) -> tuple[torch.Tensor, torch.Tensor]:
+        qkv, g, beta = step
+        ref = run_torch(qkv.float(), g, beta, self.conv_w, *self.cpu, meta_cpu, D)
+        got = run_cuda(qkv.cuda(), g.cuda(), beta.cuda(), self.conv_w.cuda(), *self.gpu, meta_gpu, D)
+        return ref, got.float().cpu()
+
+    def assert_same_state(self, slots: list[int]) -> None:
+        for name, ref, got in zip(("conv", "recurrent"), self.cpu, self.gpu):
+            _close(f"{name} state", ref[slots], got[slots].float().cpu())
+
+
+def _close(what: str, ref: torch.Tensor, got: torch.Tensor) -> None:
+    rel = float((got - ref).norm() / ref.norm())
+    assert rel < REL_TOL, f"{what}: run_cuda differs from run_torch, relative error {rel:.3g}"
+
+
+def _verify_meta(accepted: list[int], device: str) -> SimpleNamespace:
+    i32 = dict(dtype=torch.int32, device=device)
+    return SimpleNamespace(
+        spec_sequence_masks=torch.ones(N, dtype=torch.bool, device=device), num_prefills=0, num_decodes=0,
+        num_spec_decodes=N, spec_state_indices_tensor=torch.tensor(SPEC_SLOTS, **i32),
+        spec_query_start_loc=torch.arange(0, 2 * N + 1, 2, **i32), num_accepted_tokens=torch.tensor(accepted, **i32))
+
+
+def _decode_meta(slots: list[int], device: str) -> SimpleNamespace:
+    i32 = dict(dtype=torch.int32, device=device)
+    return SimpleNamespace(
+        spec_sequence_masks=None, num_prefills=0, num_decodes=len(slots), num_spec_decodes=0,
+        non_spec_state_indices_tensor=torch.tensor(slots, **i32),
+        non_spec_query_start_loc=torch.arange(len(slots) + 1, **i32),
+        has_initial_state=torch.ones(len(slots), dtype=torch.bool, device=device))
+
+
+def test_verify_batch_matches_torch_path_for_accepted_and_rejected_drafts():
+    caches = Caches()
+    every_slot = [s for pair in SPEC_SLOTS for s in pair]
+    for round_, accepted in enumerate([[1, 1, 1], [2, 1, 2], [1, 2, 1]]):
+        ref, got = caches.run(_step(2 * N, seed=10 + round_), _verify_meta(accepted, "cpu"),
+                              _verify_meta(accepted, "cuda"))
+        _close(f"verify round {round_} outputs (accepted {accepted})", ref, got)
+        caches.assert_same_state(every_slot)
+
+
+def test_plain_decode_batch_matches_torch_path():
+    caches = Caches()
+    slots = [1, 3, 5]
+    for step in range(3):
+        ref, got = caches.run(_step(N, seed=20 + step), _decode_meta(slots, "cpu"), _decode_meta(slots, "cuda"))
+        _close(f"decode step {step} outputs", ref, got)
+        caches.assert_same_state(slots)
