@@ -11,7 +11,7 @@ in bf16 flips ~4% of argmaxes, see test_model_gpu.py). So "byte-identical" is as
 prediction is decided: MTP's greedy tokens equal the fp32 oracle's argmax at every decided position (as
 plain decoding does), and where MTP and plain first part ways the oracle's margin is a near-tie. A draft
 that corrupted the KDA state or accepted unverified tokens breaks the first at decided positions.
-Both engines run with the SwiGLU clamps off, as every run judged by the oracle (it has none): with them on,
+All engines run with the SwiGLU clamps off, as every run judged by the oracle (it has none): with them on,
 plain greedy already disagreed with it on ~40% of decided tokens for `stable_router` (its activations reach the
 limits; `mtp_echo`'s damped ones do not), and the test could not tell an MTP bug from the missing clamps.
 Run on the device: VLLM_LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_mtp_gpu.py -q
@@ -26,14 +26,15 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("vllm")
 from criteria import BF16_FLIP_MAX_MARGIN, DECIDED, DECIDED_AGREEMENT  # noqa: E402
-from gpu_helpers import GPU_ENV, record, run_script  # noqa: E402  (skips the module without CUDA)
+from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without CUDA)
 from model_helpers import NO_CLAMPS, first_difference, run_scripts, spec_acceptance  # noqa: E402  (on sys.path via gpu_helpers)
 PROMPT_LENGTHS = [3, 17, 64, 130, 400]
 MAX_TOKENS = 128
 MTP = {"method": "mtp", "num_speculative_tokens": 1}
-# The plain and the MTP engine run side by side on the GPU, so each gets a fixed KV cache: vLLM's memory
-# profiling would count the other engine's allocations as its own.
-SIDE_BY_SIDE = {"gpu_memory_utilization": 0.15, "engine_kwargs": {"kv_cache_memory_bytes": 2 << 30}}
+VARIANTS = ["stable_router", "mtp_echo"]
+# All four engines (plain and MTP for each checkpoint) run side by side on the GPU, so each gets a fixed KV
+# cache: vLLM's memory profiling would count the other engines' allocations as its own.
+SIDE_BY_SIDE = {"gpu_memory_utilization": 0.12, "engine_kwargs": {"kv_cache_memory_bytes": 2 << 30}}
 
 
 def _prompts() -> list[list[int]]:
@@ -41,24 +42,41 @@ def _prompts() -> list[list[int]]:
     return [[rng.randrange(10, 900) for _ in range(n)] for n in PROMPT_LENGTHS]
 
 
-@pytest.fixture(scope="module", params=["stable_router", "mtp_echo"])
-def pair(request, tmp_path_factory):
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory) -> dict[str, tuple[dict, dict, dict]]:
+    """variant -> (plain run, MTP run, report); the runs carry the fp32 oracle's scores of their tokens."""
     from vllm_ling.tiny import ensure_tiny
 
-    model = str(ensure_tiny(variant=request.param))
-    tmp = tmp_path_factory.mktemp(f"mtp-{request.param}")
-    base = {"model": model, "prompts": _prompts(), "max_tokens": MAX_TOKENS, "dtype": "bfloat16",
-            "enforce_eager": False, "max_model_len": 2048, "max_num_batched_tokens": 512,
-            "prompt_logprobs": False, "hf_overrides": NO_CLAMPS, **SIDE_BY_SIDE}
-    runs = run_scripts([("engine_runner.py", base, "plain"),
-                        ("engine_runner.py", {**base, "speculative_config": MTP}, "mtp")], tmp, GPU_ENV)
-    plain, spec = runs
-    oracle = run_script("oracle.py", {
-        "model": model, "prompts": [], "device": "cuda",
-        "score": [p + r["outputs"][i]["token_ids"] for r in runs for i, p in enumerate(_prompts())],
-    }, tmp, "oracle")
+    tmp = tmp_path_factory.mktemp("mtp")
+    models = {v: str(ensure_tiny(variant=v)) for v in VARIANTS}
+    jobs = []
+    for v, model in models.items():
+        base = {"model": model, "prompts": _prompts(), "max_tokens": MAX_TOKENS, "dtype": "bfloat16",
+                "enforce_eager": False, "max_model_len": 2048, "max_num_batched_tokens": 512,
+                "prompt_logprobs": False, "hf_overrides": NO_CLAMPS, **SIDE_BY_SIDE}
+        jobs += [("engine_runner.py", base, f"{v}-plain"),
+                 ("engine_runner.py", {**base, "speculative_config": MTP}, f"{v}-mtp")]
+    runs = dict(zip([name for *_, name in jobs], run_scripts(jobs, tmp, GPU_ENV)))
+    oracles = run_scripts([("oracle.py", {
+        "model": models[v], "prompts": [], "device": "cuda",
+        "score": [p + runs[f"{v}-{kind}"]["outputs"][i]["token_ids"]
+                  for kind in ("plain", "mtp") for i, p in enumerate(_prompts())],
+    }, f"{v}-oracle") for v in VARIANTS], tmp)
     n = len(PROMPT_LENGTHS)
-    plain["scored"], spec["scored"] = oracle["scored"][:n], oracle["scored"][n:]
+    out = {}
+    for v, oracle in zip(VARIANTS, oracles):
+        plain, spec = runs[f"{v}-plain"], runs[f"{v}-mtp"]
+        plain["scored"], spec["scored"] = oracle["scored"][:n], oracle["scored"][n:]
+        out[v] = plain, spec, _report(v, plain, spec)
+    return out
+
+
+@pytest.fixture(params=VARIANTS)
+def pair(request, reports):
+    return request.param, *reports[request.param]
+
+
+def _report(name: str, plain: dict, spec: dict) -> dict:
     report = {"acceptance": spec_acceptance(spec), "counters": spec["spec_decode"], "requests": [],
               "new_tokens_each": MAX_TOKENS}
     for p, a, b, ref in zip(PROMPT_LENGTHS, plain["outputs"], spec["outputs"], spec["scored"]):
@@ -68,8 +86,8 @@ def pair(request, tmp_path_factory):
             "oracle_margin_there": None if first is None else ref["margin"][p + first],
             "mtp_vs_oracle": _decided_agreement(p, b["token_ids"], ref)})
     report["identical_requests"] = sum(r["identical"] for r in report["requests"])
-    record(f"mtp_{request.param}", report)
-    return request.param, plain, spec, report
+    record(f"mtp_{name}", report)
+    return report
 
 
 def _decided_agreement(prompt_len: int, tokens: list[int], ref: dict) -> dict:
