@@ -90,8 +90,8 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
 
     t0 = time.perf_counter()
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, max_model_len=max(prefill) + decode + 16,
-              max_num_seqs=1, max_num_batched_tokens=chunk, gpu_memory_utilization=util, enable_prefix_caching=False, seed=0,
-              disable_log_stats=mode != "mtp", **MODES[mode])
+              max_num_seqs=1, max_num_batched_tokens=chunk, gpu_memory_utilization=util,
+              enable_prefix_caching=False, seed=0, disable_log_stats=mode != "mtp", **MODES[mode])
     vocab = llm.llm_engine.model_config.get_vocab_size()
     rng = random.Random(0)
     result: dict = {"mode": mode, "model": model, "prefill": {}, "decode_tokens": decode, "repeats": repeats,

@@ -27,7 +27,8 @@ pytest.importorskip("torch")
 pytest.importorskip("vllm")
 from criteria import BF16_FLIP_MAX_MARGIN, DECIDED, DECIDED_AGREEMENT  # noqa: E402
 from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without CUDA)
-from model_helpers import NO_CLAMPS, first_difference, run_scripts, spec_acceptance  # noqa: E402  (on sys.path via gpu_helpers)
+# on sys.path via gpu_helpers
+from model_helpers import NO_CLAMPS, first_difference, run_scripts, spec_acceptance  # noqa: E402
 PROMPT_LENGTHS = [3, 17, 64, 130, 400]
 MAX_TOKENS = 128
 MTP = {"method": "mtp", "num_speculative_tokens": 1}
