@@ -1,7 +1,7 @@
 """`kda_core.run_cuda` (vLLM's conv and FLA kernels, called as the model calls them) equals `run_torch` (the CPU
-path, which tests/model/test_kda_core.py holds to plain token-by-token decoding) on whole batches: plain decode
-and MTP verification of several sequences at once, accepted and rejected drafts mixed, q|k|v a strided view
-of the fused projection as in the model.
+path, which tests/model/test_kda_core.py holds to plain token-by-token decoding) on whole batches: plain decode,
+MTP verification of several sequences at once (accepted and rejected drafts mixed), and both in one batch;
+q|k|v a strided view of the fused projection as in the model.
 
 The kernel tests (test_kda_kernels_gpu.py) feed the kernels dense tensors; this checks our glue. It catches
 the bug found on the H200 (FINDINGS.md §4): q, k, v handed to `fused_recurrent_kda_fwd` as strided views of
@@ -98,6 +98,26 @@ def test_verify_batch_matches_torch_path_for_accepted_and_rejected_drafts():
                               _verify_meta(accepted, "cuda"))
         _close(f"verify round {round_} outputs (accepted {accepted})", ref, got)
         caches.assert_same_state(every_slot)
+
+
+def _mixed_meta(device: str) -> SimpleNamespace:
+    """Two verifying sequences and one plain decode in one batch, rows interleaved: [s0 s0 p s1 s1]."""
+    i32 = dict(dtype=torch.int32, device=device)
+    return SimpleNamespace(
+        spec_sequence_masks=torch.tensor([True, False, True], device=device), num_prefills=0, num_decodes=1,
+        num_spec_decodes=2, spec_state_indices_tensor=torch.tensor(SPEC_SLOTS[:2], **i32),
+        spec_query_start_loc=torch.tensor([0, 2, 4], **i32), num_accepted_tokens=torch.tensor([2, 1], **i32),
+        spec_token_indx=torch.tensor([0, 1, 3, 4], device=device), non_spec_token_indx=torch.tensor([2], device=device),
+        non_spec_state_indices_tensor=torch.tensor([5], **i32), non_spec_query_start_loc=torch.tensor([0, 1], **i32),
+        has_initial_state=torch.ones(1, dtype=torch.bool, device=device))
+
+
+def test_mixed_verify_and_plain_decode_batch_matches_torch_path():
+    """Spec and non-spec rows of one batch are gathered, run and scattered back to their own rows."""
+    caches = Caches()
+    ref, got = caches.run(_step(5, seed=30), _mixed_meta("cpu"), _mixed_meta("cuda"))
+    _close("mixed batch outputs", ref, got)
+    caches.assert_same_state([1, 2, 3, 4, 5])
 
 
 def test_plain_decode_batch_matches_torch_path():
