@@ -81,13 +81,14 @@ def exercise(url: str) -> dict:
     return {"chat": chat, "completion": completion}
 
 
-def selfcheck_verdict(log_dir: Path, proc: subprocess.Popen, timeout: float) -> int | None:
-    """The recipe's watchdog runs the start-up self-check once serving starts: show its lines, return its exit."""
+def selfcheck_verdict(log_dir: Path, proc: subprocess.Popen, timeout: float, since: float) -> int | None:
+    """The recipe's watchdog runs the start-up self-check once serving starts: show its lines, return its exit.
+    Only events logged at or after `since` (epoch seconds) count: the log dir keeps earlier runs' verdicts."""
     from ling_watchdog.events import read_events
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        events = [e for e in read_events(log_dir) if e.get("event") == "after_serving"]
+        events = [e for e in read_events(log_dir) if e.get("event") == "after_serving" and e.get("t", 0) >= since]
         if any("code" in e for e in events):
             for e in events:
                 print(f"[demo] {e['message']}")
@@ -123,6 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     url = f"http://127.0.0.1:{port}"
     script = REPO / "serve" / ("serve-int4-mtp.sh" if a.mtp else "serve-int4.sh")
     print(f"[demo] tiny checkpoint: {model}\n[demo] serving with {script.name} on {url}; logs in {log_dir}", flush=True)
+    since = time.time()
     proc = subprocess.Popen(["bash", str(script)], env=serve_env(model, port, log_dir), start_new_session=True)
     try:
         wait_ready(url, proc, a.timeout)
@@ -130,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         message = result["chat"]["choices"][0]["message"]
         print("[demo] chat reply:", json.dumps({k: v for k, v in message.items() if v}))
         print("[demo] completion:", json.dumps(result["completion"]["choices"][0]["text"]))
-        check = selfcheck_verdict(log_dir, proc, timeout=300)
+        check = selfcheck_verdict(log_dir, proc, timeout=300, since=since)
         ok = check == 0 and "choices" in result["chat"] and "choices" in result["completion"]
     finally:
         code = stop(proc)

@@ -8,8 +8,9 @@ Two halves:
 - `check_draft_shares_target` runs inside vLLM when the MTP draft first runs: its lm_head and embedding
   must be the target's tensors, in the target's dtype.
 - `python -m vllm_ling.selfcheck --log server.log --url http://127.0.0.1:8000` runs against a live server:
-  reads the server log for what each optimisation did, then sends a short greedy probe and reads the
-  spec-decode counters from /metrics to check the draft is accepted at a plausible rate.
+  reads the server log for what each optimisation did, then sends a short greedy probe as two sequences of
+  one batch (they must agree) and, with MTP, reads the spec-decode counters from /metrics to check the draft
+  is accepted at a plausible rate.
 """
 
 from __future__ import annotations
@@ -173,20 +174,42 @@ def read_spec_counters(url: str, timeout: float = 5.0) -> dict[str, float]:
     return counters
 
 
-def probe(url: str, model: str, tokens: int, timeout: float = 120.0) -> None:
-    """A greedy completion on a self-consistent input: the model continuing plain prose."""
+PROBE_PROMPT = "The quick brown fox jumps over the lazy dog. " * 8
+AGREE_CHARS = 64  # about 16 tokens of the probe's continuation
+
+
+def probe(url: str, model: str, tokens: int, timeout: float = 120.0) -> list[str]:
+    """A greedy completion of a self-consistent input (plain prose), twice in one request: vLLM schedules the
+    two sequences together (greedy forbids n > 1, so the prompt is sent as a batch of two)."""
     import requests
 
-    prompt = "The quick brown fox jumps over the lazy dog. " * 8
     r = requests.post(f"{url}/v1/completions", timeout=timeout, json={
-        "model": model, "prompt": prompt, "max_tokens": tokens, "temperature": 0, "ignore_eos": True})
-    r.raise_for_status()
+        "model": model, "prompt": [PROBE_PROMPT, PROBE_PROMPT], "max_tokens": tokens, "temperature": 0,
+        "ignore_eos": True})
+    if not r.ok:
+        raise RuntimeError(f"the self-check's probe got HTTP {r.status_code} from {url}: {r.text[:500]}")
+    return [c["text"] for c in sorted(r.json()["choices"], key=lambda c: c["index"])]
+
+
+def judge_batch_agreement(texts: list[str], chars: int = AGREE_CHARS) -> Verdict:
+    """Two greedy sequences of one prompt, decoded side by side, must agree. A mix-up of per-sequence rows or
+    state slots corrupts every sequence but the first from its first token (the H200 MTP verify bug,
+    FINDINGS.md §1), which a one-request probe never sees; rounding can part identical rows only at a
+    near-tie, rarely within the first ~16 tokens."""
+    a, b = texts
+    shorter = min(len(a), len(b))
+    agree = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), shorter)
+    need = min(shorter, chars)
+    why = f"2 greedy sequences of one prompt, one batch: first {agree} of {shorter} characters agree"
+    if agree < need:
+        why += f" (need {need}): a sequence reads another's rows or state; concurrent requests get garbage"
+    return Verdict("batch agreement", agree >= need, why, requested=True)
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m vllm_ling.selfcheck", description=__doc__.splitlines()[0])
     p.add_argument("--log", required=True, help="the server's log file")
-    p.add_argument("--url", help="server base URL; with it, run the MTP acceptance probe")
+    p.add_argument("--url", help="server base URL; with it, run the greedy probe (batch agreement, MTP acceptance)")
     p.add_argument("--model", default=None, help="served model name (default: the first listed)")
     p.add_argument("--min-acceptance", type=float, default=0.3,
                    help="lowest draft acceptance that passes (real Ling MTP: ~0.9 at k=1)")
@@ -198,13 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     with open(a.log, errors="replace") as f:
         verdicts = inspect_log(f.read(), a.serve_args, read_choice(a.tuned_dir, gpu_name()))
     mtp = next(v for v in verdicts if v.name == "MTP")
-    if a.url and mtp.on:
+    if a.url:
         import requests
 
         model = a.model or requests.get(f"{a.url}/v1/models", timeout=5).json()["data"][0]["id"]
-        before = read_spec_counters(a.url)
-        probe(a.url, model, a.probe_tokens)
-        verdicts.append(judge_acceptance(before, read_spec_counters(a.url), a.min_acceptance))
+        before = read_spec_counters(a.url) if mtp.on else {}
+        verdicts.append(judge_batch_agreement(probe(a.url, model, a.probe_tokens)))
+        if mtp.on:
+            verdicts.append(judge_acceptance(before, read_spec_counters(a.url), a.min_acceptance))
     for v in verdicts:
         print(f"vllm-ling self-check: {v.line()}", flush=True)
     failed = [v.name for v in verdicts if v.failed]

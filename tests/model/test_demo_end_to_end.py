@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -19,6 +20,7 @@ def test_demo_serves_tiny_model_through_watchdog_and_leaves_nothing_running(tmp_
     assert proc.returncode == 0, out[-6000:]
     assert "[demo] chat reply:" in out and "[demo] completion:" in out
     assert "vllm-ling self-check: MTP" in out
+    assert re.search(r"vllm-ling self-check: batch agreement\s+ON ", out), "the two-sequence greedy probe did not pass"
     log = (tmp_path / "logs" / "serve.log").read_text()
     assert "vllm-ling: BailingMoeV3ForCausalLM and its MTP draft are served by vllm-ling" in log
     assert '"POST /v1/chat/completions HTTP/1.1" 200' in log

@@ -3,7 +3,7 @@ when an optimisation that was asked for is not active."""
 
 import json
 
-from vllm_ling.selfcheck import inspect_log, judge_acceptance, read_choice
+from vllm_ling.selfcheck import inspect_log, judge_acceptance, judge_batch_agreement, read_choice
 
 GPU_LOG = """INFO [core.py:116] Initializing a V1 LLM engine (v0.26.0) with config: model='/m', speculative_config=SpeculativeConfig(method='mtp', model='/m', num_spec_tokens=1), device_config=cuda, ...
 INFO [int_wna16.py:157] Using 'MARLIN' WNA16 MoE backend.
@@ -55,6 +55,16 @@ def test_acceptance_probe_catches_a_broken_draft():
     assert good.on and not good.failed
     assert broken.failed and "1.6%" in broken.why
     assert silent.failed and "no draft tokens" in silent.why
+
+
+def test_batch_agreement_catches_a_sequence_reading_another_ones_rows():
+    text = "The fox runs over the hill and the dog sleeps in the sun. " * 3
+    assert judge_batch_agreement([text, text]).on
+    mixed_up = judge_batch_agreement([text, "zq" + text])  # the second sequence parts at its first token
+    assert mixed_up.failed and "first 0 of" in mixed_up.why and "garbage" in mixed_up.why
+    late_tie = judge_batch_agreement([text, text[:100] + "X" + text[101:]])  # parted after 100 characters
+    assert late_tie.on and not late_tie.failed
+    assert judge_batch_agreement(["ab", "ab"]).on  # short continuations are judged on what there is
 
 
 CHOICE = {"device_name": "NVIDIA H200", "moe_backend": "marlin",
