@@ -33,6 +33,7 @@ PROMPT_LENGTHS = [3, 17, 64, 130, 400]
 MAX_TOKENS = 128
 MTP = {"method": "mtp", "num_speculative_tokens": 1}
 VARIANTS = ["stable_router", "mtp_echo"]
+TWICE = len(PROMPT_LENGTHS) // 2  # the middle prompt (64 tokens) is sent again, as the batch's last request
 # All four engines (plain and MTP for each checkpoint) run side by side on the GPU, so each gets a fixed KV
 # cache: vLLM's memory profiling would count the other engines' allocations as its own.
 SIDE_BY_SIDE = {"gpu_memory_utilization": 0.12, "engine_kwargs": {"kv_cache_memory_bytes": 2 << 30}}
@@ -52,8 +53,9 @@ def reports(tmp_path_factory) -> dict[str, tuple[dict, dict, dict]]:
     models = {v: str(ensure_tiny(variant=v)) for v in VARIANTS}
     jobs = []
     for v, model in models.items():
-        base = {"model": model, "prompts": _prompts(), "max_tokens": MAX_TOKENS, "dtype": "bfloat16",
-                "enforce_eager": False, "max_model_len": 2048, "max_num_batched_tokens": 512,
+        # the batch carries prompt TWICE twice: its two sequences must decode alike
+        base = {"model": model, "prompts": [*_prompts(), _prompts()[TWICE]], "max_tokens": MAX_TOKENS,
+                "dtype": "bfloat16", "enforce_eager": False, "max_model_len": 2048, "max_num_batched_tokens": 512,
                 "prompt_logprobs": False, "hf_overrides": NO_CLAMPS, **SIDE_BY_SIDE}
         jobs += [("engine_runner.py", base, f"{v}-plain"),
                  ("engine_runner.py", {**base, "speculative_config": MTP}, f"{v}-mtp")]
@@ -111,7 +113,8 @@ def test_mtp_is_lossless(pair):
     without = _share([_decided_agreement(n, a["token_ids"], ref)
                       for n, a, ref in zip(PROMPT_LENGTHS, plain["outputs"], plain["scored"])])
     assert without >= DECIDED_AGREEMENT, f"{name}: plain decoding already disagrees ({without:.4f})"
-    assert with_mtp >= DECIDED_AGREEMENT, f"{name}: with MTP {with_mtp:.4f} of decided tokens agree, plain {without:.4f}"
+    assert with_mtp >= DECIDED_AGREEMENT, \
+        f"{name}: with MTP {with_mtp:.4f} of decided tokens agree, plain {without:.4f}"
 
 
 def test_mtp_and_plain_part_only_where_bf16_can_flip(pair):
@@ -120,6 +123,18 @@ def test_mtp_and_plain_part_only_where_bf16_can_flip(pair):
     for r in report["requests"]:
         if not r["identical"]:
             assert r["oracle_margin_there"] < BF16_FLIP_MAX_MARGIN, f"{name}: MTP parted from plain at {r}"
+
+
+def test_identical_prompts_decoded_side_by_side_agree(pair):
+    """Two sequences of one prompt in one batch decode alike, with and without MTP: the start-up self-check's
+    batch-agreement probe, judged on the GPU (the H200 verify bug parted them at the first token)."""
+    from vllm_ling.selfcheck import judge_batch_agreement
+
+    name, plain, spec, _ = pair
+    for kind, run in (("plain", plain), ("MTP", spec)):
+        twins = [" ".join(map(str, run["outputs"][i]["token_ids"])) for i in (TWICE, -1)]
+        verdict = judge_batch_agreement(twins)
+        assert not verdict.failed, f"{name}, {kind}: {verdict.line()}"
 
 
 def test_acceptance_tracks_draft_quality(pair):
