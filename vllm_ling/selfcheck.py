@@ -198,7 +198,7 @@ def judge_batch_agreement(texts: list[str], chars: int = AGREE_CHARS) -> Verdict
     near-tie, rarely within the first ~16 tokens."""
     a, b = texts
     shorter = min(len(a), len(b))
-    agree = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), shorter)
+    agree = len(os.path.commonprefix([a, b]))
     need = min(shorter, chars)
     why = f"2 greedy sequences of one prompt, one batch: first {agree} of {shorter} characters agree"
     if agree < need:
