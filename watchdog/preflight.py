@@ -147,7 +147,8 @@ def check_eager(args: ServeArgs, dev: Device) -> Verdict:
     if not args.has("--enforce-eager") or dev.kind == "cpu":
         return _ok(rule, "CUDA graphs on" if dev.kind != "cpu" else "CPU engine: no CUDA graphs")
     return Verdict(rule, "warn", f"{rule}: --enforce-eager disables CUDA graphs; W2: 20.8 tok/s eager vs "
-                   f"22.9 with graphs (before MTP). Drop --enforce-eager unless you are debugging.")
+                   f"22.9 with graphs on a Spark (in-tree model, before MTP); with this plugin an H200 decode "
+                   f"step took 11.9x longer eager (BENCHMARKS.md). Drop --enforce-eager unless you are debugging.")
 
 
 def _refuse(rule: str, message: str, values: dict[str, Any]) -> Verdict:
