@@ -4,17 +4,24 @@ The CPU engine verifies drafts with our torch KDA path (`kda_core._verify_torch`
 sequence from the state slot of its last accepted token, as vLLM's CUDA kernels do. In fp32 near-ties do
 not flip, so greedy output with MTP must equal greedy output without it token for token: with the
 `mtp_echo` draft (built to agree: drafts mostly accepted, the KDA state resumes after accepted drafts) and
-with the random `stable_router` draft (drafts rejected, every step rolls back). The GPU twin is
+with the random `stable_router` draft (drafts rejected, every step rolls back). And the engine's acceptance
+counters must equal, draft for draft, what the draft equations predict (`references.mtp_reference` on the
+transformers oracle's hidden states, replayed through k=1 verification): every draft that agrees with the
+target is accepted and every other one rejected, so the echo draft's ~89% is its agreement, not a loss.
+The SwiGLU clamps are off, as in every run held to the oracle (it has none). The GPU twin is
 tests/gpu/test_mtp_gpu.py (bf16, CUDA kernels).
 """
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pytest
-
-from model_helpers import CPU_ENGINE_ENV, first_difference, run_script, spec_acceptance
+import torch
+from model_helpers import CPU_ENGINE_ENV, NO_CLAMPS, first_difference, run_script, spec_acceptance
+from references import checkpoint_tensors, mtp_reference
 
 pytest.importorskip("vllm")
 
@@ -27,14 +34,18 @@ MTP = {"method": "mtp", "num_speculative_tokens": 1}
 def pair(request, tmp_path_factory):
     from vllm_ling.tiny import ensure_tiny
 
-    rng = random.Random(11)
-    prompts = [[rng.randrange(10, 900) for _ in range(n)] for n in PROMPT_LENGTHS]
     tmp = tmp_path_factory.mktemp(f"mtp-cpu-{request.param}")
-    base = {"model": str(ensure_tiny(variant=request.param)), "prompts": prompts, "max_tokens": MAX_TOKENS,
-            "dtype": "float32", "max_model_len": 512, "max_num_batched_tokens": 32, "prompt_logprobs": False}
+    base = {"model": str(ensure_tiny(variant=request.param)), "prompts": _prompts(), "max_tokens": MAX_TOKENS,
+            "dtype": "float32", "max_model_len": 512, "max_num_batched_tokens": 32, "prompt_logprobs": False,
+            "hf_overrides": NO_CLAMPS}
     plain = run_script("engine_runner.py", base, tmp, "plain", CPU_ENGINE_ENV)
     spec = run_script("engine_runner.py", {**base, "speculative_config": MTP}, tmp, "mtp", CPU_ENGINE_ENV)
     return request.param, plain, spec
+
+
+def _prompts() -> list[list[int]]:
+    rng = random.Random(11)
+    return [[rng.randrange(10, 900) for _ in range(n)] for n in PROMPT_LENGTHS]
 
 
 def test_mtp_greedy_output_is_identical_to_plain_greedy(pair):
@@ -58,3 +69,40 @@ def test_acceptance_tracks_draft_quality_and_the_self_check_judges_it(pair):
     else:
         assert rate <= 0.2, f"a random draft was accepted {rate:.1%}: verification is not checking"
         assert verdict.failed, verdict.line()
+
+
+def _replay_k1(prompt_len: int, seq: list[int], guess: list[int]) -> tuple[int, int]:
+    """(drafts, accepted) of k=1 verification along a finished greedy sequence.
+
+    guess[t] is the draft's token for position t+2 (from h_t and token t+1). With the newest committed token
+    at position m, a step verifies the draft for m+1: accepted, it commits two tokens (m += 2), rejected, one.
+    Prefill commits position prompt_len; steps run until every new token is committed."""
+    drafts = accepted = 0
+    m = prompt_len
+    while m + 1 < len(seq):
+        drafts += 1
+        hit = guess[m - 1] == seq[m + 1]
+        accepted += hit
+        m += 2 if hit else 1
+    return drafts, accepted
+
+
+def test_acceptance_is_exactly_what_the_draft_equations_predict(pair, run_oracle, tmp_path):
+    from vllm_ling.tiny import ensure_tiny
+
+    name, _, spec = pair
+    model = str(ensure_tiny(variant=name))
+    seqs = [p + o["token_ids"] for p, o in zip(_prompts(), spec["outputs"])]
+    run_oracle({"model": model, "prompts": [], "score": seqs, "hidden_path": str(tmp_path / "h.pt")}, f"replay-{name}")
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    draft_w = checkpoint_tensors(model, f"model.layers.{cfg['num_hidden_layers']}.")
+    emb = checkpoint_tensors(model, "model.word_embeddings.")["weight"]
+    head = checkpoint_tensors(model, "lm_head.")["weight"]
+    drafts = accepted = 0
+    for p, seq, hidden in zip(PROMPT_LENGTHS, seqs, torch.load(tmp_path / "h.pt")):
+        guess = mtp_reference(emb[torch.tensor(seq[1:])], hidden[:-1], draft_w, cfg, head).argmax(-1).tolist()
+        d, a = _replay_k1(p, seq, guess)
+        drafts, accepted = drafts + d, accepted + a
+    counters = spec["spec_decode"]
+    assert (counters.get("num_drafts"), counters.get("num_accepted_tokens")) == (drafts, accepted), \
+        f"{name}: the engine verified {counters}; the draft equations predict {drafts} drafts, {accepted} accepted"
