@@ -4,9 +4,10 @@
     python -m ling_bench.fullsize /tmp/flash --mode graphs --out graphs.json    # eager | graphs | mtp
 
 Batch 1, token-id prompts (no tokenizer ships with the bundled config). Reports prefill tok/s at each
---prefill length (time of a 1-token request), decode tok/s (the extra time of `--decode` more tokens), and
-peak GPU memory, and the bytes a decode step reads (counted from config.json by `ling_bench.projection`)
-against this GPU's device-to-device copy bandwidth measured in the same run. With dummy weights MTP
+--prefill length (time of a 1-token request), decode tok/s (the extra time of `--decode` more tokens) after a
+short prompt and after each --prefill prompt (long-context decode: does it hold up at 64K?), peak GPU
+memory, and the bytes a decode step reads (counted from config.json by `ling_bench.projection`) against
+this GPU's device-to-device copy bandwidth measured in the same run. With dummy weights MTP
 acceptance is meaningless: for `mtp` compare the decode step time with `graphs` (the verify step's cost), not
 tokens/s; the acceptance seen is reported so the step count is exact. Runs the engine in-process, so one
 configuration per process: vLLM does not give GPU memory back between engines.
@@ -100,15 +101,16 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     _progress(t0, f"engine up ({mode})")
     _timed(llm, short, decode)  # warm-up: JIT and first-request costs are not speed
     _progress(t0, "warm-up done")
+    at_context = {}
     for n in prefill:
         prompt = [rng.randrange(10, vocab) for _ in range(n)]
         _timed(llm, prompt, 1)
         t = statistics.median(_timed(llm, prompt, 1) for _ in range(repeats))
         result["prefill"][str(n)] = {"seconds": t, "tok_s": n / t}
         _progress(t0, f"prefill {n}: {n / t:.0f} tok/s")
-    one = statistics.median(_timed(llm, short, 1) for _ in range(repeats))
-    many = statistics.median(_timed(llm, short, decode + 1) for _ in range(repeats))
-    step = (many - one) / decode
+        at_context[n] = _decode_step(llm, prompt, decode, repeats, t)
+        _progress(t0, f"decode after {n}: {1e3 * at_context[n]:.2f} ms/step")
+    step = _decode_step(llm, short, decode, repeats)
     result |= {"decode_step_ms": 1e3 * step, "decode_tok_s": 1 / step}
     _progress(t0, f"decode: {1 / step:.1f} tok/s")
     accepted = 0.0
@@ -120,8 +122,21 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
         accepted = counters.get("vllm:spec_decode_num_accepted_tokens", 0) / drafts if drafts else 0.0
     if torch.cuda.is_available():
         result["peak_gpu_gib"] = torch.cuda.max_memory_reserved() / 2**30
-    result["roofline"] = roofline(model, mode, len(short) + decode // 2, step, copy_bandwidth_gbs(), accepted)
+    copy_gbs = copy_bandwidth_gbs()
+    result["roofline"] = roofline(model, mode, len(short) + decode // 2, step, copy_gbs, accepted)
+    result["decode_at_context"] = {  # step = prompt + `decode` tokens minus the 1-token request, per token
+        str(n): {"decode_step_ms": 1e3 * s, **roofline(model, mode, n + decode // 2, s, copy_gbs, accepted)}
+        for n, s in at_context.items()}
     return result
+
+
+def _decode_step(llm, prompt: list[int], decode: int, repeats: int, one: float | None = None) -> float:
+    """Seconds per decode step after `prompt`: the extra time of `decode` more tokens over a 1-token request
+    (medians; `one` is that request's median when already measured)."""
+    if one is None:
+        one = statistics.median(_timed(llm, prompt, 1) for _ in range(repeats))
+    many = statistics.median(_timed(llm, prompt, decode + 1) for _ in range(repeats))
+    return (many - one) / decode
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -28,5 +28,9 @@ def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode):
     assert all(v["tok_s"] > 0 for v in r["prefill"].values()) and r["decode_tok_s"] > 0
     roof = r["roofline"]
     assert roof["bytes_per_step_gb"] > 0 and roof["achieved_gbs"] > 0 and roof["copy_gbs"] is None  # no GPU
+    # decode after each prompt; a longer context reads more MLA cache per step
+    long = r["decode_at_context"]
+    assert set(long) == {"32", "96"} and all("decode_step_ms" in v for v in long.values())
+    assert long["96"]["bytes_per_step_gb"] > long["32"]["bytes_per_step_gb"] > roof["bytes_per_step_gb"] - 1e-9
     if mode == "mtp":
         assert r["spec_decode"]["vllm:spec_decode_num_drafts"] > 0, "MTP never drafted"
