@@ -106,3 +106,14 @@ def mtp_reference(embeds: torch.Tensor, hidden: torch.Tensor, w: dict, cfg: dict
     z = z + moe_reference(rms_norm(z, w["post_attention_layernorm.weight"], eps), moe_w, cfg, layer=len(
         cfg["expert_swiglu_limit_list"]), clamps=False)
     return rms_norm(z, w["final_layernorm.weight"], eps) @ lm_head.double().T
+
+
+def mtp_draft_guesses(model_dir: str, seqs: list[list[int]], hiddens: list[torch.Tensor]) -> list[list[int]]:
+    """Per sequence, the draft's greedy guess for every position t+2 (row t: embed(token t+1) with h_t), from
+    the checkpoint's draft layer (index num_hidden_layers), embedding and lm_head."""
+    cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    w = checkpoint_tensors(model_dir, f"model.layers.{cfg['num_hidden_layers']}.")
+    emb = checkpoint_tensors(model_dir, "model.word_embeddings.")["weight"]
+    head = checkpoint_tensors(model_dir, "lm_head.")["weight"]
+    return [mtp_reference(emb[torch.tensor(seq[1:])], h[:-1], w, cfg, head).argmax(-1).tolist()
+            for seq, h in zip(seqs, hiddens)]

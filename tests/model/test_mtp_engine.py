@@ -5,7 +5,7 @@ sequence from the state slot of its last accepted token, as vLLM's CUDA kernels 
 not flip, so greedy output with MTP must equal greedy output without it token for token: with the
 `mtp_echo` draft (built to agree: drafts mostly accepted, the KDA state resumes after accepted drafts) and
 with the random `stable_router` draft (drafts rejected, every step rolls back). And the engine's acceptance
-counters must equal, draft for draft, what the draft equations predict (`references.mtp_reference` on the
+counters must equal, draft for draft, what the draft equations predict (`references.mtp_draft_guesses` on the
 transformers oracle's hidden states, replayed through k=1 verification): every draft that agrees with the
 target is accepted and every other one rejected, so the echo draft's ~89% is its agreement, not a loss.
 The SwiGLU clamps are off, as in every run held to the oracle (it has none). The GPU twin is
@@ -14,14 +14,12 @@ tests/gpu/test_mtp_gpu.py (bf16, CUDA kernels).
 
 from __future__ import annotations
 
-import json
 import random
-from pathlib import Path
 
 import pytest
 import torch
 from model_helpers import CPU_ENGINE_ENV, NO_CLAMPS, first_difference, run_script, spec_acceptance
-from references import checkpoint_tensors, mtp_reference
+from references import mtp_draft_guesses
 
 pytest.importorskip("vllm")
 
@@ -94,13 +92,8 @@ def test_acceptance_is_exactly_what_the_draft_equations_predict(pair, run_oracle
     model = str(ensure_tiny(variant=name))
     seqs = [p + o["token_ids"] for p, o in zip(_prompts(), spec["outputs"])]
     run_oracle({"model": model, "prompts": [], "score": seqs, "hidden_path": str(tmp_path / "h.pt")}, f"replay-{name}")
-    cfg = json.loads((Path(model) / "config.json").read_text())
-    draft_w = checkpoint_tensors(model, f"model.layers.{cfg['num_hidden_layers']}.")
-    emb = checkpoint_tensors(model, "model.word_embeddings.")["weight"]
-    head = checkpoint_tensors(model, "lm_head.")["weight"]
     drafts = accepted = 0
-    for p, seq, hidden in zip(PROMPT_LENGTHS, seqs, torch.load(tmp_path / "h.pt")):
-        guess = mtp_reference(emb[torch.tensor(seq[1:])], hidden[:-1], draft_w, cfg, head).argmax(-1).tolist()
+    for p, seq, guess in zip(PROMPT_LENGTHS, seqs, mtp_draft_guesses(model, seqs, torch.load(tmp_path / "h.pt"))):
         d, a = _replay_k1(p, seq, guess)
         drafts, accepted = drafts + d, accepted + a
     counters = spec["spec_decode"]

@@ -8,31 +8,24 @@ itself runs on CUDA only (tests/gpu/test_mtp_gpu.py).
 
 from __future__ import annotations
 
-import json
 import random
 from pathlib import Path
 
 import pytest
 import torch
-from references import checkpoint_tensors, mtp_reference
+from references import mtp_draft_guesses
 
 pytestmark = pytest.mark.engine  # runs the oracle subprocess
 
 
 def _agreement(model_dir: str, run_oracle, tmp: Path) -> float:
-    cfg = json.loads((Path(model_dir) / "config.json").read_text())
     rng = random.Random(3)
     seq = [rng.randrange(10, 600) for _ in range(48)]
     out = run_oracle({"model": model_dir, "prompts": [], "score": [seq], "hidden_path": str(tmp / "h.pt")},
                      f"mtp-{Path(model_dir).name}")
-    hidden = torch.load(tmp / "h.pt")[0]
     target_next = out["scored"][0]["argmax"]  # argmax[i]: the target's prediction for position i
-    w = checkpoint_tensors(model_dir, f"model.layers.{cfg['num_hidden_layers']}.")
-    emb = checkpoint_tensors(model_dir, "model.word_embeddings.")["weight"]
-    head = checkpoint_tensors(model_dir, "lm_head.")["weight"]
     # row t: embed(token t+1) with h_t -> the draft's guess for token t+2, vs the target's guess for t+2
-    logits = mtp_reference(emb[torch.tensor(seq[1:])], hidden[:-1], w, cfg, head)
-    draft = logits.argmax(-1).tolist()
+    draft = mtp_draft_guesses(model_dir, [seq], torch.load(tmp / "h.pt"))[0]
     hits = [d == target_next[t + 2] for t, d in enumerate(draft) if t + 2 < len(seq)]
     return sum(hits) / len(hits)
 
