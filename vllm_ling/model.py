@@ -181,7 +181,9 @@ class BailingMoeV3ForCausalLM(nn.Module, HasInnerState, IsHybrid):
         config = vllm_config.model_config.hf_config
         self.config = config
         self.model = BailingMoeV3Model(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, quant_config=None, prefix="lm_head")
+        # The LM head takes the quant config: `--quantization ling_fp8` gives it FP8 weights (vllm_ling.fp8).
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, quant_config=vllm_config.quant_config,
+                                      prefix=maybe_prefix(prefix, "lm_head"))
         self.logits_processor = LogitsProcessor(config.vocab_size)
         selfcheck.register_target(self)  # the MTP draft checks it shares this model's head and embedding
 

@@ -87,7 +87,8 @@ class BailingMoeV3MTPModel(nn.Module):
         super().__init__()
         self.config = draft_config(vllm_config)
         self.model = BailingMoeV3MTPStack(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
-        self.lm_head = ParallelLMHead(self.config.vocab_size, self.config.hidden_size, quant_config=None, prefix="lm_head")
+        self.lm_head = ParallelLMHead(self.config.vocab_size, self.config.hidden_size,
+                                      quant_config=vllm_config.quant_config, prefix=maybe_prefix(prefix, "lm_head"))
         self.logits_processor = LogitsProcessor(self.config.vocab_size)
         self.checked = False
 
