@@ -8,10 +8,12 @@ per output channel, computed at load:  s_c = max_k |W_ck| / 448,  W8_ck = e4m3(W
 Because it is a quantization config, it works for whichever model class serves: vLLM's in-tree Ling V3 and
 ours build their linears and LM head from vLLM's layers, which ask the config for their method.
 
-Two kernels, chosen by `VLLM_LING_FP8_KERNEL`:
-- `w8a16`: FP8-Marlin, weight-only (activations stay BF16; one GEMM, no extra kernel per linear);
-- `w8a8`: per-token dynamic FP8 activations on vLLM's scaled-mm kernels (CUTLASS on CUDA), one quant kernel
-  per linear on top of the GEMM.
+Two kernels, chosen by `VLLM_LING_FP8_KERNEL` (docs/speed.md §FP8 has the measurement behind the default):
+- `w8a8` (default): per-token dynamic FP8 activations on vLLM's scaled-mm kernels (CUTLASS on CUDA, sm_89+;
+  vLLM ships sm_120 kernels, which a GB10's sm_121 runs); one small quant kernel per linear on top of the GEMM.
+  On the H200 it took the step's BF16 linears from 2.68 to 2.29 ms (M = 1).
+- `w8a16`: FP8-Marlin, weight-only (activations stay BF16). Slower than BF16 on the H200 at decode sizes
+  (3.08 ms), kept for GPUs without FP8 tensor cores.
 Kept BF16: MLA's kv_b_proj (vLLM splits it into W_UK/W_UV and absorbs it), the MTP draft's eh_proj, and
 anything else the checkpoint quantizes (its method wins). Router and norms are fp32 and no linears of this
 config's (the router's ReplicatedLinear gets no quant config).
@@ -32,13 +34,13 @@ from vllm.model_executor.layers.quantization.base_config import QuantizationConf
 NAME = "ling_fp8"
 KERNEL_ENV = "VLLM_LING_FP8_KERNEL"
 KERNELS = ("w8a16", "w8a8")
-DEFAULT_KERNEL = "w8a16"
+DEFAULT_KERNEL = "w8a8"
 # Module name patterns (the vLLM-side prefix) that stay BF16 whatever the kernel.
 KEEP_BF16 = ("*.kv_b_proj", "*.eh_proj")
 
 
 def requested_kernel() -> str:
-    """`w8a16` (FP8-Marlin, weight-only) or `w8a8` (per-token dynamic activations), from VLLM_LING_FP8_KERNEL."""
+    """`w8a8` (per-token dynamic activations) or `w8a16` (FP8-Marlin, weight-only), from VLLM_LING_FP8_KERNEL."""
     kernel = os.environ.get(KERNEL_ENV, DEFAULT_KERNEL).strip().lower() or DEFAULT_KERNEL
     if kernel not in KERNELS:
         raise ValueError(f"{KERNEL_ENV}={kernel!r} is not a vllm-ling FP8 kernel: use one of {', '.join(KERNELS)} "

@@ -105,6 +105,7 @@ STACKED = [
     (".qkvb_proj", ".q_proj", 0), (".qkvb_proj", ".k_proj", 1), (".qkvb_proj", ".v_proj", 2), (".qkvb_proj", ".b_proj", 3),
     (".fused_qkv_a_proj", ".q_a_proj", 0), (".fused_qkv_a_proj", ".kv_a_proj_with_mqa", 1),
     (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1),
+    (".conv1d", ".q_conv1d.weight", 0), (".conv1d", ".k_conv1d.weight", 1), (".conv1d", ".v_conv1d.weight", 2),
 ]
 
 
@@ -121,7 +122,7 @@ def load_checkpoint_weights(
     A kept tensor without a parameter raises: a silently skipped tensor is how wrong models produce
     fluent garbage.
     """
-    params = dict(module.named_parameters())
+    params = dict(module.named_parameters(remove_duplicate=False))
     torch_experts = {f"{n}.": m for n, m in module.named_modules() if isinstance(m, TorchRoutedExperts)}
     expert_map = fused_moe_make_expert_params_mapping(
         module, ckpt_gate_proj_name="gate_proj", ckpt_down_proj_name="down_proj",

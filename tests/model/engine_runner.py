@@ -69,11 +69,13 @@ def run(spec: dict) -> dict:
 
 
 def _moe_method(model) -> str | None:
-    """Class name of the first MoE quant method vLLM built (e.g. CompressedTensorsWNA16MarlinMoEMethod)."""
+    """Class name of the first MoE quant method vLLM built (e.g. CompressedTensorsWNA16MarlinMoEMethod on vLLM
+    0.26), with the kernel backend it chose where the method records one (0.33: `...MoEMethod:humming`)."""
     for module in model.modules():
         method = getattr(module, "quant_method", None)
         if method is not None and "MoE" in type(method).__name__:
-            return type(method).__name__
+            backend = getattr(method, "wna16_backend", None)
+            return type(method).__name__ + (f":{getattr(backend, 'value', backend)}" if backend is not None else "")
     return None
 
 
