@@ -91,6 +91,18 @@ class Ling3(DelegatingParser):
     tool_parser_cls = Ling3ToolParser
 
 
+class Ling3ReasoningOnly(DelegatingParser):
+    """`--reasoning-parser ling3` without a tool parser (no --enable-auto-tool-choice)."""
+
+    reasoning_parser_cls = Ling3ReasoningParser
+
+
+class Ling3ToolsOnly(DelegatingParser):
+    """`--tool-call-parser ling3` without a reasoning parser."""
+
+    tool_parser_cls = Ling3ToolParser
+
+
 def make_request(tools: list | None = TOOLS, chat_template_kwargs: dict | None = None, **kw) -> ChatCompletionRequest:
     return ChatCompletionRequest(
         model="ling3",
@@ -101,8 +113,8 @@ def make_request(tools: list | None = TOOLS, chat_template_kwargs: dict | None =
     )
 
 
-def _new_parser(tokenizer, request: ChatCompletionRequest) -> Ling3:
-    return Ling3(tokenizer, request.tools, chat_template_kwargs=request.chat_template_kwargs or {})
+def _new_parser(tokenizer, request: ChatCompletionRequest, cls: type[DelegatingParser] = Ling3) -> DelegatingParser:
+    return cls(tokenizer, request.tools, chat_template_kwargs=request.chat_template_kwargs or {})
 
 
 def _prompt_ids(tokenizer, request: ChatCompletionRequest) -> list[int]:
@@ -112,9 +124,9 @@ def _prompt_ids(tokenizer, request: ChatCompletionRequest) -> list[int]:
     return tokenizer.encode(prompt, add_special_tokens=False)
 
 
-def parse_full(tokenizer, text: str, request: ChatCompletionRequest) -> Turn:
+def parse_full(tokenizer, text: str, request: ChatCompletionRequest, cls: type[DelegatingParser] = Ling3) -> Turn:
     """Non-streaming: ChatCompletion serving's `parser.parse(output.text, ...)`."""
-    parser = _new_parser(tokenizer, request)
+    parser = _new_parser(tokenizer, request, cls)
     ids = tokenizer.encode(text, add_special_tokens=False)
     if hasattr(parser, "set_prompt_token_ids"):  # vLLM >= 0.32
         parser.set_prompt_token_ids(_prompt_ids(tokenizer, request))
@@ -136,14 +148,18 @@ def parse_stream(tokenizer, text: str, request: ChatCompletionRequest, chunk: in
     return drive_stream(tokenizer, steps, request)
 
 
-def parse_text_chunks(tokenizer, chunks: list[str], request: ChatCompletionRequest) -> Turn:
+def parse_text_chunks(
+    tokenizer, chunks: list[str], request: ChatCompletionRequest, cls: type[DelegatingParser] = Ling3
+) -> Turn:
     """Streaming with the output cut at arbitrary characters (no token ids): our parsers read text."""
-    return drive_stream(tokenizer, [(c, []) for c in chunks], request)
+    return drive_stream(tokenizer, [(c, []) for c in chunks], request, cls)
 
 
-def drive_stream(tokenizer, steps: list[tuple[str, list[int]]], request: ChatCompletionRequest) -> Turn:
+def drive_stream(
+    tokenizer, steps: list[tuple[str, list[int]]], request: ChatCompletionRequest, cls: type[DelegatingParser] = Ling3
+) -> Turn:
     """Feed `(delta_text, delta_token_ids)` steps to a fresh parser; the client's view of the stream."""
-    parser = _new_parser(tokenizer, request)
+    parser = _new_parser(tokenizer, request, cls)
     prompt = _prompt_ids(tokenizer, request)
     reasoning, content = [], []
     names: dict[int, str] = {}

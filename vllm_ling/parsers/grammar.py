@@ -210,10 +210,6 @@ class OutputParser:
         """Characters the lexer examined: the linear-time check's counter."""
         return self._lexer.scanned
 
-    @property
-    def in_reasoning(self) -> bool:
-        return self._reasoning
-
     def feed(self, text: str) -> list[Piece]:
         return self._read(self._lexer.feed(text))
 

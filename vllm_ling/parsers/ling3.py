@@ -37,7 +37,7 @@ from vllm_ling.parsers.compat import (
     make_tool_call_id,
 )
 from vllm_ling.parsers.grammar import Kind, OutputParser, Piece, Policy
-from vllm_ling.parsers.schema import callable_tools
+from vllm_ling.parsers.schema import call_required, callable_tools
 
 if TYPE_CHECKING:
     from vllm.tokenizers import TokenizerLike
@@ -182,9 +182,11 @@ class Ling3ToolParser(ToolParser):
         self._calls = 0  # calls streamed so far: the next call's index
         self._grammar_covers_reasoning = False
 
-    def _thinking(self, request: Any) -> bool:
-        """Thinking as the paired reasoning parser was told; alone, we read content (no reasoning)."""
-        return self._reasoning.thinking if self._reasoning is not None else False
+    @property
+    def _reads_reasoning(self) -> bool:
+        """Streaming starts in reasoning if thinking is on and a Ling-3 reasoning parser was built with
+        us; without one, reasoning markup is content to the client (vLLM's rule for a lone tool parser)."""
+        return self._reasoning is not None and self._reasoning.thinking
 
     def _parser(self, request: Any, thinking: bool) -> OutputParser:
         tools = callable_tools(getattr(request, "tools", None) or self.tools, getattr(request, "tool_choice", None))
@@ -219,7 +221,7 @@ class Ling3ToolParser(ToolParser):
     ) -> DeltaMessage | None:
         self.request = request
         if self._stream is None:
-            self._stream = self._parser(request, thinking=self._thinking(request))
+            self._stream = self._parser(request, thinking=self._reads_reasoning)
         return self._delta(self._stream.feed(delta_text))
 
     def finish_streaming(self) -> DeltaMessage | None:
@@ -261,7 +263,8 @@ class Ling3ToolParser(ToolParser):
         before a valid call. Where this vLLM has no flag for that, vLLM's own behaviour stays."""
         covers = (
             not reasoning
-            and _call_required(request)
+            and bool(getattr(request, "tools", None))
+            and call_required(getattr(request, "tool_choice", None))
             and self._thinking_for_grammar(request)
             and _from_first_token_flag(request) is not None
         )
@@ -273,11 +276,6 @@ class Ling3ToolParser(ToolParser):
         if self._reasoning is not None:
             return self._reasoning.thinking
         return thinking_enabled(getattr(request, "chat_template_kwargs", None))
-
-
-def _call_required(request: Any) -> bool:
-    choice = getattr(request, "tool_choice", None)
-    return bool(getattr(request, "tools", None)) and choice not in (None, "auto", "none")
 
 
 def _from_first_token_flag(request: Any) -> str | None:

@@ -185,16 +185,29 @@ def tool_schemas(tools: Sequence[Any] | None) -> dict[str, ToolSchema]:
 
 
 def callable_tools(tools: Sequence[Any] | None, tool_choice: Any) -> dict[str, ToolSchema]:
-    """The tools a call may name under `tool_choice`: none for "none", the one named, else all."""
+    """The tools a call may name under `tool_choice`: none for "none", the named or allowed ones, else all."""
     schemas = tool_schemas(tools)
     if tool_choice == "none":
         return {}
-    named = _get(_get(tool_choice, "function"), "name") or (
-        _get(tool_choice, "name") if _get(tool_choice, "type") == "function" else None
-    )
-    if isinstance(named, str):
-        return {named: schemas[named]} if named in schemas else {}
-    return schemas
+    names = _chosen_names(tool_choice)
+    return schemas if names is None else {n: schemas[n] for n in names if n in schemas}
+
+
+def call_required(tool_choice: Any) -> bool:
+    """Whether `tool_choice` demands a call: "required", a named tool, or allowed tools in required mode."""
+    if tool_choice == "required" or _get(tool_choice, "mode") == "required":
+        return True
+    return not isinstance(tool_choice, str) and _get(tool_choice, "mode") is None and bool(_chosen_names(tool_choice))
+
+
+def _chosen_names(tool_choice: Any) -> list[str] | None:
+    """Names a tool_choice object restricts calls to (chat named, Responses function or allowed_tools)."""
+    if tool_choice is None or isinstance(tool_choice, str):
+        return None
+    if isinstance(allowed := _get(tool_choice, "tools"), list):  # Responses allowed_tools
+        return [n for t in allowed if isinstance(n := _get(_get(t, "function"), "name") or _get(t, "name"), str)]
+    name = _get(_get(tool_choice, "function"), "name") or _get(tool_choice, "name")
+    return [name] if isinstance(name, str) else None
 
 
 def _get(obj: Any, attr: str) -> Any:
