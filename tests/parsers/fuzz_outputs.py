@@ -74,7 +74,11 @@ def _valid_call(rng: random.Random) -> str:
     """A call that fits the harness's TOOLS (values may still hold markup-like text)."""
     name = rng.choice(["get_weather", "echo", "now", "book"])
     pairs = {
-        "get_weather": [("city", _text(rng)), ("days", rng.choice(["3", " 2 ", "-1"])), ("note", rng.choice(["null", "x"]))],
+        "get_weather": [
+            ("city", _text(rng)),
+            ("days", rng.choice(["3", " 2 ", "-1"])),
+            ("note", rng.choice(["null", "x"])),
+        ],
         "echo": [(rng.choice(["a", "b", "c"]), _text(rng)) for _ in range(2)],
         "now": [],
         "book": [("hotel", _text(rng)), ("nights", rng.choice(["1", "7"]))],
@@ -140,7 +144,8 @@ def output(rng: random.Random) -> str:
 
 
 def request(rng: random.Random) -> dict[str, Any]:
-    kwargs: dict[str, Any] = {"chat_template_kwargs": rng.choice([None, {"enable_thinking": False}, {"thinking": True}])}
+    thinking = rng.choice([None, {"enable_thinking": False}, {"thinking": True}])
+    kwargs: dict[str, Any] = {"chat_template_kwargs": thinking}
     if rng.random() < 0.15:
         kwargs["tools"] = None
     else:

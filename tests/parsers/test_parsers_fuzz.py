@@ -54,7 +54,8 @@ def test_no_text_is_lost_and_the_pieces_are_what_the_server_returns(special_toke
             pieces = [p for chunk in chunks for p in parser.feed(chunk)] + parser.finish()
             assert "".join(p.raw for p in pieces) == c.text, f"seed {seed}: text lost or added"
             assert all(p.raw in TAGS for p in pieces if p.kind is Kind.MARKUP), f"seed {seed}: text dropped"
-            assert all(p.raw.startswith("<tool_call>") and p.raw.endswith("</tool_call>") for p in pieces if p.kind is Kind.CALL)
+            calls = [p.raw for p in pieces if p.kind is Kind.CALL]
+            assert all(c.startswith("<tool_call>") and c.endswith("</tool_call>") for c in calls)
             fields = (
                 "".join(p.raw for p in pieces if p.kind is Kind.REASONING) or None,
                 "".join(p.raw for p in pieces if p.kind is Kind.CONTENT) or None,
@@ -78,7 +79,8 @@ def test_the_fuzz_reaches_every_outcome():
     for seed in SEEDS:
         c = case(seed)
         req = make_request(**c.request)
-        parser = OutputParser(Policy(thinking_enabled(req.chat_template_kwargs), callable_tools(req.tools, req.tool_choice)))
+        policy = Policy(thinking_enabled(req.chat_template_kwargs), callable_tools(req.tools, req.tool_choice))
+        parser = OutputParser(policy)
         kinds |= {p.kind for p in parser.feed(c.text) + parser.finish()}
         refusals += len(parser.refusals)
     assert kinds == set(Kind) and refusals > 50

@@ -50,7 +50,7 @@ _FROM_FIRST_TOKEN_FLAGS = ("_grammar_from_parser", "_grammar_from_tool_parser")
 
 
 def thinking_enabled(chat_template_kwargs: dict[str, Any] | None) -> bool:
-    """On unless the request sets `thinking` or `enable_thinking` and neither is true (§1)."""
+    """On unless the request sets `thinking` or `enable_thinking` and neither is true (docs/parsers.md §1)."""
     kwargs = chat_template_kwargs or {}
     thinking, enable_thinking = kwargs.get("thinking"), kwargs.get("enable_thinking")
     if thinking is None and enable_thinking is None:
@@ -168,8 +168,8 @@ class Ling3ToolParser(ToolParser):
     """`--tool-call-parser ling3`."""
 
     engine_based_streaming = True  # vLLM hands it deltas, not the text so far
-    supports_required_and_named = False  # required/named tool_choice: Ling-3's XML too, not JSON (§5)
-    structural_tag_model = "glm_4_7"  # xgrammar's grammar for this XML (strict tool calling, §5)
+    supports_required_and_named = False  # required/named: parsed from the XML too (docs/parsers.md §5)
+    structural_tag_model = "glm_4_7"  # the grammar of this XML (docs/parsers.md §5)
     skip_reasoning_parsing = False  # set by vLLM >= 0.28 when no reasoning parser is configured
 
     def __init__(self, tokenizer: TokenizerLike, tools: list[Any] | None = None, **kwargs: Any) -> None:
@@ -248,7 +248,7 @@ class Ling3ToolParser(ToolParser):
             return None
         return DeltaMessage(reasoning=reasoning, content=content, tool_calls=calls)
 
-    # ── Requests: the grammar of tool_choice="required" / a named tool with thinking on (§5) ──
+    # ── Requests: the grammar when a call is required and thinking is on (docs/parsers.md §5) ──
 
     def adjust_request(self, request: Any) -> Any:
         request.skip_special_tokens = False  # the markup is special tokens: keep them in the text

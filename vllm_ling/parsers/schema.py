@@ -177,7 +177,8 @@ def tool_schemas(tools: Sequence[Any] | None) -> dict[str, ToolSchema]:
     out: dict[str, ToolSchema] = {}
     for tool in tools or ():
         fn = _get(tool, "function")
-        name, params = (_get(fn, "name"), _get(fn, "parameters")) if fn is not None else (_get(tool, "name"), _get(tool, "parameters"))
+        source = fn if fn is not None else tool
+        name, params = _get(source, "name"), _get(source, "parameters")
         kind = _get(tool, "type")
         if isinstance(name, str) and name and kind in (None, "function"):
             out[name] = ToolSchema(name, params if isinstance(params, Mapping) else None)
