@@ -3,15 +3,15 @@
 The markup is GLM-4.7's (docs/parsers.md §1): eight tags, each one special token of the tokenizer. The
 lexer works on text, not token ids, so that a whole output and the same output cut into any chunks
 (tokens, characters, MTP steps) give the same tokens. It holds back at most one possible tag prefix
-(under 16 characters) between feeds; every character is examined a bounded number of times.
+(shorter than the longest literal) between feeds; every character is examined a bounded number of times.
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
-
-import re
 
 THINK_START = "<think>"
 THINK_END = "</think>"
@@ -33,6 +33,29 @@ class Token:
     tag: bool = False
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """What a Lexer needs to know about its literals; built once per set of literals."""
+
+    literal: re.Pattern[str]  # any literal, longest first
+    start: re.Pattern[str]  # any character a literal starts with
+    prefixes: frozenset[str]  # proper prefixes of the literals
+    longest: int
+
+
+@functools.cache
+def _shape(literals: frozenset[str]) -> _Shape:
+    lits = sorted((s for s in literals if s), key=len, reverse=True)
+    if not lits:
+        raise ValueError("Lexer needs at least one non-empty literal to recognise")
+    return _Shape(
+        literal=re.compile("|".join(re.escape(s) for s in lits)),
+        start=re.compile("[" + "".join(re.escape(c) for c in sorted({s[0] for s in lits})) + "]"),
+        prefixes=frozenset(s[:i] for s in lits for i in range(1, len(s))),
+        longest=len(lits[0]),
+    )
+
+
 class Lexer:
     """Splits text fed in arbitrary chunks into `Token`s; `literals` are the strings to recognise.
 
@@ -41,13 +64,7 @@ class Lexer:
     """
 
     def __init__(self, literals: Iterable[str]) -> None:
-        lits = sorted({s for s in literals if s}, key=len, reverse=True)  # longest first: a longest match
-        if not lits:
-            raise ValueError("Lexer needs at least one non-empty literal to recognise")
-        self._literal = re.compile("|".join(re.escape(s) for s in lits))
-        self._start = re.compile("[" + "".join(re.escape(c) for c in sorted({s[0] for s in lits})) + "]")
-        self._prefixes = frozenset(s[:i] for s in lits for i in range(1, len(s)))
-        self._longest = len(lits[0])
+        self._shape = _shape(frozenset(literals))
         self._held = ""
         self.scanned = 0
 
@@ -60,17 +77,17 @@ class Lexer:
         return self._scan(self._held, final=True)
 
     def _scan(self, buf: str, final: bool) -> list[Token]:
-        self._held = ""
+        shape, self._held = self._shape, ""
         self.scanned += len(buf)
         out: list[Token] = []
         text_from = pos = 0
-        while (m := self._start.search(buf, pos)) is not None:
+        while (m := shape.start.search(buf, pos)) is not None:
             i = m.start()
-            if not final and len(buf) - i < self._longest and buf[i:] in self._prefixes:
+            if not final and len(buf) - i < shape.longest and buf[i:] in shape.prefixes:
                 self._held = buf[i:]  # may still become a literal (or a longer one)
                 buf = buf[:i]
                 break
-            if (lit := self._literal.match(buf, i)) is None:
+            if (lit := shape.literal.match(buf, i)) is None:
                 pos = i + 1
                 continue
             if i > text_from:
