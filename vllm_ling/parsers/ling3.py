@@ -65,7 +65,8 @@ def ling3_config(thinking: bool) -> ParserEngineConfig:
 
 
 def _dropped_tokens(tokenizer: Any) -> frozenset[str]:
-    """Special tokens that are not Ling-3 markup: the detokenizer would skip them; so do we."""
+    """The tokenizer's special tokens: OutputParser drops those that are not Ling-3 markup, as the
+    detokenizer would have (docs/parsers.md §3)."""
     try:
         return frozenset(tokenizer.all_special_tokens)
     except (AttributeError, NotImplementedError):
@@ -159,7 +160,7 @@ class Ling3ReasoningParser(ParserEngineReasoningAdapter):
             return 0
         tool_parser = self.tool_parser() if self.tool_parser is not None else None
         parser = self._parser(tool_parser.request if tool_parser is not None else None)
-        text = self.model_tokenizer.decode(list(token_ids))
+        text = self.model_tokenizer.decode(list(token_ids), skip_special_tokens=False)
         reasoning = _join(parser.feed(text) + parser.finish(), Kind.REASONING)
         return len(self.model_tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
 
