@@ -221,3 +221,22 @@ def register_config_class(config_cls: type) -> None:
     except (ImportError, TypeError):  # pragma: no cover - private symbol moved
         pass
     AutoConfig.register(config_cls.model_type, config_cls, exist_ok=True)
+
+
+# --- the OpenAI protocol classes the ling3 parsers build: their module moved in vLLM 0.28 -------------------
+
+def openai_protocol() -> Any:
+    """The module holding DeltaMessage, DeltaToolCall, ToolCall, ExtractedToolCallInformation, FunctionCall."""
+    try:  # vLLM >= 0.28
+        from vllm.entrypoints.generate.base import protocol
+    except ImportError:  # vLLM 0.26
+        from vllm.entrypoints.openai.engine import protocol  # type: ignore[no-redef]
+    return protocol
+
+
+def make_tool_call_id() -> str:
+    try:  # vLLM >= 0.28
+        from vllm.renderers.chat_utils import make_tool_call_id as make
+    except ImportError:  # vLLM 0.26
+        from vllm.entrypoints.chat_utils import make_tool_call_id as make  # type: ignore[no-redef]
+    return make()

@@ -22,6 +22,7 @@ config's (the router's ReplicatedLinear gets no quant config).
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
 from typing import Any
 
@@ -30,6 +31,8 @@ import torch
 # Light imports only: this module is imported by `register()` in every vLLM process, before any model exists.
 from vllm.model_executor.layers.quantization import get_quantization_config, register_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
+
+logger = logging.getLogger("vllm_ling")
 
 NAME = "ling_fp8"
 KERNEL_ENV = "VLLM_LING_FP8_KERNEL"
@@ -173,6 +176,8 @@ class LingFp8Config(QuantizationConfig):
         if not _fp8_candidate(layer, base) or keeps_bf16(prefix):
             return base if base is not None or not _is_linear(layer) else _bf16_linear()
         self.fp8_layers.append(prefix)
+        if not _is_linear(layer):  # the LM head comes last in every Ling V3 model: the count is complete
+            logger.info("vllm-ling: %s", self.summary())
         return fp8_method(self.kernel)
 
     def get_cache_scale(self, name: str) -> str | None:

@@ -33,28 +33,6 @@ from vllm_ling.ops.kda import kda_safe_gate, kda_softplus_gate
 
 logger = logging.getLogger("vllm_ling")
 OP_NAME = "vllm_ling_kda"
-_smem_guarded = False
-
-
-def guard_kda_autotune_smem() -> None:
-    """On a GPU with GB10's shared memory (or LING_SMEM_LIMIT set), keep vLLM's vendored KDA autotuners from
-    trying configs over the limit: a failing autotune mid-serve wedged a Spark for 90 s+ (W6). Once per process;
-    on bigger GPUs (the H200) nothing changes."""
-    global _smem_guarded
-    if _smem_guarded or not torch.cuda.is_available():
-        return
-    _smem_guarded = True
-    from ling_tuning.smem import GB10_SMEM_PER_BLOCK, device_smem_limit
-    from ling_tuning.smem_guard import install_for_device
-
-    limit = device_smem_limit()
-    if limit > GB10_SMEM_PER_BLOCK:
-        return
-    guard = install_for_device()
-    logger.info("vllm-ling: KDA Triton autotune configs limited to %d B of shared memory per block (%s)",
-                limit, "installed" if guard is not None else "NOT installed: see the line above")
-
-
 def _kda_op(qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, out: torch.Tensor, layer_name: str) -> None:
     get_forward_context().no_compile_layers[layer_name].core(qkv, g, beta, out)
 
@@ -87,7 +65,6 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
 
     def __init__(self, config, vllm_config, prefix: str) -> None:
         super().__init__()
-        guard_kda_autotune_smem()
         quant_config = vllm_config.quant_config
         self.model_config = vllm_config.model_config
         self.cache_config = vllm_config.cache_config

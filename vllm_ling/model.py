@@ -23,7 +23,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
 from vllm.model_executor.models.utils import WeightsMapper, maybe_prefix
 
-from vllm_ling import compat, selfcheck
+from vllm_ling import compat, draft_check
 from vllm_ling.config import check_supported, is_mla_layer, kda_head_dim
 from vllm_ling.kda import BailingMoeV3KDA
 from vllm_ling.mla import BailingMoeV3MLA
@@ -186,7 +186,7 @@ class BailingMoeV3ForCausalLM(nn.Module, HasInnerState, IsHybrid):
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, quant_config=vllm_config.quant_config,
                                       prefix=maybe_prefix(prefix, "lm_head"))
         self.logits_processor = LogitsProcessor(config.vocab_size)
-        selfcheck.register_target(self)  # the MTP draft checks it shares this model's head and embedding
+        draft_check.register_target(self)  # the MTP draft checks it shares this model's head and embedding
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)

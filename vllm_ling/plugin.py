@@ -56,8 +56,11 @@ def _register() -> str:
     import vllm_ling.fp8  # noqa: F401  registers `--quantization ling_fp8`, whichever model serves
     from vllm_ling.parsers import register_parsers
 
+    from vllm_ling import smem_guard
+
     serving, why = compat.serving_model()
     compat.register_config_class(BailingMoeV3Config)
+    smem_guard.install_once()  # GB10: KDA autotuners within 101,376 B, whichever model serves
     ours = serving == compat.OURS
     if ours:
         ModelRegistry.register_model(ARCH, "vllm_ling.model:BailingMoeV3ForCausalLM")

@@ -7,12 +7,27 @@ gets a fresh vLLM, and nothing leaks between them. Usage: python engine_runner.p
 from __future__ import annotations
 
 import json
+import logging
 import sys
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
 
 
 def run(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+
+    lines = _Lines()
+    if spec.get("log_lines"):  # vllm-ling's own log lines (the draft check, the FP8 summary)
+        logging.getLogger("vllm_ling").addHandler(lines)
+        logging.getLogger("vllm_ling").setLevel(logging.INFO)
 
     llm = LLM(
         model=spec["model"],
@@ -61,11 +76,21 @@ def run(spec: dict) -> dict:
         result["spec_decode"] = _spec_counters(llm)
     result["implementation"] = llm.apply_model(lambda model: f"{type(model).__module__}.{type(model).__name__}")[0]
     result["moe_method"] = llm.apply_model(_moe_method)[0]
+    if spec.get("quant_methods"):
+        result["quant_methods"] = llm.apply_model(_quant_methods)[0]
+    if spec.get("log_lines"):
+        result["log_lines"] = lines.lines
     if captured:
         import torch
 
         torch.save({k: [(x, y) for x, y in v] for k, v in captured.items()}, spec["capture_path"])
     return result
+
+
+def _quant_methods(model) -> dict[str, str]:
+    """module name -> the class name of its quant method, for every module that has one."""
+    return {name: type(m.quant_method).__name__ for name, m in model.named_modules()
+            if getattr(m, "quant_method", None) is not None}
 
 
 def _moe_method(model) -> str | None:

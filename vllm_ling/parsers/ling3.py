@@ -26,21 +26,19 @@ from vllm.parser.engine.parser_engine_config import ParserEngineConfig
 from vllm.parser.glm47_moe import Glm47MoeParser, glm47_moe_config
 from vllm.tool_parsers.abstract_tool_parser import ToolParser
 
+from vllm_ling import compat
+from vllm_ling.compat import make_tool_call_id
 from vllm_ling.parsers import pairing
-from vllm_ling.parsers.compat import (
-    DeltaFunctionCall,
-    DeltaMessage,
-    DeltaToolCall,
-    ExtractedToolCallInformation,
-    FunctionCall,
-    ToolCall,
-    make_tool_call_id,
-)
 from vllm_ling.parsers.grammar import Kind, OutputParser, Piece, Policy
 from vllm_ling.parsers.schema import call_required, callable_tools
 
 if TYPE_CHECKING:
     from vllm.tokenizers import TokenizerLike
+
+_protocol = compat.openai_protocol()
+DeltaFunctionCall, DeltaMessage, DeltaToolCall = _protocol.DeltaFunctionCall, _protocol.DeltaMessage, _protocol.DeltaToolCall
+ExtractedToolCallInformation, FunctionCall, ToolCall = (
+    _protocol.ExtractedToolCallInformation, _protocol.FunctionCall, _protocol.ToolCall)
 
 NAME = "ling3"
 
