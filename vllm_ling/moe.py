@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vllm.distributed import get_tensor_model_parallel_rank, tensor_model_parallel_all_reduce
 from vllm.model_executor.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from vllm.utils.torch_utils import direct_register_custom_op
 
@@ -59,15 +60,20 @@ class TorchRoutedExperts(nn.Module):
 
     Holds w13 [E, 2I, H] (gate rows, then up) and w2 [E, H, I] in the model dtype. INT4 pack-quantized
     checkpoints are dequantized here at load, so the CPU engine serves them too.
+    Tensor parallel: each rank keeps its I/TP slice of the intermediate dim (gate/up rows, down columns),
+    like vLLM's fused MoE; the router is replicated, so every rank picks the same experts, and the partial
+    sums are all-reduced.
     """
 
     EXPERT = re.compile(r"(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|weight_packed|weight_scale|weight_shape)$")
 
     def __init__(self, config, limit: float | None, prefix: str) -> None:
         super().__init__()
-        if compat.tp_size() != 1:
-            raise ValueError("vllm-ling's CPU MoE path runs at tensor-parallel size 1 only")
-        e, i, h = config.num_experts, config.moe_intermediate_size, config.hidden_size
+        self.tp_size, self.tp_rank = compat.tp_size(), get_tensor_model_parallel_rank()
+        if config.moe_intermediate_size % self.tp_size:
+            raise ValueError(f"vllm-ling: moe_intermediate_size {config.moe_intermediate_size} is not divisible "
+                             f"by tensor-parallel size {self.tp_size}")
+        e, i, h = config.num_experts, config.moe_intermediate_size // self.tp_size, config.hidden_size
         dtype = torch.get_default_dtype()
         self.w13 = nn.Parameter(torch.empty(e, 2 * i, h, dtype=dtype), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(e, h, i, dtype=dtype), requires_grad=False)
@@ -87,16 +93,18 @@ class TorchRoutedExperts(nn.Module):
                 return
             tensor = dequantize_pack_quantized(parts["weight_packed"], parts["weight_scale"], parts["weight_shape"])
             del self._int4[(e, proj)]
-        i = self.config.moe_intermediate_size
+        i = self.w2.shape[-1]  # this rank's intermediate slice: rows of gate/up, columns of down
         target = {"gate_proj": self.w13[e, :i], "up_proj": self.w13[e, i:], "down_proj": self.w2[e]}[proj]
+        tensor = tensor.narrow(1 if proj == "down_proj" else 0, self.tp_rank * i, i)
         target.copy_(tensor.to(target.dtype))
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
         c = self.config
-        return torch.ops.vllm.vllm_ling_cpu_moe(
+        out = torch.ops.vllm.vllm_ling_cpu_moe(
             hidden_states, router_logits, bias, self.w13, self.w2, c.n_group, c.topk_group,
             c.num_experts_per_tok, c.norm_topk_prob, c.routed_scaling_factor, self.limit or 0.0,
         )
+        return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
 
 
 def _cpu_moe(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
