@@ -1,13 +1,15 @@
-"""Deliberately wrong tensor-parallel shards, for the negative controls of tests/model/test_tp.py.
+"""Deliberately wrong tensor-parallel shards, for the negative controls of test_tp.py and test_tp_sharding.py.
 
-`install(name)` patches a loader so that each rank loads its *neighbour's* slice of one tensor family; the
-rest of the model stays correct. At TP = 1 every fault is a no-op (the neighbour is the rank itself), so a
+`patches(name)` are loader patches under which each rank loads its *neighbour's* slice of one tensor family
+(bf16 expert down_proj; KDA A_log, dt_bias and conv); the rest of the model stays correct. At TP = 1 every fault is a no-op (the neighbour is the rank itself), so a
 fault shows only what TP sharding would get wrong. engine_runner.py installs the fault named by
 $VLLM_LING_TP_FAULT at import, which is also how it reaches the multiprocess executor's spawned workers
 (spawn re-imports the parent's main script before the worker starts).
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 import torch
 
@@ -20,8 +22,8 @@ def _neighbour_slice(tensor: torch.Tensor, dim: int, local: int) -> torch.Tensor
     return tensor.roll(-local, dims=dim)
 
 
-def install(name: str) -> None:
-    """Patch vllm_ling's loaders in this process (idempotence not needed: one install per process)."""
+def patches(name: str) -> list[tuple[object, str, Callable]]:
+    """The (owner, attribute, replacement) patches that make fault `name`."""
     if name == "expert_down_neighbour":  # routed experts: down_proj columns of the other rank, gate/up right
         from vllm_ling.moe import TorchRoutedExperts
 
@@ -32,8 +34,8 @@ def install(name: str) -> None:
                 tensor = _neighbour_slice(tensor, 1, self.w2.shape[-1])
             original(self, expert_name, tensor)
 
-        TorchRoutedExperts.load_expert = load_expert
-    elif name == "kda_heads_neighbour":  # KDA per-head params (A_log, dt_bias, conv) of the other rank's heads
+        return [(TorchRoutedExperts, "load_expert", load_expert)]
+    if name == "kda_heads_neighbour":  # KDA per-head params (A_log, dt_bias, conv) of the other rank's heads
         from vllm_ling import kda
 
         original_loader = kda._load_head_sharded
@@ -42,6 +44,11 @@ def install(name: str) -> None:
             loaded = loaded.reshape(-1, *param.shape[1:]) if param.dim() > 1 else loaded.reshape(-1)
             original_loader(param, _neighbour_slice(loaded, 0, param.shape[0]))
 
-        kda._load_head_sharded = load_head_sharded
-    else:
-        raise ValueError(f"unknown TP fault {name!r}; known: {FAULTS}")
+        return [(kda, "_load_head_sharded", load_head_sharded)]
+    raise ValueError(f"unknown TP fault {name!r}; known: {FAULTS}")
+
+
+def install(name: str) -> None:
+    """Apply fault `name` for the rest of this process (an engine worker)."""
+    for owner, attribute, replacement in patches(name):
+        setattr(owner, attribute, replacement)
