@@ -133,7 +133,7 @@ def test_tp2_kda_state_holds_this_ranks_heads(runs, checkpoints):
         (conv, rec), (conv_alloc, rec_alloc) = rank["kda_state"]["declared"], rank["kda_state"]["allocated"]
         assert sorted(conv) == sorted([3 * h * d // TP, k - 1]), f"rank {rank['rank']}: conv state {conv}"
         assert rec == [h // TP, d, d], f"rank {rank['rank']}: recurrent state {rec}"
-        assert conv_alloc[1:] == conv and rec_alloc[1:3] == rec[:2], f"rank {rank['rank']}: allocated {rank['kda_state']}"
+        assert conv_alloc[1:] == conv and rec_alloc[1:3] == rec[:2], f"rank {rank['rank']}: {rank['kda_state']}"
 
 
 @pytest.mark.parametrize("name", CHECKPOINTS)
@@ -184,7 +184,8 @@ def mtp_runs(run_engine) -> dict[int, dict]:
     rng = random.Random(11)
     spec = {"model": str(ensure_tiny(variant="mtp_echo")), "max_tokens": 48, "max_model_len": 512,
             "prompts": [[rng.randrange(10, 900) for _ in range(n)] for n in (3, 17, 64)],
-            "max_num_batched_tokens": 32, "prompt_logprobs": False, "hf_overrides": NO_CLAMPS, "speculative_config": MTP}
+            "max_num_batched_tokens": 32, "prompt_logprobs": False, "hf_overrides": NO_CLAMPS,
+            "speculative_config": MTP}
     return {tp: run_engine({**spec, "engine_kwargs": {"tensor_parallel_size": tp}}, f"mtp-tp{tp}", tp_env(tp))
             for tp in (1, TP)}
 

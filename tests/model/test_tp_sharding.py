@@ -2,10 +2,11 @@
 
 The model (and the MTP draft) is built in this process under a fake tensor-parallel world (vLLM's
 `get_tp_group` patched to report rank r of 2; nothing is communicated, only construction and weight loading
-run) and loaded from the tiny checkpoint by its own `load_weights`. For every parameter, `SHARDING` says how
-TP splits it; rank 0 ⊕ rank 1 along that dimension (fused projections piece by piece) must equal the
-parameter of the TP = 1 build, and a replicated one must equal it on both ranks. Every parameter must be
-classified, so a new one cannot go unchecked. Also: each KDA layer's state shape at TP = 2.
+run) and loaded from the tiny checkpoint by vLLM's default loader, which calls our `load_weights`, hence
+`_load_head_sharded`, `TorchRoutedExperts.load_expert` and vLLM's parallel-layer loaders. For every
+parameter, `SHARDING` says how TP splits it; rank 0 ⊕ rank 1 along that dimension (fused projections piece
+by piece) must equal the parameter of the TP = 1 build, and a replicated one must equal it on both ranks.
+Every parameter must be classified, so a new one cannot go unchecked. Also: each KDA layer's state shape.
 Negative control: the wrong-shard loaders of `tp_faults` fail the comparison exactly where they act.
 test_tp.py runs the same sharding through a real TP = 2 engine against the oracle.
 """
@@ -208,8 +209,11 @@ def test_kda_state_shape_at_tp2_holds_this_ranks_heads(tiny):
         assert (conv, rec) == type(model).get_mamba_state_shape_from_config(vllm_config)
 
 
-@pytest.mark.parametrize("fault, family", [("expert_down_neighbour", r"mlp\.experts\.w2$"),
-                                           ("kda_heads_neighbour", r"self_attn\.(A_log|dt_bias|[qkv]_conv1d\.weight)$")])
+FAULTED = {"expert_down_neighbour": r"mlp\.experts\.w2$",
+           "kda_heads_neighbour": r"self_attn\.(A_log|dt_bias|[qkv]_conv1d\.weight)$"}  # what each fault corrupts
+
+
+@pytest.mark.parametrize("fault, family", list(FAULTED.items()))
 def test_comparison_catches_a_wrong_shard(loaded, tiny, fault, family, monkeypatch):
     """Under each `tp_faults` loader exactly the family it corrupts mismatches; at TP = 1 the fault is a no-op."""
     config, full, _ = loaded("bf16")
