@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from vllm.distributed import get_tensor_model_parallel_rank, tensor_model_parallel_all_reduce
 from vllm.model_executor.layers.fused_moe import GateLinear
 from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from vllm.utils.torch_utils import direct_register_custom_op
@@ -65,6 +66,9 @@ class TorchRoutedExperts(nn.Module):
     Called like vLLM's FusedMoE (`experts(hidden_states=x, router_logits=logits)` -> routed + shared), so the MoE
     block has one code path. Holds w13 [E, 2I, H] (gate rows, then up) and w2 [E, H, I] in the model dtype. INT4
     pack-quantized checkpoints are dequantized here at load, so the CPU engine serves them too.
+    Tensor parallel: each rank keeps its I/TP slice of the intermediate dim (gate/up rows, down columns),
+    like vLLM's fused MoE; the router is replicated, so every rank picks the same experts, and routed + shared
+    partial sums are all-reduced once (the shared expert is built with reduce_results=False, as for FusedMoE).
     """
 
     EXPERT = re.compile(r"(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|weight_packed|weight_scale|weight_shape)$")
@@ -72,9 +76,11 @@ class TorchRoutedExperts(nn.Module):
     def __init__(self, config, limit: float | None, prefix: str, e_score_correction_bias: torch.Tensor,
                  shared_experts: nn.Module) -> None:
         super().__init__()
-        if compat.tp_size() != 1:
-            raise ValueError("vllm-ling's CPU MoE path runs at tensor-parallel size 1 only")
-        e, i, h = config.num_experts, config.moe_intermediate_size, config.hidden_size
+        self.tp_size, self.tp_rank = compat.tp_size(), get_tensor_model_parallel_rank()
+        if config.moe_intermediate_size % self.tp_size:
+            raise ValueError(f"vllm-ling: moe_intermediate_size {config.moe_intermediate_size} is not divisible "
+                             f"by tensor-parallel size {self.tp_size}")
+        e, i, h = config.num_experts, config.moe_intermediate_size // self.tp_size, config.hidden_size
         dtype = torch.get_default_dtype()
         self.w13 = nn.Parameter(torch.empty(e, 2 * i, h, dtype=dtype), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(e, h, i, dtype=dtype), requires_grad=False)
@@ -96,17 +102,18 @@ class TorchRoutedExperts(nn.Module):
                 return
             tensor = dequantize_pack_quantized(parts["weight_packed"], parts["weight_scale"], parts["weight_shape"])
             del self._int4[(e, proj)]
-        i = self.config.moe_intermediate_size
+        i = self.w2.shape[-1]  # this rank's intermediate slice: rows of gate/up, columns of down
         target = {"gate_proj": self.w13[e, :i], "up_proj": self.w13[e, i:], "down_proj": self.w2[e]}[proj]
+        tensor = tensor.narrow(1 if proj == "down_proj" else 0, self.tp_rank * i, i)
         target.copy_(tensor.to(target.dtype))
 
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         c = self.config
-        routed = torch.ops.vllm.vllm_ling_cpu_moe(
+        out = torch.ops.vllm.vllm_ling_cpu_moe(
             hidden_states, router_logits, self.bias, self.w13, self.w2, c.n_group, c.topk_group,
             c.num_experts_per_tok, c.norm_topk_prob, c.routed_scaling_factor, self.limit or 0.0,
-        )
-        return routed + self.shared_experts(hidden_states)
+        ) + self.shared_experts(hidden_states)
+        return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
 
 
 def _cpu_moe(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
@@ -132,14 +139,14 @@ class BailingMoeV3MoE(nn.Module):
         self.gate = GateLinear(config.hidden_size, num_experts, bias=False, out_dtype=torch.float32,
                                params_dtype=torch.float32, prefix=f"{prefix}.gate")
         self.gate.expert_bias = nn.Parameter(torch.zeros(num_experts, dtype=torch.float32), requires_grad=False)
-        on_cpu = compat.is_cpu()
+        # Unreduced: the experts (FusedMoE or ours) all-reduce routed + shared once under TP.
         self.shared_experts = BailingMoeV3MLP(
             config, config.moe_shared_expert_intermediate_size * config.num_shared_experts, quant_config,
             f"{prefix}.shared_experts", swiglu_limit(config.share_expert_swiglu_limit_list, layer_idx),
-            reduce_results=on_cpu,
+            reduce_results=False,
         )
         self.routed_limit = swiglu_limit(config.expert_swiglu_limit_list, layer_idx)
-        if on_cpu:
+        if compat.is_cpu():
             if quant_config is not None or self.routed_limit is not None:
                 logger.info(
                     "vllm-ling: %s routed experts run in torch on CPU (%s)", prefix,
