@@ -111,8 +111,7 @@ def test_tp2_ranks_hold_their_share_of_each_sharded_parameter(runs, checkpoints)
     want = {
         "model.layers.1.self_attn.A_log": [h // TP],
         "model.layers.1.self_attn.dt_bias": [h * d // TP],
-        "model.layers.1.self_attn.q_conv1d.weight": [h * d // TP, k],
-        "model.layers.1.self_attn.v_conv1d.weight": [h * d // TP, k],
+        "model.layers.1.self_attn.conv1d": [3 * h * d // TP, k],  # q | k | v kernels, this rank's heads
         "model.layers.1.self_attn.o_norm.weight": [d],
         "model.layers.1.mlp.gate.expert_bias": [e],
         "model.layers.1.mlp.experts.w13": [e, 2 * i // TP, hidden],

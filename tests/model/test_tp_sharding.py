@@ -39,7 +39,7 @@ SHARDING: list[tuple[str, int | None, Pieces]] = [
     (r"self_attn\.f_proj\.weight$", 0, None),
     (r"self_attn\.o_proj\.weight$", 1, None),
     (r"self_attn\.(A_log|dt_bias)$", 0, None),
-    (r"self_attn\.[qkv]_conv1d\.weight$", 0, None),
+    (r"self_attn\.conv1d$", 0, lambda c: [_kda_proj(c)] * 3),  # q | k | v conv kernels, fused
     (r"self_attn\.o_norm\.weight$", None, None),  # one RMSNorm weight shared by all heads
     # MLA (g_proj: KDA's and MLA's both column-parallel by heads)
     (r"self_attn\.(q_proj|q_b_proj|kv_b_proj|g_proj)\.weight$", 0, None),
@@ -210,7 +210,7 @@ def test_kda_state_shape_at_tp2_holds_this_ranks_heads(tiny):
 
 
 FAULTED = {"expert_down_neighbour": r"mlp\.experts\.w2$",
-           "kda_heads_neighbour": r"self_attn\.(A_log|dt_bias|[qkv]_conv1d\.weight)$"}  # what each fault corrupts
+           "kda_heads_neighbour": r"self_attn\.(A_log|dt_bias|conv1d)$"}  # what each fault corrupts
 
 
 @pytest.mark.parametrize("fault, family", list(FAULTED.items()))

@@ -38,13 +38,16 @@ def patches(name: str) -> list[tuple[object, str, Callable]]:
     if name == "kda_heads_neighbour":  # KDA per-head params (A_log, dt_bias, conv) of the other rank's heads
         from vllm_ling import kda
 
-        original_loader = kda._load_head_sharded
+        original_loader, original_conv = kda._load_head_sharded, kda._load_conv_shard
 
         def load_head_sharded(param: torch.Tensor, loaded: torch.Tensor) -> None:
-            loaded = loaded.reshape(-1, *param.shape[1:]) if param.dim() > 1 else loaded.reshape(-1)
-            original_loader(param, _neighbour_slice(loaded, 0, param.shape[0]))
+            original_loader(param, _neighbour_slice(loaded.reshape(-1), 0, param.shape[0]))
 
-        return [(kda, "_load_head_sharded", load_head_sharded)]
+        def load_conv_shard(param: torch.Tensor, loaded: torch.Tensor, shard: int) -> None:
+            rows = loaded.reshape(-1, param.shape[1])
+            original_conv(param, _neighbour_slice(rows, 0, param.shape[0] // 3), shard)
+
+        return [(kda, "_load_head_sharded", load_head_sharded), (kda, "_load_conv_shard", load_conv_shard)]
     raise ValueError(f"unknown TP fault {name!r}; known: {FAULTS}")
 
 
