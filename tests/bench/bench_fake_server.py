@@ -1,8 +1,8 @@
 """A fake OpenAI-compatible vLLM server on 127.0.0.1 for the bench tests.
 
 It streams over real HTTP/1.1 chunked SSE like uvicorn does, at configured delays: the first token
-alone after `first_token_delay_s` (prefill), then `tokens_per_chunk` tokens per event every
-`chunk_delay_s` (one spec-decode step each). It exposes vLLM's spec-decode counters on /metrics,
+alone after `first_token_delay_s` (prefill; in chat, right after vLLM's role-only opener), then
+`tokens_per_chunk` tokens per event every `chunk_delay_s` (one spec-decode step each). It exposes vLLM's spec-decode counters on /metrics,
 starting from non-zero values and advancing per finished request, and a word-level /tokenize.
 """
 
@@ -157,7 +157,8 @@ def _handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
                 self._json({"error": "not found"}, 404)
 
         def _stream(self, body: dict, chat: bool, prompt_tokens: int) -> None:
-            n = body["max_tokens"] if body.get("ignore_eos") else min(body["max_tokens"], 4)
+            limit = body.get("max_completion_tokens") or body["max_tokens"]  # vLLM's chat client sends the former
+            n = limit if body.get("ignore_eos") else min(limit, 4)
             sizes = [1] + [min(cfg.tokens_per_chunk, n - i) for i in range(1, n, cfg.tokens_per_chunk)]
             with state.lock:  # recorded before anything is sent: the client may finish before we return
                 state.bodies.append(body)
@@ -172,11 +173,11 @@ def _handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
             def choice(text: str) -> dict:
                 return {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
 
-            if chat:  # vLLM opens a chat stream with an empty role-only delta: not a token
+            self.wfile.flush()  # headers out; vLLM sends no SSE comments (0.32's client would choke on one)
+            time.sleep(cfg.first_token_delay_s)
+            if chat:  # vLLM opens a chat stream with an empty role-only delta once the first token exists
                 opener = {"index": 0, "delta": {"role": "assistant", "content": ""}}
                 self._event({"choices": [opener], "usage": None})
-            self._chunk(b": keep-alive\n\n")
-            time.sleep(cfg.first_token_delay_s)
             for i, size in enumerate(sizes):
                 if i:
                     time.sleep(cfg.chunk_delay_s)
