@@ -265,7 +265,8 @@ def moe_inputs(hf_model, hf_tokenizer) -> dict[int, torch.Tensor]:
 
 
 def _selected(scores: torch.Tensor, gate) -> torch.Tensor:
-    """Grouped top-k (§5): groups ranked by their top-2 sum, top-k experts inside the kept groups."""
+    """Grouped top-k (docs/architecture.md §MoE): groups ranked by their top-2 sum, top-k experts inside
+    the kept groups."""
     t, e = scores.shape
     grouped = scores.view(t, gate.num_group, e // gate.num_group)
     keep = grouped.topk(2, -1).values.sum(-1).topk(gate.topk_group, -1).indices
@@ -305,7 +306,7 @@ def test_router_bias_changes_expert_selection_on_some_tokens(hf_model, moe_input
         scores = torch.sigmoid(x.float() @ gate.weight.float().T)
         _, _, chosen = gate(x)
         with_bias = _selected(scores + gate.e_score_correction_bias, gate)
-        assert torch.equal(with_bias, chosen.sort(-1).values)  # our reading of §5 is transformers'
+        assert torch.equal(with_bias, chosen.sort(-1).values)  # our reading of §MoE is transformers'
         changed = (with_bias != _selected(scores, gate)).any(-1).float().mean().item()
         assert 0.05 < changed < 1.0, f"layer {i}: the bias changes the selection of {changed:.0%} of tokens"
 
