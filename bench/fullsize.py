@@ -2,14 +2,19 @@
 
     ling-make-tiny /tmp/flash --full-config        # the bundled config.json, no weights
     python -m ling_bench.fullsize /tmp/flash --mode graphs --out graphs.json    # eager | graphs | mtp
+    python -m ling_bench.fullsize /tmp/flash --impl vllm --fp8 w8a16 --kernels    # vLLM's model, FP8, profiled
 
 Batch 1, token-id prompts (no tokenizer ships with the bundled config). Reports prefill tok/s at each
 --prefill length (time of a 1-token request), decode tok/s (the extra time of `--decode` more tokens) after a
 short prompt and after each --prefill prompt (long-context decode: does it hold up at 64K?), peak GPU
 memory, and the bytes a decode step reads (counted from config.json by `ling_bench.projection`) against
-this GPU's device-to-device copy bandwidth measured in the same run. With dummy weights MTP
-acceptance is meaningless: for `mtp` compare the decode step time with `graphs` (the verify step's cost), not
-tokens/s; the acceptance seen is reported so the step count is exact. Runs the engine in-process, so one
+this GPU's device-to-device copy bandwidth measured in the same run, the weight memory vLLM reports ("Model
+loading took"), the cudagraph mode, and with --kernels the CUDA kernels and GPU time per decode step (torch
+profiler, graph-replayed kernels included). With dummy weights real MTP acceptance is meaningless: `mtp` reports
+the verify step's cost against `graphs`; on vLLM >= 0.33 `--acceptance-length L` has the engine accept drafts
+synthetically (its `rejection_sample_method: synthetic`) so MTP tokens/s is measured at a given acceptance.
+Which model serves: `--impl ours|vllm` (VLLM_LING_MODEL), or `vllm-bare` (vLLM as installed, no plugin at all:
+VLLM_PLUGINS=none). `--fp8 w8a16|w8a8` serves with `--quantization ling_fp8`. Runs the engine in-process, so one
 configuration per process: vLLM does not give GPU memory back between engines.
 """
 
@@ -17,7 +22,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import re
 import random
 import statistics
 import sys
@@ -84,19 +91,88 @@ def _progress(t0: float, what: str) -> None:
     print(f"[fullsize] {time.perf_counter() - t0:7.1f} s  {what}", file=sys.stderr, flush=True)
 
 
-def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, util: float, chunk: int) -> dict:
+IMPLS = {"ours": {"VLLM_LING_MODEL": "vllm-ling"}, "vllm": {"VLLM_LING_MODEL": "vllm"},
+         "vllm-bare": {"VLLM_PLUGINS": "none"}}
+
+
+class _LogLines(logging.Handler):
+    """Keeps the vLLM log lines the result quotes (weight memory, kernel and backend choices)."""
+
+    WANTED = ("Model loading took", "Selected ", "MoE backend", "cudagraph", "FP8 weights", "vllm-ling:")
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if any(w in text for w in self.WANTED):
+            self.lines.append(text[:300])
+
+
+def _engine_kwargs(mode: str, fp8: str | None, acceptance_length: float | None) -> dict:
+    kwargs = {k: (dict(v) if isinstance(v, dict) else v) for k, v in MODES[mode].items()}
+    if fp8:
+        os.environ["VLLM_LING_FP8_KERNEL"] = fp8
+        kwargs["quantization"] = "ling_fp8"
+    if acceptance_length is not None:
+        kwargs["speculative_config"] |= {"rejection_sample_method": "synthetic",
+                                         "synthetic_acceptance_length": acceptance_length}
+    return kwargs
+
+
+def model_shape(model) -> dict:
+    """What the engine really built: the KDA projection width (32 heads x 128 = 4096 for Ling-3.0-flash) and the
+    bytes of every parameter and buffer, by dtype (a wrong config class builds a smaller model that runs)."""
+    from collections import Counter
+
+    by_dtype: Counter = Counter()
+    for t in [*model.parameters(), *model.buffers()]:
+        by_dtype[str(t.dtype).removeprefix("torch.")] += t.numel() * t.element_size()
+    kda = next((m for n, m in model.named_modules() if n.endswith("self_attn") and hasattr(m, "f_proj")), None)
+    width = getattr(getattr(kda, "f_proj", None), "output_size", None)
+    return {"kda_projection_width": width, "param_gib_by_dtype": {k: v / 2**30 for k, v in by_dtype.items()}}
+
+
+def _weight_gib(lines: list[str]) -> float | None:
+    for line in lines:
+        if m := re.search(r"Model loading took ([\d.]+) GiB", line):
+            return float(m[1])
+    return None
+
+
+def _cudagraph_mode(llm) -> str | None:
+    try:
+        return str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode)
+    except AttributeError:
+        return None
+
+
+def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, util: float, chunk: int,
+        impl: str = "ours", fp8: str | None = None, kernels: bool = False,
+        acceptance_length: float | None = None) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # same process: its GPU memory is ours to read
+    os.environ.update(IMPLS[impl])
     import torch
     from vllm import LLM
 
+    log = _LogLines()
+    logging.getLogger("vllm").addHandler(log)
+    logging.getLogger("vllm_ling").addHandler(log)
     t0 = time.perf_counter()
-    llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, max_model_len=max(prefill) + decode + 16,
-              max_num_seqs=1, max_num_batched_tokens=chunk, gpu_memory_utilization=util,
-              enable_prefix_caching=False, seed=0, disable_log_stats=mode != "mtp", **MODES[mode])
+    llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True,
+              max_model_len=max(prefill, default=0) + decode + 64, max_num_seqs=1, max_num_batched_tokens=chunk,
+              gpu_memory_utilization=util, enable_prefix_caching=False, seed=0, disable_log_stats=mode != "mtp",
+              **_engine_kwargs(mode, fp8, acceptance_length))
     vocab = llm.llm_engine.model_config.get_vocab_size()
     rng = random.Random(0)
-    result: dict = {"mode": mode, "model": model, "prefill": {}, "decode_tokens": decode, "repeats": repeats,
-                    "chunked_prefill_tokens": chunk}
+    served = llm.apply_model(lambda m: f"{type(m).__module__}.{type(m).__name__}")[0]
+    shape = llm.apply_model(model_shape)[0]
+    result: dict = {"mode": mode, "model": model, "impl": impl, "served_by": served, "fp8": fp8 or "off",
+                    "vllm": __import__("vllm").__version__, "prefill": {}, "decode_tokens": decode,
+                    "repeats": repeats, "chunked_prefill_tokens": chunk, "cudagraph_mode": _cudagraph_mode(llm),
+                    "acceptance_length_synthetic": acceptance_length,
+                    **shape}
     short = [rng.randrange(10, vocab) for _ in range(32)]
     _progress(t0, f"engine up ({mode})")
     _timed(llm, short, decode)  # warm-up: JIT and first-request costs are not speed
@@ -113,6 +189,9 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     step = _decode_step(llm, short, decode, repeats)
     result |= {"decode_step_ms": 1e3 * step, "decode_tok_s": 1 / step}
     _progress(t0, f"decode: {1 / step:.1f} tok/s")
+    if kernels:
+        result["kernels"] = kernels_per_step(llm, short, decode)
+        _progress(t0, f"kernels: {result['kernels']['kernels_per_step']:.0f} per step")
     accepted = 0.0
     if mode == "mtp":
         counters = {m.name: getattr(m, "value", 0) for m in llm.get_metrics()
@@ -122,12 +201,38 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
         accepted = counters.get("vllm:spec_decode_num_accepted_tokens", 0) / drafts if drafts else 0.0
     if torch.cuda.is_available():
         result["peak_gpu_gib"] = torch.cuda.max_memory_reserved() / 2**30
+    result["weight_gib"] = _weight_gib(log.lines)
+    result["log"] = log.lines[:40]
     copy_gbs = copy_bandwidth_gbs()
     result["roofline"] = roofline(model, mode, len(short) + decode // 2, step, copy_gbs, accepted)
     result["decode_at_context"] = {  # step = prompt + `decode` tokens minus the 1-token request, per token
         str(n): {"decode_step_ms": 1e3 * s, **roofline(model, mode, n + decode // 2, s, copy_gbs, accepted)}
         for n, s in at_context.items()}
     return result
+
+
+def kernels_per_step(llm, prompt: list[int], decode: int) -> dict:
+    """CUDA kernels and their summed GPU time per decode step: a (1 + decode)-token request minus a 1-token one,
+    so the prefill cancels out (torch profiler over CUPTI; kernels replayed from CUDA graphs are counted)."""
+    import collections
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    def kernels(n: int) -> list:
+        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+            _timed(llm, prompt, n)
+        return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+    one, many = kernels(1), kernels(1 + decode)
+    count, us = collections.Counter(), collections.Counter()
+    for sign, events in ((-1, one), (1, many)):
+        for e in events:
+            count[e.name] += sign
+            us[e.name] += sign * e.time_range.elapsed_us()
+    top = sorted(us, key=lambda n: -us[n])[:30]
+    return {"kernels_per_step": (len(many) - len(one)) / decode, "gpu_us_per_step": sum(us.values()) / decode,
+            "top": [{"name": n[:140], "count": count[n] / decode, "us": us[n] / decode} for n in top]}
 
 
 def _decode_step(llm, prompt: list[int], decode: int, repeats: int, one: float | None = None) -> float:
@@ -148,9 +253,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--util", type=float, default=0.85)
     ap.add_argument("--chunk", type=int, default=8192, help="max_num_batched_tokens (the serve recipe's chunk)")
+    ap.add_argument("--impl", choices=sorted(IMPLS), default="ours",
+                    help="which model serves: ours, vLLM's in-tree (plugin on), or vLLM as installed (no plugin)")
+    ap.add_argument("--fp8", choices=("w8a16", "w8a8"), help="serve with --quantization ling_fp8 on this kernel")
+    ap.add_argument("--kernels", action="store_true", help="profile CUDA kernels per decode step")
+    ap.add_argument("--acceptance-length", type=float,
+                    help="mtp: synthetic acceptance, mean accepted length per step (1 + rate at k=1; vLLM >= 0.33)")
     ap.add_argument("--out", help="write the JSON result here")
     a = ap.parse_args(argv)
-    result = run(a.model, a.mode, [int(x) for x in a.prefill.split(",")], a.decode, a.repeats, a.util, a.chunk)
+    prefill = [int(x) for x in a.prefill.split(",") if x]
+    result = run(a.model, a.mode, prefill, a.decode, a.repeats, a.util, a.chunk, a.impl, a.fp8, a.kernels,
+                 a.acceptance_length)
     text = json.dumps(result, indent=2)
     print(text)
     if a.out:

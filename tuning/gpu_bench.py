@@ -295,7 +295,7 @@ def kda_guard_demo(smem_limit: int, seq_len: int = 2048, heads: int = 32, head_d
 
     On an H200, `smem_limit=101376` emulates GB10: dropped configs were compiled (never launched)
     and measured over the limit; every chosen config must be within it."""
-    from ling_tuning import smem_guard
+    from vllm_ling import smem_guard
     from vllm.third_party.flash_linear_attention.ops.kda import chunk_kda
 
     log = smem_guard.install(smem_limit)

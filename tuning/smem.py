@@ -22,12 +22,11 @@ without an opt-in, so <= 48 KiB.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
-GB10_SMEM_PER_BLOCK = 101_376
+from vllm_ling.smem import GB10_SMEM_PER_BLOCK, SMEM_LIMIT_ENV, device_smem_limit  # noqa: F401  (one home)
+
 CUDA_DYNAMIC_SMEM_DEFAULT = 48 * 1024
-SMEM_LIMIT_ENV = "LING_SMEM_LIMIT"
 BF16 = 2
 TRITON_DEFAULT_STAGES = 3  # what a launch without num_stages gets (vLLM's default config sets none)
 
@@ -43,23 +42,3 @@ def triton_wna16_smem(cfg: Mapping[str, int]) -> int:
 def cuda_wna16_smem(block_m: int, block_k: int) -> int:
     """Dynamic shared memory of csrc/moe/moe_wna16.cu: the BM x BK activation tile in bf16."""
     return block_m * block_k * BF16
-
-
-def device_smem_limit(device: int | None = None, honour_env: bool = True) -> int:
-    """Opt-in shared memory per block of a CUDA device (what Triton checks a launch against).
-
-    `LING_SMEM_LIMIT` overrides it, to emulate a smaller GPU (101376 = GB10) on a bigger one."""
-    if honour_env and os.environ.get(SMEM_LIMIT_ENV):
-        return int(os.environ[SMEM_LIMIT_ENV])
-    import torch
-
-    if not torch.cuda.is_available():
-        raise RuntimeError(f"no CUDA device to read the shared-memory limit from; set {SMEM_LIMIT_ENV}")
-    idx = torch.cuda.current_device() if device is None else device
-    props = torch.cuda.get_device_properties(idx)
-    limit = getattr(props, "shared_memory_per_block_optin", None)
-    if not limit:
-        from triton.runtime import driver
-
-        limit = driver.active.utils.get_device_properties(idx)["max_shared_mem"]
-    return int(limit)

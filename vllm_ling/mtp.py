@@ -23,7 +23,7 @@ from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.models.utils import maybe_prefix
 
-from vllm_ling import selfcheck
+from vllm_ling import draft_check
 from vllm_ling.config import num_mtp_layers
 from vllm_ling.mla import BailingMoeV3MLA
 from vllm_ling.model import HF_TO_VLLM, BailingMoeV3ForCausalLM, layer_index, load_checkpoint_weights
@@ -87,7 +87,8 @@ class BailingMoeV3MTPModel(nn.Module):
         super().__init__()
         self.config = draft_config(vllm_config)
         self.model = BailingMoeV3MTPStack(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
-        self.lm_head = ParallelLMHead(self.config.vocab_size, self.config.hidden_size, quant_config=None, prefix="lm_head")
+        self.lm_head = ParallelLMHead(self.config.vocab_size, self.config.hidden_size,
+                                      quant_config=vllm_config.quant_config, prefix=maybe_prefix(prefix, "lm_head"))
         self.logits_processor = LogitsProcessor(self.config.vocab_size)
         self.checked = False
 
@@ -98,7 +99,7 @@ class BailingMoeV3MTPModel(nn.Module):
         self, input_ids, positions, hidden_states, intermediate_tensors=None, inputs_embeds=None, spec_step_idx: int = 0
     ) -> torch.Tensor:
         if not self.checked:  # first call: after vLLM's proposer has shared the target's head and embedding
-            selfcheck.check_draft_shares_target(self)
+            draft_check.check_draft_shares_target(self)
             self.checked = True
         return self.model(input_ids, positions, hidden_states, inputs_embeds, spec_step_idx)
 

@@ -1,4 +1,9 @@
-"""`register()`: what vLLM runs in every process to learn about Ling V3 (vllm-integration.md §A)."""
+"""`register()`: what vLLM runs in every process to learn about Ling V3 (docs/vllm-integration.md §Plugin).
+
+vLLM calls each general plugin's entry point bare, without a try (0.26-0.33 `load_general_plugins`), so an
+exception here would take vLLM down: every failure is caught, logged in one line, and vLLM goes on with its
+own model.
+"""
 
 from __future__ import annotations
 
@@ -25,39 +30,47 @@ def _route_logs_through_vllm() -> None:
 def register() -> str:
     """Register Ling V3 with vLLM; return which implementation serves ("vllm-ling" or "vllm").
 
-    Idempotent and CUDA-free: model classes are registered as lazy "module:Class" strings.
+    Idempotent, CUDA-free (model classes are lazy "module:Class" strings) and never raises.
     """
     global _registered
-    if _registered is not None:
-        return _registered
+    if _registered is None:
+        _route_logs_through_vllm()
+        try:
+            _registered = _register()
+        except Exception as e:  # noqa: BLE001 - vLLM must keep serving its own model
+            logger.error("vllm-ling: registration failed (%s: %s); vLLM serves its in-tree model, if it has one. "
+                         "See README 'Which implementation serves'.",
+                         type(e).__name__, e)
+            logger.debug("vllm-ling: registration traceback", exc_info=True)
+            _registered = compat.VLLM
+    return _registered
+
+
+def _register() -> str:
+    reason = compat.unsupported_reason()
+    if reason is not None:
+        logger.warning(reason)
+        return compat.VLLM
     from vllm import ModelRegistry
 
-    _route_logs_through_vllm()
-
+    import vllm_ling.fp8  # noqa: F401  registers `--quantization ling_fp8`, whichever model serves
     from vllm_ling.parsers import register_parsers
 
-    force = compat.force_requested()
-    if compat.has_intree_ling3() and not force:
-        _registered = "vllm"
-        register_parsers(force=False)
-        logger.info(
-            "vllm-ling: vLLM %s has %s in-tree; vLLM's implementation serves "
-            "(set VLLM_LING_FORCE=1 to serve with vllm-ling's).",
-            compat.vllm_version(), ARCH,
-        )
-        return _registered
+    from vllm_ling import smem_guard
 
+    serving, why = compat.serving_model()
     compat.register_config_class(BailingMoeV3Config)
-    ModelRegistry.register_model(ARCH, "vllm_ling.model:BailingMoeV3ForCausalLM")
-    ModelRegistry.register_model(MTP_ARCH, "vllm_ling.mtp:BailingMoeV3MTPModel")
-    compat.install_mtp_override()
-    if compat.install_int4_moe_backend():
-        logger.info("vllm-ling: INT4 experts go to vLLM's Triton/CUDA wna16 fused-MoE kernels (%s=triton), "
-                    "not Marlin.", compat.MOE_BACKEND_ENV)
-    register_parsers(force=force)
-    _registered = "vllm-ling"
-    logger.info(
-        "vllm-ling: %s and its MTP draft are served by vllm-ling on vLLM %s%s.",
-        ARCH, compat.vllm_version(), " (forced over the in-tree model)" if compat.has_intree_ling3() else "",
-    )
-    return _registered
+    smem_guard.install_once()  # GB10: KDA autotuners within 101,376 B, whichever model serves
+    ours = serving == compat.OURS
+    if ours:
+        ModelRegistry.register_model(ARCH, "vllm_ling.model:BailingMoeV3ForCausalLM")
+        ModelRegistry.register_model(MTP_ARCH, "vllm_ling.mtp:BailingMoeV3MTPModel")
+        compat.install_mtp_override()
+        if compat.install_int4_moe_backend():
+            logger.info("vllm-ling: INT4 experts go to vLLM's Triton/CUDA wna16 fused-MoE kernels (%s=triton), "
+                        "not Marlin.", compat.MOE_BACKEND_ENV)
+    register_parsers(force=ours and compat.has_intree_ling3())
+    who = "vllm-ling" if ours else "vLLM's in-tree implementation"
+    logger.info("vllm-ling: %s and its MTP draft are served by %s on vLLM %s (%s; %s=vllm-ling|vllm picks).",
+                ARCH, who, compat.vllm_version(), why, compat.MODEL_ENV)
+    return serving

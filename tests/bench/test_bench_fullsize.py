@@ -10,8 +10,8 @@ import pytest
 pytestmark = pytest.mark.engine
 
 
-@pytest.mark.parametrize("mode", ["eager", "mtp"])
-def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode):
+@pytest.mark.parametrize("mode, extra", [("eager", []), ("mtp", []), ("eager", ["--fp8", "w8a8"])])
+def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode, extra):
     pytest.importorskip("vllm")
     from vllm_ling.tiny import ensure_tiny
 
@@ -20,7 +20,7 @@ def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode):
     out = tmp_path / "r.json"
     proc = subprocess.run([sys.executable, "-m", "ling_bench.fullsize", str(ensure_tiny()), "--mode", mode,
                            "--prefill", "32,96", "--decode", "4", "--repeats", "1", "--util", "0.1", "--chunk", "64",
-                           "--out", str(out)],
+                           "--out", str(out), *extra],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads(out.read_text())
@@ -34,3 +34,8 @@ def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode):
     assert long["96"]["bytes_per_step_gb"] > long["32"]["bytes_per_step_gb"] > roof["bytes_per_step_gb"] - 1e-9
     if mode == "mtp":
         assert r["spec_decode"]["vllm:spec_decode_num_drafts"] > 0, "MTP never drafted"
+    # what the engine really built: the tiny config's KDA width (4 heads x 128) and, with --fp8, FP8 weights
+    assert r["served_by"] == "vllm_ling.model.BailingMoeV3ForCausalLM" and r["kda_projection_width"] == 512
+    assert ("float8_e4m3fn" in r["param_gib_by_dtype"]) == bool(extra) and r["fp8"] == (extra[1] if extra else "off")
+    if extra:
+        assert any("FP8 weights ON" in line for line in r["log"]), r["log"]

@@ -15,10 +15,10 @@ if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "model"))
-from model_helpers import run_script  # noqa: E402,F401
+from model_helpers import run_script, run_scripts  # noqa: E402,F401
 
 # In-process engine core (tests hook modules and read metrics); our plugin even where vLLM has Ling V3.
-GPU_ENV = {"VLLM_LING_FORCE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+GPU_ENV = {"VLLM_LING_MODEL": "vllm-ling", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 
 
 def record(name: str, data: dict) -> None:

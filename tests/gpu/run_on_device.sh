@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# One device call = one step of the GPU plan. From the repo root on the H200, after the bundle's other
-# chunks were stashed (../shared/device/README.md), with carry [".devbundle/4"]:
-#   source .devbundle/4/activate.sh || exit 1; bash tests/gpu/run_on_device.sh STEP
+# One device call = one or more steps of the GPU plan. From the repo root on the H200, after the bundle's other
+# chunks were stashed (../shared/device/README.md), with carry [".devbundle/4"] (vLLM 0.26) or
+# [".devbundle33/18"] (vLLM 0.33):
+#   source .devbundle33/18/activate.sh || exit 1; bash tests/gpu/run_on_device.sh STEP [STEP ...]
 # Steps (minutes on a warm machine, measured or estimated):
-#   model       tiny model bf16 & INT4 vs the oracle (+ its bf16 floor), CUDA graphs (~6; bf16 alone ~4)
-#   model_triton  the INT4 checkpoint through the Triton/CUDA wna16 MoE kernels        (~3)
+#   model       tiny model vs the oracle (+ its bf16 floor), CUDA graphs: BF16 and INT4 checkpoints, FP8 on and
+#               off, MoE backends, vLLM's in-tree model where it exists; every engine side by side   (~4, est.)
 #   kda         vLLM 0.26 KDA kernels fed our gate vs the fp32 recurrence, + kda_core   (~2)
 #   kda_core    our CUDA glue (run_cuda) vs the CPU path on decode and verify batches    (~1)
 #   mtp         MTP k=1 lossless + acceptance, for a draft built to agree (mtp_echo) and a random one
@@ -12,24 +13,34 @@
 #               each checkpoint's pair ran in turn)
 #   tuning      ling-tune on the H200 + GB10-emulated, vLLM pickup, vs Marlin        (~7)
 #   fullsize_eager | fullsize_graphs | fullsize_mtp   124B dummy weights, batch 1   (graphs 5, mtp 4 measured)
+#   fs:NAME:ARGS  ling_bench.fullsize with ARGS (+ for spaces), e.g. fs:intree:--impl+vllm+--prefill=+--kernels
+#   fp8_gemm    BF16 vs FP8 W8A16 vs W8A8 for every BF16 linear shape, M = 1..16                 (~2)
+#   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
+#               greedy tokens against ours                                                    (~2)
 # Results land in $OUT (at most 8 files come back).
 set -uo pipefail
 : "${OUT:?run on the device: OUT is the folder that comes back}"
-STEP=${1:?step: model | model_triton | kda | kda_core | mtp | tuning | fullsize_eager | fullsize_graphs | fullsize_mtp}
-rm -rf /tmp/vllm-ling-src && mkdir /tmp/vllm-ling-src && tar --exclude=./.devbundle --exclude=./.git -cf - . | tar -xf - -C /tmp/vllm-ling-src
-python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --target "$HOME/vllm-site" /tmp/vllm-ling-src \
+: "${1:?step: model | kda | kda_core | mtp | tuning | fullsize_* | fs:NAME:ARGS | fp8_gemm | intree_check}"
+SITE=$HOME/vllm-site; [[ $(python3 -c 'import vllm; print(vllm.__version__)') == 0.33* ]] && SITE=$HOME/v33-site
+rm -rf /tmp/vllm-ling-src && mkdir /tmp/vllm-ling-src && tar --exclude=./.devbundle --exclude=./.devbundle33 --exclude=./.git -cf - . | tar -xf - -C /tmp/vllm-ling-src
+python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --target "$SITE" /tmp/vllm-ling-src \
     2>&1 | grep -v "already exists" || true
 export VLLM_LING_GPU_RESULTS=$OUT
-run() { timeout -k 10 "$1" "${@:2}" 2>&1 | tee -a "$OUT/$STEP.log" | grep -v " INFO \| WARNING " | tail -40; }
+[ -f /tmp/flash/config.json ] || python3 -m vllm_ling.tiny /tmp/flash --full-config --force >/dev/null
+for STEP in "$@"; do
+run() { timeout -k 10 "$1" "${@:2}" 2>&1 | tee -a "$OUT/${STEP%%:*}.log" | grep -v " INFO \| WARNING " | tail -40; }
+echo "=== $STEP ($(date +%T))"
 case $STEP in
-    model) run 560 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_model_gpu.py -k "not int4_triton" ;;
-    model_triton) run 560 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_model_gpu.py -k int4_triton ;;
+    model) run "${MODEL_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider tests/gpu/test_model_gpu.py ;;
     kda) run 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kda_kernels_gpu.py tests/gpu/test_kda_core_gpu.py ;;
     kda_core) run 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kda_core_gpu.py ;;
     mtp) run 580 python3 -m pytest -q -p no:cacheprovider --durations=6 tests/gpu/test_mtp_gpu.py ;;
     tuning) bash tuning/device_run.sh ;;
-    fullsize_*)
-        python3 -m vllm_ling.tiny /tmp/flash --full-config --force >/dev/null
-        run 560 python3 -m ling_bench.fullsize /tmp/flash --mode "${STEP#fullsize_}" --out "$OUT/$STEP.json" ;;
+    fullsize_*) run 560 python3 -m ling_bench.fullsize /tmp/flash --mode "${STEP#fullsize_}" --out "$OUT/$STEP.json" ;;
+    fs:*) name=${STEP#fs:}; name=${name%%:*}; args=${STEP#fs:*:}
+        run "${FS_TIMEOUT:-560}" python3 -m ling_bench.fullsize /tmp/flash ${args//+/ } --out "$OUT/fs_$name.json" ;;
+    fp8_gemm) run 300 python3 tests/gpu/fp8_gemm_bench.py /tmp/flash "$OUT/fp8_gemm.json" ;;
+    intree_check) run 400 python3 tests/gpu/intree_check.py "$OUT/intree_check.json" ;;
     *) echo "unknown step $STEP" >&2; exit 2 ;;
 esac
+done

@@ -11,7 +11,7 @@ pytest.importorskip("vllm.model_executor.layers.fused_moe.fused_moe")
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
-from ling_tuning import smem_guard  # noqa: E402
+from vllm_ling import smem_guard  # noqa: E402
 from ling_tuning.configfile import build_table, config_file_name, write_table  # noqa: E402
 from ling_tuning.gpu_bench import CudaRunner  # noqa: E402
 from ling_tuning.runner import REL_TOL  # noqa: E402

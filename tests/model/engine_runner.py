@@ -7,12 +7,33 @@ gets a fresh vLLM, and nothing leaks between them. Usage: python engine_runner.p
 from __future__ import annotations
 
 import json
+import logging
+import os
 import sys
+
+if os.environ.get("VLLM_LING_TP_FAULT"):  # negative controls of test_tp.py; at import, so spawned workers get it too
+    import tp_faults
+
+    tp_faults.install(os.environ["VLLM_LING_TP_FAULT"])
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
 
 
 def run(spec: dict) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+
+    lines = _Lines()
+    if spec.get("log_lines"):  # vllm-ling's own log lines (the draft check, the FP8 summary)
+        logging.getLogger("vllm_ling").addHandler(lines)
+        logging.getLogger("vllm_ling").setLevel(logging.INFO)
 
     llm = LLM(
         model=spec["model"],
@@ -59,8 +80,14 @@ def run(spec: dict) -> dict:
         })
     if spec.get("speculative_config"):
         result["spec_decode"] = _spec_counters(llm)
-    result["implementation"] = llm.apply_model(lambda model: f"{type(model).__module__}.{type(model).__name__}")[0]
-    result["moe_method"] = llm.apply_model(_moe_method)[0]
+    result["implementation"] = _on_model(llm, _implementation)[0]
+    result["moe_method"] = _on_model(llm, _moe_method)[0]
+    if spec.get("quant_methods"):
+        result["quant_methods"] = _on_model(llm, _quant_methods)[0]
+    if spec.get("log_lines"):
+        result["log_lines"] = lines.lines
+    if spec.get("engine_kwargs", {}).get("tensor_parallel_size", 1) > 1:
+        result["tp_ranks"] = llm.collective_rpc(_tp_rank_info)
     if captured:
         import torch
 
@@ -68,12 +95,49 @@ def run(spec: dict) -> dict:
     return result
 
 
+def _quant_methods(model) -> dict[str, str]:
+    """module name -> the class name of its quant method, for every module that has one."""
+    return {name: type(m.quant_method).__name__ for name, m in model.named_modules()
+            if getattr(m, "quant_method", None) is not None}
+
+
+def _on_model(llm, func) -> list:
+    """`func(model)` in every worker. With TP > 1 the workers are processes and `apply_model` pickles `func`
+    by reference (fails for this script's functions); `collective_rpc` with a callable cloudpickles it by value."""
+    if llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size == 1:
+        return llm.apply_model(func)
+    return llm.collective_rpc(lambda worker: func(worker.get_model()))
+
+
+def _implementation(model) -> str:
+    return f"{type(model).__module__}.{type(model).__name__}"
+
+
+def _tp_rank_info(worker) -> dict:
+    """This worker's TP rank and world size, its TP group's collective backend, its parameters' shapes and its
+    first KDA layer's state shapes (declared to vLLM, and as allocated: [slots, ...])."""
+    from vllm.distributed import get_tp_group
+
+    group = get_tp_group()
+    dist = getattr(group.device_communicator, "dist_module", None)
+    model = worker.get_model()
+    shapes = {n: list(p.shape) for n, p in model.named_parameters()}
+    kda = next((m for m in model.modules() if hasattr(m, "get_state_shape") and hasattr(m, "kv_cache")), None)
+    state = None if kda is None else {"declared": [list(s) for s in kda.get_state_shape()],
+                                      "allocated": [list(t.shape) for t in kda.kv_cache]}
+    return {"rank": group.rank_in_group, "world_size": group.world_size,
+            "communicator": getattr(dist, "__name__", type(dist).__name__), "param_shapes": shapes,
+            "kda_state": state}
+
+
 def _moe_method(model) -> str | None:
-    """Class name of the first MoE quant method vLLM built (e.g. CompressedTensorsWNA16MarlinMoEMethod)."""
+    """Class name of the first MoE quant method vLLM built (e.g. CompressedTensorsWNA16MarlinMoEMethod on vLLM
+    0.26), with the kernel backend it chose where the method records one (0.33: `...MoEMethod:humming`)."""
     for module in model.modules():
         method = getattr(module, "quant_method", None)
         if method is not None and "MoE" in type(method).__name__:
-            return type(method).__name__
+            backend = getattr(method, "wna16_backend", None)
+            return type(method).__name__ + (f":{getattr(backend, 'value', backend)}" if backend is not None else "")
     return None
 
 

@@ -28,20 +28,23 @@ def run_script(script: str, spec: dict, tmp: Path, name: str, env: dict | None =
     return run_scripts([(script, spec, name)], tmp, env)[0]
 
 
-def run_scripts(jobs: list[tuple[str, dict, str]], tmp: Path, env: dict | None = None) -> list[dict]:
+def run_scripts(jobs: list[tuple[str, dict, str]], tmp: Path, env: dict | None = None,
+                envs: list[dict] | None = None) -> list[dict]:
     """Run (script, spec, name) jobs at the same time, one process each; their results in job order.
+    `env` is added to every job's environment, `envs[i]` to job i's.
 
     Independent engines share a GPU this way (each must then size its own KV cache, see test_mtp_gpu.py),
     so their start-up (torch.compile, graph capture, Triton JIT) overlaps. Every process is waited for,
     and on a failure or timeout the others are killed: none is left behind."""
     procs = []
     try:
-        for script, spec, name in jobs:
+        for i, (script, spec, name) in enumerate(jobs):
             spec_path, out_path = tmp / f"{name}.spec.json", tmp / f"{name}.out.json"
             spec_path.write_text(json.dumps(spec))
             log = open(tmp / f"{name}.log", "w+")
+            job_env = {**os.environ, **(env or {}), **(envs[i] if envs else {})}
             proc = subprocess.Popen([sys.executable, str(HERE / script), str(spec_path), str(out_path)],
-                                    env={**os.environ, **(env or {})}, stdout=log, stderr=subprocess.STDOUT)
+                                    env=job_env, stdout=log, stderr=subprocess.STDOUT)
             procs.append((script, proc, log, out_path))
         for script, proc, log, _ in procs:
             if proc.wait(timeout=TIMEOUT_S) != 0:

@@ -49,8 +49,13 @@ def test_kda_state_shape_counts_speculative_positions():
     assert sorted(conv2) == [3, 3 * 16 * 128] and rec2 == (16, 128, 128)
 
 
-@pytest.mark.parametrize("force, serves", [("0", "vllm"), ("1", "vllm-ling")])
-def test_plugin_stands_aside_for_in_tree_ling3_unless_forced(force, serves):
+@pytest.mark.parametrize("env, serves", [
+    ({"VLLM_LING_MODEL": "vllm"}, "vllm"),
+    ({"VLLM_LING_MODEL": "vllm-ling"}, "vllm-ling"),
+    ({"VLLM_LING_FORCE": "1"}, "vllm-ling"),
+    ({}, "vllm-ling"),  # auto on the CPU engine: vLLM's in-tree KDA is GPU-only
+])
+def test_which_model_serves_follows_the_switch_and_the_platform(env, serves):
     """A fresh process each: register() is once per process, as in vLLM."""
     import os
     import subprocess
@@ -58,12 +63,37 @@ def test_plugin_stands_aside_for_in_tree_ling3_unless_forced(force, serves):
 
     code = ("from vllm import ModelRegistry; import vllm_ling.plugin as p; print(p.register()); "
             "print(ModelRegistry.models['BailingMoeV3ForCausalLM'].module_name)")
-    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "VLLM_LING_FORCE": force},
-                         capture_output=True, text=True, timeout=300)
+    base = {k: v for k, v in os.environ.items() if k not in ("VLLM_LING_MODEL", "VLLM_LING_FORCE")}
+    out = subprocess.run([sys.executable, "-c", code], env={**base, **env}, capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     served, module = out.stdout.split()[-2:]
     assert served == serves
-    assert module == ("vllm_ling.model" if force == "1" else "vllm.model_executor.models.bailing_moe_v3")
+    assert module == ("vllm_ling.model" if serves == "vllm-ling" else "vllm.model_executor.models.bailing_moe_v3")
+
+
+def test_a_bad_switch_never_takes_vllm_down():
+    """vLLM calls plugins without a try: a bad setting must log one line and leave vLLM's model serving."""
+    import os
+    import subprocess
+    import sys
+
+    code = "import vllm_ling.plugin as p; print(p.register())"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "VLLM_LING_MODEL": "bogus"},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.split()[-1] == "vllm", out.stderr[-3000:]
+    assert "VLLM_LING_MODEL='bogus'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_an_unsupported_release_is_named_with_what_happens_instead(monkeypatch):
+    from packaging.version import Version
+
+    monkeypatch.setattr(compat, "vllm_version", lambda: Version("0.29.1"))
+    reason = compat.unsupported_reason()
+    assert "0.29.1" in reason and all(r in reason for r in compat.SUPPORTED)
+    assert "in-tree Ling V3" in reason  # 0.32's tree has it: vLLM's own model serves
+    monkeypatch.setattr(compat, "vllm_version", lambda: Version("0.26.0"))
+    assert compat.unsupported_reason() is None
 
 
 def _fake_ct_moe(monkeypatch):

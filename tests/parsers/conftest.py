@@ -32,13 +32,16 @@ def chunk(request) -> int:
 
 @pytest.fixture
 def parse(tokenizer, chunk):
-    """parse(text, **request_kwargs) -> Turn: parses both ways and checks streaming == non-streaming."""
-    from parsers_harness import client_view, make_request, parse_full, parse_stream
+    """parse(text, **request_kwargs) -> Turn: parses non-streaming, then streamed in steps of `chunk`
+    tokens and character by character, and checks that every stream adds up to the non-streaming result."""
+    from parsers_harness import client_view, make_request, parse_full, parse_stream, parse_text_chunks
 
     def _parse(text: str, **request_kwargs):
         full = parse_full(tokenizer, text, make_request(**request_kwargs))
-        streamed = parse_stream(tokenizer, text, make_request(**request_kwargs), chunk)
-        assert client_view(streamed) == client_view(full), "streamed deltas differ from the non-streaming result"
+        by_tokens = parse_stream(tokenizer, text, make_request(**request_kwargs), chunk)
+        by_chars = parse_text_chunks(tokenizer, list(text), make_request(**request_kwargs))
+        assert client_view(by_tokens) == client_view(full), "token-step stream differs from the whole parse"
+        assert client_view(by_chars) == client_view(full), "character stream differs from the whole parse"
         return full
 
     return _parse

@@ -44,10 +44,12 @@ def make_tokenizer(arg_tags_special: bool) -> PreTrainedTokenizerFast:
     )
 
 
-def _fn(name: str, properties: dict | None = None) -> dict:
+def _fn(name: str, properties: dict | None = None, required: list[str] | None = None) -> dict:
     fn: dict[str, Any] = {"name": name, "description": name}
     if properties is not None:
         fn["parameters"] = {"type": "object", "properties": properties}
+        if required:
+            fn["parameters"]["required"] = required
     return {"type": "function", "function": fn}
 
 
@@ -66,6 +68,7 @@ TOOLS = [
     ),
     _fn("now", {}),
     _fn("echo"),  # no schema: arguments stay strings
+    _fn("book", {"hotel": {"type": "string"}, "nights": {"type": "integer", "minimum": 1}}, required=["hotel"]),
 ]
 
 PROMPT_THINKING = "user: hi\nassistant:<think>"  # the generation prompt opens the think block (§9)
@@ -88,6 +91,18 @@ class Ling3(DelegatingParser):
     tool_parser_cls = Ling3ToolParser
 
 
+class Ling3ReasoningOnly(DelegatingParser):
+    """`--reasoning-parser ling3` without a tool parser (no --enable-auto-tool-choice)."""
+
+    reasoning_parser_cls = Ling3ReasoningParser
+
+
+class Ling3ToolsOnly(DelegatingParser):
+    """`--tool-call-parser ling3` without a reasoning parser."""
+
+    tool_parser_cls = Ling3ToolParser
+
+
 def make_request(tools: list | None = TOOLS, chat_template_kwargs: dict | None = None, **kw) -> ChatCompletionRequest:
     return ChatCompletionRequest(
         model="ling3",
@@ -98,8 +113,8 @@ def make_request(tools: list | None = TOOLS, chat_template_kwargs: dict | None =
     )
 
 
-def _new_parser(tokenizer, request: ChatCompletionRequest) -> Ling3:
-    return Ling3(tokenizer, request.tools, chat_template_kwargs=request.chat_template_kwargs or {})
+def _new_parser(tokenizer, request: ChatCompletionRequest, cls: type[DelegatingParser] = Ling3) -> DelegatingParser:
+    return cls(tokenizer, request.tools, chat_template_kwargs=request.chat_template_kwargs or {})
 
 
 def _prompt_ids(tokenizer, request: ChatCompletionRequest) -> list[int]:
@@ -109,9 +124,9 @@ def _prompt_ids(tokenizer, request: ChatCompletionRequest) -> list[int]:
     return tokenizer.encode(prompt, add_special_tokens=False)
 
 
-def parse_full(tokenizer, text: str, request: ChatCompletionRequest) -> Turn:
+def parse_full(tokenizer, text: str, request: ChatCompletionRequest, cls: type[DelegatingParser] = Ling3) -> Turn:
     """Non-streaming: ChatCompletion serving's `parser.parse(output.text, ...)`."""
-    parser = _new_parser(tokenizer, request)
+    parser = _new_parser(tokenizer, request, cls)
     ids = tokenizer.encode(text, add_special_tokens=False)
     if hasattr(parser, "set_prompt_token_ids"):  # vLLM >= 0.32
         parser.set_prompt_token_ids(_prompt_ids(tokenizer, request))
@@ -123,23 +138,39 @@ def parse_stream(tokenizer, text: str, request: ChatCompletionRequest, chunk: in
     """Streaming: `parser.parse_delta()` per engine step of `chunk` tokens (more than one with MTP),
     with the text vLLM's fast incremental detokenizer yields: tokenizers' DecodeStream, special tokens
     kept (as `adjust_request` asks), nothing for a token that ends inside a UTF-8 character."""
-    parser = _new_parser(tokenizer, request)
     ids = tokenizer.encode(text, add_special_tokens=False)
     assert tokenizer.decode(ids) == text, "fixture tokenizer must round-trip the test text"
-    prompt = _prompt_ids(tokenizer, request)
     detok = DecodeStream(skip_special_tokens=False)
+    steps = []
+    for start in range(0, len(ids), chunk):
+        step_ids = ids[start : start + chunk]
+        steps.append(("".join(detok.step(tokenizer._tokenizer, i) or "" for i in step_ids), step_ids))
+    return drive_stream(tokenizer, steps, request)
+
+
+def parse_text_chunks(
+    tokenizer, chunks: list[str], request: ChatCompletionRequest, cls: type[DelegatingParser] = Ling3
+) -> Turn:
+    """Streaming with the output cut at arbitrary characters (no token ids): our parsers read text."""
+    return drive_stream(tokenizer, [(c, []) for c in chunks], request, cls)
+
+
+def drive_stream(
+    tokenizer, steps: list[tuple[str, list[int]]], request: ChatCompletionRequest, cls: type[DelegatingParser] = Ling3
+) -> Turn:
+    """Feed `(delta_text, delta_token_ids)` steps to a fresh parser; the client's view of the stream."""
+    parser = _new_parser(tokenizer, request, cls)
+    prompt = _prompt_ids(tokenizer, request)
     reasoning, content = [], []
     names: dict[int, str] = {}
     args: dict[int, str] = {}
-    for start in range(0, len(ids), chunk):
-        end = min(start + chunk, len(ids))
-        delta_text = "".join(detok.step(tokenizer._tokenizer, i) or "" for i in ids[start:end])
+    for n, (delta_text, delta_ids) in enumerate(steps, start=1):
         delta = parser.parse_delta(
             delta_text=delta_text,
-            delta_token_ids=ids[start:end],
+            delta_token_ids=delta_ids,
             request=request,
             prompt_token_ids=prompt,
-            finished=end == len(ids),
+            finished=n == len(steps),
         )
         if delta is None:
             continue
@@ -153,13 +184,15 @@ def parse_stream(tokenizer, text: str, request: ChatCompletionRequest, chunk: in
             if tc.function and tc.function.arguments:
                 args[tc.index] = args.get(tc.index, "") + tc.function.arguments
     assert sorted(names) == list(range(len(names))), f"tool indices not dense: {sorted(names)}"
+    assert set(args) <= set(names), "arguments streamed for a call that was never named"
     calls = [(names[i], json.loads(args.get(i) or "{}")) for i in sorted(names)]
     return Turn("".join(reasoning) or None, "".join(content) or None, calls)
 
 
 def client_view(turn: Turn) -> Turn:
-    """vLLM strips content whitespace next to tool calls only when not streaming; compare modulo that."""
+    """vLLM's non-streaming path (DelegatingParser, not ours) turns whitespace-only content next to tool
+    calls into None; streaming sends that whitespace. Compare modulo exactly that."""
     content = turn.content
-    if turn.calls and content is not None:
-        content = content.strip() or None
+    if turn.calls and content is not None and not content.strip():
+        content = None
     return Turn(turn.reasoning, content, turn.calls)

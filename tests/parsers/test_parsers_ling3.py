@@ -55,7 +55,7 @@ def test_tool_call_ends_reasoning_without_close_tag(parse):
 
 def test_tool_call_after_reasoning_and_content(parse):
     turn = parse(f"Need weather.</think>Checking Paris.\n{CALL_WEATHER}")
-    assert (turn.reasoning, turn.content) == ("Need weather.", "Checking Paris.")
+    assert (turn.reasoning, turn.content) == ("Need weather.", "Checking Paris.\n")  # verbatim
     assert turn.calls == [("get_weather", {"city": "Paris"})]
 
 
@@ -131,7 +131,7 @@ def test_text_between_and_after_calls_is_kept(parse):
 
 def test_unknown_tool_stays_in_content_and_is_logged(parse, caplog):
     bogus = "<tool_call>get_wether<arg_key>city</arg_key><arg_value>Paris</arg_value></tool_call>"
-    with caplog.at_level(logging.WARNING, logger="vllm_ling.parsers.ling3"):
+    with caplog.at_level(logging.WARNING, logger="vllm_ling.parsers"):
         turn = parse(f"Checking.</think>Let me see.{bogus} Done.")
     assert turn.calls == []
     assert turn.content == f"Let me see.{bogus} Done."
@@ -158,12 +158,14 @@ def test_garbage_call_stays_in_content(parse, block):
     assert (turn.content, turn.calls) == (f"Before {block} after", [])
 
 
-def test_stray_text_between_arguments_is_logged_and_pairs_still_parse(parse, caplog):
-    with caplog.at_level(logging.WARNING, logger="vllm_ling.parsers.ling3"):
-        turn = parse(
-            "r</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>oops<arg_key>days</arg_key><arg_value>2</arg_value></tool_call>"
-        )
-    assert turn.calls == [("get_weather", {"city": "Paris", "days": 2})]
+def test_stray_text_between_arguments_makes_the_block_content_and_is_logged(parse, caplog):
+    block = (
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>oops"
+        "<arg_key>days</arg_key><arg_value>2</arg_value></tool_call>"
+    )
+    with caplog.at_level(logging.WARNING, logger="vllm_ling.parsers"):
+        turn = parse(f"r</think>{block}")
+    assert (turn.content, turn.calls) == (block, [])
     assert "'oops'" in caplog.text
 
 
@@ -172,18 +174,20 @@ def test_unclosed_call_cut_inside_the_name_stays_in_content(parse):
     assert (turn.content, turn.calls) == ("Let me call <tool_call>get_wea", [])
 
 
-def test_unclosed_call_keeps_the_value_being_written_as_valid_json(parse, caplog):
-    with caplog.at_level(logging.WARNING, logger="vllm_ling.parsers.ling3"):
-        turn = parse(
-            "r</think><tool_call>get_weather<arg_key>days</arg_key><arg_value>4</arg_value><arg_key>city</arg_key><arg_value>Par"
-        )
-    assert turn.calls == [("get_weather", {"days": 4, "city": "Par"})]
-    assert "ended inside" in caplog.text
-
-
-def test_unclosed_call_after_complete_arguments_is_a_call(parse):
-    turn = parse("r</think><tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>")
-    assert turn.calls == [("get_weather", {"city": "Paris"})]
+@pytest.mark.parametrize(
+    "cut",
+    [
+        "<tool_call>get_weather<arg_key>days</arg_key><arg_value>4</arg_value><arg_key>city</arg_key><arg_value>Par",
+        "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Paris</arg_value>",
+    ],
+    ids=["inside-a-value", "after-complete-arguments"],
+)
+def test_a_call_cut_off_before_its_close_tag_is_returned_as_content(parse, caplog, cut):
+    """A call is a whole <tool_call>...</tool_call> block; one cut off (max_tokens) is not executed."""
+    with caplog.at_level(logging.WARNING, logger="vllm_ling.parsers"):
+        turn = parse(f"r</think>{cut}")
+    assert (turn.content, turn.calls) == (cut, [])
+    assert "ended inside a tool call" in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Keep vLLM's vendored FLA (KDA) Triton autotuners inside the device's shared memory.
+"""Keep vLLM's vendored FLA (KDA) Triton autotuners inside the device's shared memory (docs/ops-walls.md W6).
 
 vLLM 0.26's `vllm/third_party/flash_linear_attention/ops/*.py` autotune over fixed config lists
 (num_stages up to 4-5, BK/BV up to 128); only chunk_o/cumsum shrink theirs, via `check_shared_mem()`,
@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
-logger = logging.getLogger(__name__)
+logger = logging.getLogger("vllm_ling")
 
 FLA_OPS = "vllm.third_party.flash_linear_attention.ops"
 KDA_ENTRY = FLA_OPS + ".kda"
@@ -144,14 +144,25 @@ def install(smem_limit: int, max_stages: int | None = None, modules: Iterable[Mo
     return log
 
 
-def install_for_device(max_stages: int | None = None) -> GuardLog | None:
-    """The plugin's hook at model init: guard to this CUDA device's limit (or LING_SMEM_LIMIT).
-    Does nothing without CUDA or without vLLM's FLA ops."""
-    from ling_tuning.smem import device_smem_limit
+_installed: GuardLog | None = None
 
-    try:
-        limit = device_smem_limit()
-        return install(limit, max_stages)
-    except (RuntimeError, ImportError) as e:
-        logger.info("smem guard not installed: %s", e)
+
+def install_once() -> GuardLog | None:
+    """The plugin's hook, from `register()` in every process: on a GPU with at most GB10's shared memory per block
+    (or with LING_SMEM_LIMIT set) guard vLLM's vendored KDA autotuners, whichever Ling model serves; on bigger
+    GPUs (the H200) nothing changes. Once per process; never needs a CUDA context."""
+    global _installed
+    if _installed is not None:
+        return _installed
+    from vllm_ling.smem import GB10_SMEM_PER_BLOCK, platform_smem_limit
+
+    limit = platform_smem_limit()
+    if limit is None or limit > GB10_SMEM_PER_BLOCK:
         return None
+    try:
+        _installed = install(limit)
+    except ImportError as e:  # no vendored FLA ops in this vLLM
+        logger.info("vllm-ling: KDA shared-memory guard not installed: %s", e)
+        return None
+    logger.info("vllm-ling: KDA Triton autotune configs limited to %d B of shared memory per block (W6)", limit)
+    return _installed

@@ -8,7 +8,7 @@ import pytest
 triton = pytest.importorskip("triton")
 tl = pytest.importorskip("triton.language")
 
-from ling_tuning import smem_guard  # noqa: E402
+from vllm_ling import smem_guard  # noqa: E402
 
 LIMIT = 200_000
 

@@ -1,0 +1,47 @@
+"""The CPU engine serving the INT4 tiny checkpoint with `--quantization ling_fp8`: the layers it quantizes.
+
+The expected sets are written here from the tiny config (6 layers, MLA at 2 and 5, a dense MLP at 0), not
+read from the code under test: every KDA/MLA projection but kv_b, the dense MLP, the shared experts and the
+LM head in FP8; the routed experts INT4 (compressed-tensors); kv_b, the fp32 router and the embedding as
+they were.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.engine
+
+KDA, MLA = (0, 1, 3, 4), (2, 5)
+
+
+def expected_fp8() -> set[str]:
+    names = {f"model.layers.{i}.self_attn.{p}" for i in KDA for p in ("qkvb_proj", "f_proj", "g_proj", "o_proj")}
+    names |= {f"model.layers.{i}.self_attn.{p}" for i in MLA
+              for p in ("q_proj", "kv_a_proj_with_mqa", "g_proj", "dense")}
+    names |= {f"model.layers.0.mlp.{p}" for p in ("gate_up_proj", "down_proj")}
+    names |= {f"model.layers.{i}.mlp.shared_experts.{p}" for i in range(1, 6) for p in ("gate_up_proj", "down_proj")}
+    return names | {"lm_head"}
+
+
+@pytest.fixture(scope="module")
+def methods(run_engine, tmp_path_factory):
+    from vllm_ling.tiny import ensure_tiny
+
+    spec = {"model": str(ensure_tiny(int4=True)), "prompts": [[5, 6, 7, 8]], "max_tokens": 4, "dtype": "bfloat16",
+            "prompt_logprobs": False, "quant_methods": True, "engine_kwargs": {"quantization": "ling_fp8"}}
+    return run_engine(spec, "fp8-int4")
+
+
+def test_every_bf16_linear_and_the_lm_head_get_fp8(methods):
+    fp8 = {n for n, m in methods["quant_methods"].items() if "Fp8" in m}
+    assert fp8 == expected_fp8()
+
+
+def test_routed_experts_stay_int4_and_kv_b_router_embedding_stay_as_they_were(methods):
+    m = methods["quant_methods"]
+    assert all("WNA16" in m[f"model.layers.{i}.mlp.experts"] for i in range(1, 6))
+    assert all(m[f"model.layers.{i}.self_attn.kv_b_proj"] == "UnquantizedLinearMethod" for i in MLA)
+    assert all(m[f"model.layers.{i}.mlp.gate"] == "UnquantizedLinearMethod" for i in range(1, 6))
+    assert m["model.embed_tokens"] == "UnquantizedEmbeddingMethod"
+    assert len(methods["outputs"][0]["token_ids"]) == 4

@@ -1,0 +1,191 @@
+"""Online FP8 for the BF16 remainder of a checkpoint: `--quantization ling_fp8` (docs/speed.md §FP8).
+
+A batch-1 decode step of the INT4 checkpoint reads ~7.75 GB, 6.3 GB of it BF16 weights the checkpoint leaves
+unquantized (KDA projections, MLA, shared experts, dense MLPs, the LM head); only the routed experts are INT4.
+This quantization config wraps the checkpoint's own one (compressed-tensors INT4 experts, or none for a BF16
+checkpoint) and gives every linear it leaves unquantized, and the LM head, an FP8 weight with one fp32 scale
+per output channel, computed at load:  s_c = max_k |W_ck| / 448,  W8_ck = e4m3(W_ck / s_c).
+Because it is a quantization config, it works for whichever model class serves: vLLM's in-tree Ling V3 and
+ours build their linears and LM head from vLLM's layers, which ask the config for their method.
+
+Two kernels, chosen by `VLLM_LING_FP8_KERNEL` (docs/speed.md §FP8 has the measurement behind the default):
+- `w8a8` (default): per-token dynamic FP8 activations on vLLM's scaled-mm kernels (CUTLASS on CUDA, sm_89+;
+  vLLM ships sm_120 kernels, which a GB10's sm_121 runs); one small quant kernel per linear on top of the GEMM.
+  On the H200 it took the step's BF16 linears from 2.68 to 2.29 ms (M = 1).
+- `w8a16`: FP8-Marlin, weight-only (activations stay BF16). Slower than BF16 on the H200 at decode sizes
+  (3.08 ms), kept for GPUs without FP8 tensor cores.
+Kept BF16: MLA's kv_b_proj (vLLM splits it into W_UK/W_UV and absorbs it), the MTP draft's eh_proj, and
+anything else the checkpoint quantizes (its method wins). Router and norms are fp32 and no linears of this
+config's (the router's ReplicatedLinear gets no quant config).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import os
+from typing import Any
+
+import torch
+
+# Light imports only: this module is imported by `register()` in every vLLM process, before any model exists.
+from vllm.model_executor.layers.quantization import get_quantization_config, register_quantization_config
+from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
+
+logger = logging.getLogger("vllm_ling")
+
+NAME = "ling_fp8"
+KERNEL_ENV = "VLLM_LING_FP8_KERNEL"
+KERNELS = ("w8a16", "w8a8")
+DEFAULT_KERNEL = "w8a8"
+# Module name patterns (the vLLM-side prefix) that stay BF16 whatever the kernel.
+KEEP_BF16 = ("*.kv_b_proj", "*.eh_proj")
+
+
+def requested_kernel() -> str:
+    """`w8a8` (per-token dynamic activations) or `w8a16` (FP8-Marlin, weight-only), from VLLM_LING_FP8_KERNEL."""
+    kernel = os.environ.get(KERNEL_ENV, DEFAULT_KERNEL).strip().lower() or DEFAULT_KERNEL
+    if kernel not in KERNELS:
+        raise ValueError(f"{KERNEL_ENV}={kernel!r} is not a vllm-ling FP8 kernel: use one of {', '.join(KERNELS)} "
+                         f"(default {DEFAULT_KERNEL}), or serve without --quantization {NAME} for BF16 weights")
+    return kernel
+
+
+def keeps_bf16(prefix: str) -> bool:
+    return any(fnmatch.fnmatchcase(prefix, pattern) for pattern in KEEP_BF16)
+
+
+def fp8_method(kernel: str) -> QuantizeMethodBase:
+    """A fresh FP8 linear method for one layer: vLLM's per-channel online method, on Marlin for `w8a16`."""
+    from vllm.model_executor.layers.quantization.online.fp8 import Fp8PtpcOnlineLinearMethod
+
+    if kernel == "w8a8":
+        return Fp8PtpcOnlineLinearMethod()
+    return _w8a16_class(Fp8PtpcOnlineLinearMethod)()
+
+
+def _w8a16_class(ptpc: type) -> type:
+    from vllm.model_executor.kernels.linear import init_fp8_linear_kernel
+    from vllm.model_executor.kernels.linear.scaled_mm import MarlinFP8ScaledMMLinearKernel
+
+    class Fp8W8A16LinearMethod(ptpc):
+        """Per-output-channel FP8 weights on vLLM's FP8-Marlin kernel; activations stay in the model dtype.
+
+        Weight quantization, layout and loading are vLLM's W8A8 method's (`Fp8PtpcOnlineLinearMethod`); only
+        the kernel differs: Marlin dequantizes the FP8 weight in registers, reading half the bytes of BF16.
+        """
+
+        def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
+                           output_partition_sizes: list[int], input_size: int, output_size: int,
+                           params_dtype: torch.dtype, **extra_weight_attrs: Any) -> None:
+            # The online base (meta-device weight, quantized once loaded), skipping the W8A8 kernel choice.
+            super(ptpc, self).create_weights(layer, input_size_per_partition, output_partition_sizes, input_size,
+                                             output_size, params_dtype, **extra_weight_attrs)
+            self.fp8_linear = init_fp8_linear_kernel(
+                activation_quant_key=self.activation_quant_key, weight_quant_key=self.weight_quant_key,
+                weight_shape=layer.weight.shape, input_dtype=self.input_dtype, out_dtype=self.out_dtype,
+                force_kernel=MarlinFP8ScaledMMLinearKernel, module_name=type(self).__name__)
+
+    return Fp8W8A16LinearMethod
+
+
+def _is_linear(layer: torch.nn.Module) -> bool:
+    from vllm.model_executor.layers.linear import LinearBase
+
+    return isinstance(layer, LinearBase)
+
+
+def _bf16_linear() -> QuantizeMethodBase:
+    """What a linear without a checkpoint config gets (vLLM's linears refuse a None method)."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    return UnquantizedLinearMethod()
+
+
+def _fp8_candidate(layer: torch.nn.Module, base: QuantizeMethodBase | None) -> bool:
+    """A linear or the LM head that the checkpoint's own config leaves unquantized."""
+    from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
+
+    unquantized = base is None or isinstance(base, (UnquantizedLinearMethod, UnquantizedEmbeddingMethod))
+    return unquantized and isinstance(layer, (LinearBase, ParallelLMHead))
+
+
+@register_quantization_config(NAME)
+class LingFp8Config(QuantizationConfig):
+    """The checkpoint's quantization (or none) plus online FP8 for what it leaves in BF16 (module docstring).
+
+    `fp8_layers` records every prefix that got an FP8 method, so the start-up log and the self-check can say
+    `FP8 weights ON (N linears + LM head)`.
+    """
+
+    def __init__(self, checkpoint: QuantizationConfig | None = None, kernel: str | None = None) -> None:
+        super().__init__()
+        self.checkpoint = checkpoint
+        self.kernel = kernel or requested_kernel()
+        self.fp8_layers: list[str] = []
+
+    # vLLM writes the model's packed_modules_mapping onto the config; the checkpoint's config matches fused
+    # modules (qkvb_proj = q|k|v|b) against its ignore list through it.
+    @property
+    def packed_modules_mapping(self) -> dict[str, list[str]]:
+        return self._packed
+
+    @packed_modules_mapping.setter
+    def packed_modules_mapping(self, value: dict[str, list[str]]) -> None:
+        self._packed = value
+        if getattr(self, "checkpoint", None) is not None:
+            self.checkpoint.packed_modules_mapping = value
+
+    @classmethod
+    def get_name(cls) -> str:
+        return NAME
+
+    @classmethod
+    def get_supported_act_dtypes(cls) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+    @classmethod
+    def get_min_capability(cls) -> int:
+        return 75  # FP8-Marlin runs from sm_75; the W8A8 kernel checks its own (sm_89+)
+
+    @staticmethod
+    def get_config_filenames() -> list[str]:
+        return []
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> LingFp8Config:
+        """`config` is the checkpoint's quantization_config (e.g. compressed-tensors INT4 experts)."""
+        method = config.get("quant_method")
+        if not method or method == NAME:
+            return cls()
+        return cls(get_quantization_config(method).from_config(config))
+
+    @classmethod
+    def override_quantization_method(cls, hf_quant_cfg: dict[str, Any], user_quant: str | None,
+                                     hf_config: Any = None) -> str | None:
+        """`--quantization ling_fp8` on a checkpoint that carries its own quantization_config: ours wraps it."""
+        return NAME if user_quant == NAME else None
+
+    def apply_vllm_mapper(self, hf_to_vllm_mapper: Any) -> None:
+        if self.checkpoint is not None:
+            self.checkpoint.apply_vllm_mapper(hf_to_vllm_mapper)
+
+    def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
+        base = self.checkpoint.get_quant_method(layer, prefix) if self.checkpoint is not None else None
+        if not _fp8_candidate(layer, base) or keeps_bf16(prefix):
+            return base if base is not None or not _is_linear(layer) else _bf16_linear()
+        self.fp8_layers.append(prefix)
+        if not _is_linear(layer):  # the LM head comes last in every Ling V3 model: the count is complete
+            logger.info("vllm-ling: %s", self.summary())
+        return fp8_method(self.kernel)
+
+    def get_cache_scale(self, name: str) -> str | None:
+        return self.checkpoint.get_cache_scale(name) if self.checkpoint is not None else None
+
+    def summary(self) -> str:
+        """`FP8 weights ON (N linears + LM head), w8a16` or what is missing."""
+        heads = sum(p.endswith("lm_head") for p in self.fp8_layers)
+        linears = len(self.fp8_layers) - heads
+        head = " + LM head" if heads else ", LM head BF16"
+        return f"FP8 weights ON ({linears} linears{head}), {self.kernel}"
