@@ -8,9 +8,10 @@ from the checkpoint's tensor table (`vllm_ling.tensors`); 1-D tensors (norms, A_
 about 1 MB a step) and the embedding (one row) are left out.
 
 Two weight formats. `bf16` is what is served today: routed experts INT4 (4 bits + a bf16 scale per 32),
-router fp32, KDA conv fp32, everything else BF16. `fp8` reads every BF16 matrix as FP8 (1 byte) plus one
-fp32 scale per output channel, except MLA kv_b_proj, which vLLM's MLA folds into W_UK/W_UV at load and
-keeps in BF16; experts, router and conv are as in `bf16`.
+router fp32, KDA conv fp32, everything else BF16. `fp8` is `--quantization ling_fp8` (docs/speed.md §FP8):
+every BF16 matrix read as FP8 (1 byte) plus one fp32 scale per output channel, except MLA kv_b_proj (vLLM's
+MLA absorbs it into W_UK/W_UV) and the draft's eh_proj, which stay BF16 (`vllm_ling.fp8.KEEP_BF16`);
+experts, router and conv are as in `bf16`.
 
     python -m ling_bench.projection [--config config.json] [--context 4096] [--acceptance 0.94,0.70]
 """
@@ -29,7 +30,7 @@ from vllm_ling.tensors import TensorSpec, layer_tensors, tensor_specs
 BF16, FP8, FP32 = 2, 1, 4
 INT4_GROUP, INT4_GROUP_BYTES = 32, 32 // 2 + 2  # 32 int4 weights (16 B) + one bf16 scale
 FORMATS = ("bf16", "fp8")
-STAYS_BF16 = ("attention.kv_b_proj.weight",)  # under fp8
+STAYS_BF16 = ("attention.kv_b_proj.weight", "eh_proj.weight")  # under fp8, as vllm_ling.fp8 serves it
 
 
 @dataclass

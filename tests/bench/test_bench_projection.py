@@ -49,6 +49,15 @@ def test_fp8_reads_one_byte_plus_a_channel_scale_for_bf16_matrices():
     assert fp8.parts["MLA KV cache"] == bf16.parts["MLA KV cache"]
 
 
+def test_fp8_keeps_the_drafts_eh_proj_in_bf16():
+    bf16 = decode_step_bytes(CONFIG, 4096, tokens=2, mtp=True).parts["MTP draft"]
+    fp8 = decode_step_bytes(CONFIG, 4096, tokens=2, mtp=True, fp8=True).parts["MTP draft"]
+    mla_saved = sum(out * inp - out * 4 for out, inp in [(6144, H), (576, H), (HEADS, H), (H, P)])
+    shared_saved = 3 * 768 * H - 4 * (768 + 768 + H)
+    lm_head_saved = VOCAB * H - VOCAB * 4
+    assert bf16 - fp8 == pytest.approx(mla_saved + shared_saved + lm_head_saved)  # eh_proj [H, 2H] unchanged
+
+
 def test_context_and_mtp_add_bytes():
     short, long = decode_step_bytes(CONFIG, 1024), decode_step_bytes(CONFIG, 65536)
     assert long.total > short.total
@@ -70,3 +79,12 @@ def test_cli_labels_it_a_projection_and_prints_both_formats_at_both_acceptances(
     verify = next(line for line in out.splitlines() if "verify step" in line).split()
     assert plain[-2] == "7.78" and verify[-2] == "9.77"
     assert "94% acceptance" in out and "70% acceptance" in out
+
+
+def test_fullsize_roofline_counts_the_weight_format_it_served(tmp_path):
+    from ling_bench.fullsize import roofline
+    from vllm_ling.tiny import write_full_config
+
+    model = str(write_full_config(tmp_path / "flash"))
+    bf16, fp8 = (roofline(model, "graphs", 4096, 0.01, None, 0.0, fp8=f)["bytes_per_step_gb"] for f in (False, True))
+    assert bf16 == pytest.approx(7.7808, abs=1e-4) and fp8 == pytest.approx(4.65, abs=0.01)
