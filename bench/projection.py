@@ -46,7 +46,7 @@ def matrix_bytes(name: str, spec: TensorSpec, fp8: bool = False) -> float:
     """Bytes a step reads of one weight matrix, as served."""
     if spec.kind == "expert":
         return spec.numel / INT4_GROUP * INT4_GROUP_BYTES
-    if spec.kind in ("router", "fp32"):  # the router is BF16 on disk, fp32 in vLLM
+    if spec.kind in ("router", "fp32"):  # vLLM holds the router in fp32, whatever the checkpoint stores
         return spec.numel * FP32
     if fp8 and not name.endswith(STAYS_BF16):
         return spec.numel * FP8 + spec.shape[0] * FP32  # + per-output-channel fp32 scales

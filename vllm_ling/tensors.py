@@ -6,7 +6,7 @@ The one table behind the tiny-checkpoint writer (`vllm_ling.tiny`) and the bytes
 layer as `model.layers.{num_hidden_layers}`. The kind says how a tensor is stored and served:
 
 - `linear`: a BF16 projection (KDA, MLA, dense MLP, shared expert, MTP eh_proj);
-- `router`: `mlp.gate.weight`, BF16 on disk but served in fp32 (docs/architecture.md §MoE);
+- `router`: `mlp.gate.weight`, served in fp32 (docs/architecture.md §MoE; the tiny checkpoints store it BF16);
 - `expert`: a routed expert's gate/up/down, the only INT4 tensors of the INT4 checkpoint (§INT4);
 - `norm`: an RMSNorm weight (BF16);
 - `fp32`: a small fp32 tensor (KDA conv, A_log, dt_bias; the router's expert_bias) (§KDA);
