@@ -157,8 +157,11 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     from vllm import LLM
 
     log = _LogLines()
-    logging.getLogger("vllm").addHandler(log)
-    logging.getLogger("vllm_ling").addHandler(log)
+    for name in ("vllm", "vllm_ling"):
+        logger = logging.getLogger(name)
+        logger.addHandler(log)
+        if logger.getEffectiveLevel() > logging.INFO:  # unconfigured: INFO records would never reach `log`
+            logger.setLevel(logging.INFO)
     t0 = time.perf_counter()
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True,
               max_model_len=max(prefill, default=0) + decode + 64, max_num_seqs=1, max_num_batched_tokens=chunk,
