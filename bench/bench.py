@@ -1,9 +1,13 @@
-"""ling-bench: TTFT, prefill/decode tok/s and spec-decode acceptance against a vLLM server.
+"""ling-bench: TTFT, prefill/decode tok/s and MTP acceptance of a vLLM server on fixed-seed prompt sets.
 
-Each case (one fixed-seed prompt) runs `--warmup` discarded batches, then `--repeats` measured
-batches of `--concurrency` parallel streamed requests; every metric is reported as the median with
-min and max over the measured requests. Results go to stdout as a markdown table and, with
-`--out`, to JSON.
+The measuring is `vllm bench serve`'s (`ling_bench.vllm_bench`): its clients, its usage-counted tokens,
+its spec-decode counter deltas. ling-bench adds what that CLI lacks: fixed-seed code, prose and long
+prompts, the long ones sized to the token by the server's own /tokenize (`ling_bench.prompts`); one
+case per prompt, each request with a fresh prefix-cache salt; warm-up kept apart from the measured
+requests; median (min-max) per request; a refusal to start a case that cannot fit max_model_len; peak
+GPU memory. Each case runs `--warmup` x `--concurrency` discarded requests, then `--repeats` x
+`--concurrency` measured ones, at most `--concurrency` in flight. Markdown goes to stdout, JSON to
+`--out`; `--write-dataset FILE` writes the prompts as a `vllm bench serve --dataset-name custom` file.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ import statistics
 import sys
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from functools import reduce
@@ -24,12 +27,12 @@ from itertools import count
 
 import requests
 
-from ling_bench.client import (BenchError, Endpoint, RequestResult, Sampling, served_models, stream_request,
-                               token_counter)
-from ling_bench.probes import GpuMemSampler, SpecCounters, read_spec_settled
-from ling_bench.prompts import SETS, Prompt, build_prompts
+from ling_bench.client import BenchError, Endpoint, served_models, server_error, token_counter
+from ling_bench.gpu_memory import GpuMemSampler
+from ling_bench.prompts import SETS, Prompt, build_prompts, write_dataset
+from ling_bench.vllm_bench import CaseRun, Sampling, run_case
 
-SCHEMA = "ling-bench/1"
+SCHEMA = "ling-bench/2"
 MIN_LONG_TOKENS = 256
 
 
@@ -47,67 +50,44 @@ class Stat:
 @dataclass(frozen=True)
 class CaseResult:
     prompt: Prompt
-    requests: list[RequestResult]  # measured only: warm-up requests are never stored
-    output_tok_s: list[float]  # per repetition: all completion tokens / wall time (includes prefill)
-    spec: SpecCounters | None  # counter deltas over the measured repetitions
+    run: CaseRun  # measured requests only: warm-up requests are never stored
 
     def stats(self) -> dict[str, Stat | None]:
-        rs = self.requests
+        rs = self.run.requests
         return {
             "ttft_s": Stat.of([r.ttft_s for r in rs]),
             "prefill_tok_s": Stat.of([r.prefill_tok_s for r in rs]),
             "decode_tok_s": Stat.of([d for r in rs if (d := r.decode_tok_s) is not None]),
-            "output_tok_s": Stat.of(self.output_tok_s),
             "completion_tokens": Stat.of([r.completion_tokens for r in rs]),
             "chunks": Stat.of([r.chunks for r in rs]),
         }
 
     def to_json(self) -> dict:
-        p = self.prompt
+        p, rs = self.prompt, self.run.requests
         return {
             "name": p.name, "set": p.kind, "target_tokens": p.target_tokens,
-            "prompt_tokens": self.requests[0].prompt_tokens, "prompt_tokens_counted": p.tokens,
+            "prompt_tokens": rs[0].prompt_tokens, "prompt_tokens_counted": p.tokens,
             "prompt_sha256": hashlib.sha256(p.text.encode()).hexdigest(),
             **{k: asdict(s) if s else None for k, s in self.stats().items()},
-            "spec": self.spec.to_json() if self.spec else None,
+            "output_tok_s": self.run.output_tok_s,
+            "spec": self.run.spec.to_json() if self.run.spec else None,
             "requests": [
                 {"prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens, "chunks": r.chunks,
                  "ttft_s": r.ttft_s, "prefill_tok_s": r.prefill_tok_s, "decode_tok_s": r.decode_tok_s}
-                for r in self.requests
+                for r in rs
             ],
         }
 
 
-class Runner:
-    """Sends batches of identical prompts, one keep-alive session per concurrent lane."""
+class Salts:
+    """Fresh vLLM `cache_salt`s, unique across runs too, so no request reuses another's prefix cache;
+    none at all with --prefix-cache."""
 
-    def __init__(self, ep: Endpoint, sampling: Sampling, concurrency: int, prefix_cache: bool = False):
-        self.ep, self.sampling, self.prefix_cache = ep, sampling, prefix_cache
-        self.sessions = [requests.Session() for _ in range(concurrency)]
-        self._run_id, self._seq = uuid.uuid4().hex[:12], count()  # salts unique across runs too
+    def __init__(self, enabled: bool):
+        self.enabled, self._run, self._seq = enabled, uuid.uuid4().hex[:12], count()
 
-    def batch(self, text: str) -> tuple[list[RequestResult], float]:
-        """One repetition: all lanes at once. Returns (results, completion tokens per wall second)."""
-        salts = [None if self.prefix_cache else f"ling-bench-{self._run_id}-{next(self._seq)}"
-                 for _ in self.sessions]
-        with ThreadPoolExecutor(len(self.sessions)) as pool:
-            results = list(pool.map(lambda s, salt: stream_request(s, self.ep, text, self.sampling, salt),
-                                    self.sessions, salts))
-        wall = max(r.end for r in results) - min(r.start for r in results)
-        return results, sum(r.completion_tokens for r in results) / wall if wall > 0 else 0.0
-
-    def case(self, prompt: Prompt, warmup: int, repeats: int) -> CaseResult:
-        for _ in range(warmup):
-            self.batch(prompt.text)
-        before = read_spec_settled(self.sessions[0], self.ep)
-        reps = [self.batch(prompt.text) for _ in range(repeats)]
-        after = read_spec_settled(self.sessions[0], self.ep)
-        spec = after - before if before and after else None
-        return CaseResult(prompt, [r for rs, _ in reps for r in rs], [tps for _, tps in reps], spec)
-
-    def close(self) -> None:
-        for s in self.sessions:
-            s.close()
+    def take(self, n: int) -> list[str | None]:
+        return [f"ling-bench-{self._run}-{next(self._seq)}" if self.enabled else None for _ in range(n)]
 
 
 def _fmt(stat: Stat | None, scale: float = 1.0, digits: int = 1) -> str:
@@ -122,11 +102,11 @@ def _num(x: float | None, fmt: str) -> str:
 
 
 def _row(c: CaseResult) -> str:
-    s, spec = c.stats(), c.spec
+    s, spec = c.stats(), c.run.spec
     cells = [
-        c.prompt.name, str(c.requests[0].prompt_tokens), _fmt(s["completion_tokens"], digits=0),
+        c.prompt.name, str(c.run.requests[0].prompt_tokens), _fmt(s["completion_tokens"], digits=0),
         _fmt(s["ttft_s"], 1000), _fmt(s["prefill_tok_s"], digits=0), _fmt(s["decode_tok_s"]),
-        _fmt(s["output_tok_s"]), _num(spec and spec.acceptance_rate, ".1%"),
+        f"{c.run.output_tok_s:.1f}", _num(spec and spec.acceptance_rate, ".1%"),
         _num(spec and spec.mean_acceptance_length, ".2f"),
     ]
     return "| " + " | ".join(cells) + " |"
@@ -134,9 +114,8 @@ def _row(c: CaseResult) -> str:
 
 def _spec_line(spec: dict | None) -> str:
     if spec is None:
-        return "Spec decode: no `vllm:spec_decode_*` counters on /metrics (speculation off or no metrics)."
-    if spec["acceptance_rate"] is None:
-        return "Spec decode: counters present, but nothing was drafted during the measured requests."
+        return ("Spec decode: no draft tokens counted on /metrics during the measured requests "
+                "(speculation off, or no metrics).")
     line = f"Spec decode (all cases): acceptance {spec['acceptance_rate']:.1%}"
     if spec["mean_acceptance_length"] is not None:
         line += f", mean acceptance length {spec['mean_acceptance_length']:.2f}"
@@ -152,8 +131,9 @@ def markdown(report: dict, cases: list[CaseResult]) -> str:
     lines = [
         f"**ling-bench** `{srv['model']}` at {srv['base_url']}{srv['endpoint']}: "
         f"temperature {cfg['temperature']}, max_tokens {cfg['max_tokens']}, ignore_eos {cfg['ignore_eos']}; "
-        f"{cfg['repeats']} repetitions after {cfg['warmup']} warm-up, concurrency {cfg['concurrency']}, "
-        f"seed {cfg['seed']}; prompt sizes from {sizes}; cells are median (min-max)",
+        f"{cfg['repeats']} x {cfg['concurrency']} requests after {cfg['warmup']} x {cfg['concurrency']} warm-up, "
+        f"concurrency {cfg['concurrency']}, seed {cfg['seed']}; prompt sizes from {sizes}; measured by vLLM's "
+        f"`vllm bench serve`; cells are median (min-max) over requests",
         "",
         "| case | prompt tok | out tok | TTFT ms | prefill tok/s | decode tok/s | output tok/s | accept "
         "| accept len |",
@@ -207,14 +187,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false",
                    help="let requests stop at EOS (then runs may decode different lengths)")
-    p.add_argument("--warmup", type=_int_at_least(0), default=1, help="discarded batches per case")
-    p.add_argument("--repeats", type=_int_at_least(1), default=5, help="measured batches per case")
-    p.add_argument("--concurrency", type=_int_at_least(1), default=1, help="parallel requests per batch")
+    p.add_argument("--warmup", type=_int_at_least(0), default=1, help="discarded requests per case, x concurrency")
+    p.add_argument("--repeats", type=_int_at_least(1), default=5, help="measured requests per case, x concurrency")
+    p.add_argument("--concurrency", type=_int_at_least(1), default=1, help="requests in flight at most")
     p.add_argument("--prefix-cache", action="store_true",
                    help="allow prefix-cache hits (default: a fresh vLLM cache_salt per request)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     p.add_argument("--gpu-mem", action="store_true", help="record peak nvidia-smi memory.used")
     p.add_argument("--out", help="write the JSON report here")
+    p.add_argument("--write-dataset", metavar="FILE",
+                   help="write the prompts as a vLLM custom dataset (JSONL) and exit without measuring")
     return p
 
 
@@ -226,7 +207,7 @@ def _resolve(args: argparse.Namespace, session: requests.Session) -> tuple[Endpo
         raise BenchError(f"--model {args.model!r} is not served at {args.base_url}; "
                          f"it serves {sorted(models)}")
     model = args.model or next(iter(models))
-    return Endpoint(args.base_url, model, args.chat, args.api_key, args.timeout), models.get(model)
+    return Endpoint(args.base_url, model, args.chat, args.api_key), models.get(model)
 
 
 def _check_fits(long_tokens: list[int], max_tokens: int, max_model_len: int | None) -> None:
@@ -238,19 +219,24 @@ def _check_fits(long_tokens: list[int], max_tokens: int, max_model_len: int | No
         )
 
 
-def run(args: argparse.Namespace) -> tuple[dict, list[CaseResult]]:
-    """Build the prompts, measure every case; returns (JSON report, finished cases).
-
-    A failure mid-run (say HTTP 400 on the 64K case) keeps the finished cases and records the error.
-    """
+def prepare(args: argparse.Namespace) -> tuple[Endpoint, int | None, str, list[Prompt]]:
+    """Resolve the served model, check the long sizes fit, build the prompts with the server's tokenizer."""
     with requests.Session() as session:
         ep, max_model_len = _resolve(args, session)
         if "long" in args.sets:
             _check_fits(args.long_tokens, args.max_tokens, max_model_len)
         count_tokens, source = token_counter(session, ep)
         prompts = build_prompts(args.sets, args.seed, args.num_prompts, args.long_tokens, count_tokens)
-    runner = Runner(ep, Sampling(args.max_tokens, args.temperature, args.ignore_eos),
-                    args.concurrency, args.prefix_cache)
+    return ep, max_model_len, source, prompts
+
+
+def run(args: argparse.Namespace) -> tuple[dict, list[CaseResult]]:
+    """Measure every case; returns (JSON report, finished cases).
+
+    A failure mid-run (say HTTP 400 on the 64K case) keeps the finished cases and records the error.
+    """
+    ep, max_model_len, source, prompts = prepare(args)
+    sampling, salts = Sampling(args.max_tokens, args.temperature, args.ignore_eos), Salts(not args.prefix_cache)
     cases: list[CaseResult] = []
     error, t0 = None, time.time()
     gpu = GpuMemSampler() if args.gpu_mem else None
@@ -259,12 +245,14 @@ def run(args: argparse.Namespace) -> tuple[dict, list[CaseResult]]:
             for i, prompt in enumerate(prompts, 1):
                 print(f"[{i}/{len(prompts)}] {prompt.name}: {prompt.tokens} prompt tokens",
                       file=sys.stderr, flush=True)
-                cases.append(runner.case(prompt, args.warmup, args.repeats))
-    except (BenchError, requests.RequestException) as e:
-        error = f"{prompts[len(cases)].name}: {e}"
-    finally:
-        runner.close()
-    specs = [c.spec for c in cases if c.spec]
+                measured = run_case(ep, prompt.text, sampling, salts.take(args.warmup * args.concurrency),
+                                    salts.take(args.repeats * args.concurrency), args.concurrency)
+                cases.append(CaseResult(prompt, measured))
+    except BenchError as e:
+        prompt = prompts[len(cases)]
+        detail = server_error(ep, prompt.text)
+        error = f"{prompt.name}: {e}" + (f" (the server says: {detail})" if detail else "")
+    specs = [c.run.spec for c in cases if c.run.spec]
     report = {
         "schema": SCHEMA,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
@@ -283,9 +271,24 @@ def run(args: argparse.Namespace) -> tuple[dict, list[CaseResult]]:
     return report, cases
 
 
+def dataset(args: argparse.Namespace) -> int:
+    """--write-dataset: the cases as `vllm bench serve --dataset-name custom` lines, and how to replay them."""
+    ep, _, source, prompts = prepare(args)
+    write_dataset(args.write_dataset, prompts, args.max_tokens)
+    backend = "openai-chat --endpoint /v1/chat/completions" if ep.chat else "openai"
+    print(f"wrote {len(prompts)} prompts (sized by {source}) to {args.write_dataset}; replay with:\n"
+          f"  vllm bench serve --backend {backend} --base-url {ep.base_url} --model {ep.model} "
+          f"--dataset-name custom --dataset-path {args.write_dataset} --disable-shuffle --skip-chat-template "
+          f"--num-prompts {len(prompts)} --custom-output-len {args.max_tokens}"
+          f"{' --ignore-eos' if args.ignore_eos else ''} --temperature {args.temperature}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        if args.write_dataset:
+            return dataset(args)
         report, cases = run(args)
     except (BenchError, ValueError, requests.RequestException) as e:
         print(f"ling-bench: error: {e}", file=sys.stderr)

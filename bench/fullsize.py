@@ -69,15 +69,15 @@ def copy_bandwidth_gbs(gib: float = 1.0, repeats: int = 10) -> float | None:
 
 
 def roofline(model: str, mode: str, context: int, step_s: float, copy_gbs: float | None,
-             accepted_per_step: float) -> dict:
-    """Bytes one decode step reads (a verify step of 2 tokens + the draft with MTP) and the share of the
-    copy bandwidth that the measured step time reaches."""
+             accepted_per_step: float, fp8: bool = False) -> dict:
+    """Bytes one decode step reads (a verify step of 2 tokens + the draft with MTP; FP8 weights under
+    `--fp8`) and the share of the copy bandwidth that the measured step time reaches."""
     from ling_bench.projection import decode_step_bytes
 
     with open(os.path.join(model, "config.json")) as f:
         config = json.load(f)
     mtp = mode == "mtp"
-    step_bytes = decode_step_bytes(config, context, tokens=2 if mtp else 1, mtp=mtp).total
+    step_bytes = decode_step_bytes(config, context, tokens=2 if mtp else 1, mtp=mtp, fp8=fp8).total
     engine_step_s = step_s * (1 + accepted_per_step)  # one engine step yields 1 + accepted tokens
     out = {"bytes_per_step_gb": step_bytes / 1e9, "engine_step_ms": 1e3 * engine_step_s,
            "achieved_gbs": step_bytes / engine_step_s / 1e9, "copy_gbs": copy_gbs}
@@ -157,8 +157,11 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     from vllm import LLM
 
     log = _LogLines()
-    logging.getLogger("vllm").addHandler(log)
-    logging.getLogger("vllm_ling").addHandler(log)
+    for name in ("vllm", "vllm_ling"):
+        logger = logging.getLogger(name)
+        logger.addHandler(log)
+        if logger.getEffectiveLevel() > logging.INFO:  # unconfigured: INFO records would never reach `log`
+            logger.setLevel(logging.INFO)
     t0 = time.perf_counter()
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True,
               max_model_len=max(prefill, default=0) + decode + 64, max_num_seqs=1, max_num_batched_tokens=chunk,
@@ -204,9 +207,10 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     result["weight_gib"] = _weight_gib(log.lines)
     result["log"] = log.lines[:40]
     copy_gbs = copy_bandwidth_gbs()
-    result["roofline"] = roofline(model, mode, len(short) + decode // 2, step, copy_gbs, accepted)
+    result["roofline"] = roofline(model, mode, len(short) + decode // 2, step, copy_gbs, accepted, bool(fp8))
     result["decode_at_context"] = {  # step = prompt + `decode` tokens minus the 1-token request, per token
-        str(n): {"decode_step_ms": 1e3 * s, **roofline(model, mode, n + decode // 2, s, copy_gbs, accepted)}
+        str(n): {"decode_step_ms": 1e3 * s,
+                 **roofline(model, mode, n + decode // 2, s, copy_gbs, accepted, bool(fp8))}
         for n, s in at_context.items()}
     return result
 

@@ -1,11 +1,19 @@
-"""Bytes read per decode step of Ling-3.0-flash INT4, counted from config.json, and what that allows on GB10.
+"""Bytes one batch-1 decode step of Ling-3.0-flash INT4 reads, and the tokens/s that allows on GB10.
 
-Decode at batch 1 is memory-bound: every step streams the active weights once (plus the KDA states, read and
-written, and the MLA KV cache). Tokens/s ≤ bandwidth / bytes-per-step; with MTP k=1 one verify step reads
-the same weights for 2 tokens plus the draft layer and yields 1 + acceptance tokens. This is a projection
-from arithmetic, not a measurement.
+A projection from arithmetic, not a measurement. Decode at batch 1 is memory-bound: a step streams every
+weight matrix its tokens use once (the routed experts they pick, every other matrix whole), the KDA states
+(read and written) and the MLA KV cache, so tokens/s <= bandwidth / bytes-per-step. An MTP k=1 verify step
+reads the weights for 2 tokens plus the draft layer and yields 1 + acceptance tokens. The matrices come
+from the checkpoint's tensor table (`vllm_ling.tensors`); 1-D tensors (norms, A_log, dt_bias, expert_bias:
+about 1 MB a step) and the embedding (one row) are left out.
 
-    python -m ling_bench.projection [--config config.json] [--context 4096] [--bandwidth-gbs 273]
+Two weight formats. `bf16` is what is served today: routed experts INT4 (4 bits + a bf16 scale per 32),
+router fp32, KDA conv fp32, everything else BF16. `fp8` is `--quantization ling_fp8` (docs/speed.md §FP8):
+every BF16 matrix read as FP8 (1 byte) plus one fp32 scale per output channel, except MLA kv_b_proj (vLLM's
+MLA absorbs it into W_UK/W_UV) and the draft's eh_proj, which stay BF16 (`vllm_ling.fp8.KEEP_BF16`);
+experts, router and conv are as in `bf16`.
+
+    python -m ling_bench.projection [--config config.json] [--context 4096] [--acceptance 0.94,0.70]
 """
 
 from __future__ import annotations
@@ -15,8 +23,14 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-BF16, FP32 = 2, 4
-INT4_GROUP_BYTES = 32 // 2 + 2  # 32 int4 weights (16 B) + one bf16 scale per group of 32
+from vllm_ling.config import is_mla_layer, is_moe_layer, kda_head_dim, num_mtp_layers
+from vllm_ling.configs import FLASH_INT4_DIR
+from vllm_ling.tensors import TensorSpec, layer_tensors, tensor_specs
+
+BF16, FP8, FP32 = 2, 1, 4
+INT4_GROUP, INT4_GROUP_BYTES = 32, 32 // 2 + 2  # 32 int4 weights (16 B) + one bf16 scale
+FORMATS = ("bf16", "fp8")
+STAYS_BF16 = ("attention.kv_b_proj.weight", "eh_proj.weight")  # under fp8, as vllm_ling.fp8 serves it
 
 
 @dataclass
@@ -28,61 +42,63 @@ class StepBytes:
         return sum(self.parts.values())
 
 
-def _linear(out_f: int, in_f: int, nbytes: int = BF16) -> int:
-    return out_f * in_f * nbytes
+def matrix_bytes(name: str, spec: TensorSpec, fp8: bool = False) -> float:
+    """Bytes a step reads of one weight matrix, as served."""
+    if spec.kind == "expert":
+        return spec.numel / INT4_GROUP * INT4_GROUP_BYTES
+    if spec.kind in ("router", "fp32"):  # vLLM holds the router in fp32, whatever the checkpoint stores
+        return spec.numel * FP32
+    if fp8 and not name.endswith(STAYS_BF16):
+        return spec.numel * FP8 + spec.shape[0] * FP32  # + per-output-channel fp32 scales
+    return spec.numel * BF16
 
 
-def _int4_expert(c: dict) -> float:
-    h, i = c["hidden_size"], c["moe_intermediate_size"]
-    return 3 * h * i / 32 * INT4_GROUP_BYTES  # gate, up, down
-
-
-def _experts_touched(n_experts: int, top_k: int, tokens: int) -> float:
+def experts_touched(n_experts: int, top_k: int, tokens: int) -> float:
     """Expected distinct experts hit by `tokens` tokens of uniform top-k routing."""
     return n_experts * (1 - (1 - top_k / n_experts) ** tokens)
 
 
-def _mla(c: dict) -> int:
-    h, heads = c["hidden_size"], c["num_attention_heads"]
-    nope, rope, v, r = c["qk_nope_head_dim"], c["qk_rope_head_dim"], c["v_head_dim"], c["kv_lora_rank"]
-    return (_linear(heads * (nope + rope), h) + _linear(r + rope, h) + _linear(heads * (nope + v), r)
-            + _linear(heads, h) + _linear(h, heads * v))
+def _weights(c: dict, layer: int, prefix: str, tokens: int, fp8: bool) -> float:
+    """Bytes of layer `layer`'s matrices under `prefix` (`attention.`, `mlp.`, `eh_proj`); routed experts
+    count as the share of them that `tokens` tokens touch."""
+    specs = {k: s for k, s in layer_tensors(c, layer).items() if k.startswith(prefix) and len(s.shape) > 1}
+    dense = sum(matrix_bytes(k, s, fp8) for k, s in specs.items() if s.kind != "expert")
+    routed = sum(matrix_bytes(k, s, fp8) for k, s in specs.items() if s.kind == "expert")
+    if routed:
+        e = c["num_experts"]
+        routed *= experts_touched(e, c["num_experts_per_tok"], tokens) / e
+    return dense + routed
 
 
-def _moe(c: dict, tokens: int) -> float:
-    h = c["hidden_size"]
-    shared = 3 * h * c["moe_shared_expert_intermediate_size"] * c["num_shared_experts"] * BF16
-    router = _linear(c["num_experts"], h, FP32)
-    return router + shared + _experts_touched(c["num_experts"], c["num_experts_per_tok"], tokens) * _int4_expert(c)
-
-
-def decode_step_bytes(c: dict, context: int, tokens: int = 1, mtp: bool = False) -> StepBytes:
-    """Bytes one forward step over `tokens` new tokens of one sequence reads (KDA states: read + write)."""
-    h, heads, n = c["hidden_size"], c["num_attention_heads"], c["num_hidden_layers"]
-    d, g = c["head_dim"], c["layer_group_size"]
-    p = heads * d
-    mla_layers = sum(1 for i in range(n) if (i + 1) % g == 0 or i >= n // g * g)
-    kda_layers = n - mla_layers
-    dense_layers = c["first_k_dense_replace"]
-    kda = 5 * _linear(p, h) + _linear(h, p) + _linear(heads, h) + 3 * p * c["short_conv_kernel_size"] * FP32
+def decode_step_bytes(c: dict, context: int, tokens: int = 1, mtp: bool = False, fp8: bool = False) -> StepBytes:
+    """Bytes one forward step over `tokens` new tokens of one sequence reads; with `mtp`, plus the draft
+    layer(s) on one token: eh_proj, MLA, MoE, their own KV cache and the shared lm_head again."""
+    n, heads, d = c["num_hidden_layers"], c["num_attention_heads"], kda_head_dim(c)
+    kv_row = (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * BF16  # one token's MLA latent + k_pe
+    mla = [i for i in range(n) if is_mla_layer(c, i)]
+    kda = [i for i in range(n) if not is_mla_layer(c, i)]
+    moe = [i for i in range(n) if is_moe_layer(c, i)]
+    dense = [i for i in range(n) if not is_moe_layer(c, i)]
+    lm_head = matrix_bytes("lm_head.weight", tensor_specs(c)["lm_head.weight"], fp8)
     parts = {
-        "KDA weights": kda_layers * kda,
-        "KDA state (read + write)": kda_layers * 2 * heads * d * d * FP32,
-        "MLA weights": mla_layers * _mla(c),
-        "MLA KV cache": mla_layers * context * (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * BF16,
-        "dense MLPs": dense_layers * 3 * h * c["intermediate_size"] * BF16,
-        "MoE (router, shared, routed INT4)": (n - dense_layers) * _moe(c, tokens),
-        "lm_head": _linear(c["vocab_size"], h),
+        "KDA weights": sum(_weights(c, i, "attention.", tokens, fp8) for i in kda),
+        "KDA state (read + write)": len(kda) * 2 * heads * d * d * FP32,
+        "MLA weights": sum(_weights(c, i, "attention.", tokens, fp8) for i in mla),
+        "MLA KV cache": len(mla) * context * kv_row,
+        "dense MLPs": sum(_weights(c, i, "mlp.", tokens, fp8) for i in dense),
+        "MoE (router, shared, routed INT4)": sum(_weights(c, i, "mlp.", tokens, fp8) for i in moe),
+        "lm_head": lm_head,
     }
-    if mtp:  # the draft: eh_proj + one MLA + one MoE layer, its own KV cache, and the shared lm_head again
-        parts["MTP draft"] = (_linear(h, 2 * h) + _mla(c) + _moe(c, 1) + _linear(c["vocab_size"], h)
-                              + context * (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * BF16)
+    if mtp:
+        parts["MTP draft"] = sum(_weights(c, i, "", 1, fp8) + lm_head + context * kv_row
+                                 for i in range(n, n + num_mtp_layers(c)))
     return StepBytes(parts)
 
 
-def project(c: dict, context: int, bandwidth_gbs: float, efficiency: float, acceptance: float) -> dict:
-    plain = decode_step_bytes(c, context)
-    verify = decode_step_bytes(c, context, tokens=2, mtp=True)
+def project(c: dict, context: int, bandwidth_gbs: float, efficiency: float, acceptance: float,
+            fp8: bool = False) -> dict:
+    plain = decode_step_bytes(c, context, fp8=fp8)
+    verify = decode_step_bytes(c, context, tokens=2, mtp=True, fp8=fp8)
     bw = bandwidth_gbs * 1e9 * efficiency
     return {
         "plain_step_gb": plain.total / 1e9,
@@ -93,21 +109,47 @@ def project(c: dict, context: int, bandwidth_gbs: float, efficiency: float, acce
     }
 
 
+def _acceptances(text: str) -> list[float]:
+    values = [float(x) for x in text.split(",") if x.strip()]
+    if not values or not all(0 <= a <= 1 for a in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: give acceptance rates in [0, 1], comma-separated")
+    return values
+
+
+def report(c: dict, context: int, bandwidth_gbs: float, efficiency: float, acceptances: list[float]) -> str:
+    """The table: a plain step's GB by part, both step totals and tok/s, one column per weight format."""
+    runs = {f: [project(c, context, bandwidth_gbs, efficiency, a, fp8=f == "fp8") for a in acceptances]
+            for f in FORMATS}
+    first = {f: r[0] for f, r in runs.items()}
+
+    def row(label: str, cells: list[str]) -> str:
+        return f"  {label:<44}" + "".join(f"{x:>12}" for x in cells)
+
+    lines = [f"PROJECTION (arithmetic, not a measurement) at context {context}, "
+             f"{bandwidth_gbs:.0f} GB/s x {efficiency:.0%}, batch 1:",
+             row("GB read per step, by part", ["bf16 today", "fp8"])]
+    lines += [row(part, [f"{first[f]['parts_gb'][part]:.3f}" for f in FORMATS]) for part in first["bf16"]["parts_gb"]]
+    lines += [row("plain decode step, GB", [f"{first[f]['plain_step_gb']:.2f}" for f in FORMATS]),
+              row("MTP k=1 verify step (2 tokens + draft), GB", [f"{first[f]['mtp_step_gb']:.2f}" for f in FORMATS]),
+              row("plain decode, tok/s", [f"{first[f]['plain_tok_s']:.1f}" for f in FORMATS])]
+    lines += [row(f"MTP k=1 at {a:.0%} acceptance, tok/s", [f"{runs[f][i]['mtp_tok_s']:.1f}" for f in FORMATS])
+              for i, a in enumerate(acceptances)]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
-    here = Path(__file__).resolve().parents[1] / "vllm_ling" / "configs" / "ling-3.0-flash-int4" / "config.json"
     ap = argparse.ArgumentParser(prog="python -m ling_bench.projection", description=__doc__.splitlines()[0])
-    ap.add_argument("--config", type=Path, default=here)
+    ap.add_argument("--config", type=Path, default=FLASH_INT4_DIR / "config.json",
+                    help="a config.json (default: the bundled Ling-3.0-flash-int4 one)")
     ap.add_argument("--context", type=int, default=4096, help="tokens already in the sequence")
     ap.add_argument("--bandwidth-gbs", type=float, default=273.0, help="GB10: 273")
-    ap.add_argument("--efficiency", type=float, default=0.7, help="share of peak bandwidth reached (ops-facts W11: 70%%)")
-    ap.add_argument("--acceptance", type=float, default=0.94, help="MTP k=1 acceptance (3P: 94%%)")
+    ap.add_argument("--efficiency", type=float, default=0.7,
+                    help="share of peak bandwidth reached (70%%, FINDINGS.md §6)")
+    ap.add_argument("--acceptance", type=_acceptances, default=[0.94, 0.70],
+                    help="MTP k=1 acceptance rates, comma-separated (default 0.94, what Spark owners report, "
+                         "and 0.70)")
     a = ap.parse_args(argv)
-    r = project(json.loads(a.config.read_text()), a.context, a.bandwidth_gbs, a.efficiency, a.acceptance)
-    print(f"PROJECTION (arithmetic, not a measurement) at context {a.context}, {a.bandwidth_gbs:.0f} GB/s x {a.efficiency:.0%}:")
-    for k, v in r["parts_gb"].items():
-        print(f"  {k:<36} {v:6.3f} GB")
-    print(f"  plain decode step {r['plain_step_gb']:.2f} GB -> {r['plain_tok_s']:.1f} tok/s")
-    print(f"  MTP k=1 verify step {r['mtp_step_gb']:.2f} GB, {1 + a.acceptance:.2f} tokens -> {r['mtp_tok_s']:.1f} tok/s")
+    print(report(json.loads(a.config.read_text()), a.context, a.bandwidth_gbs, a.efficiency, a.acceptance))
     return 0
 
 

@@ -1,11 +1,14 @@
 """Fixed-seed prompt sets: short code, short prose, and long context sized in tokens.
 
 Random prompts make runs incomparable (a "prompt lottery"): every prompt here is a pure function of
-(set, seed, index or target size), so two runs with the same seed send byte-identical text.
+(set, seed, index or target size), so two runs with the same seed send byte-identical text. vLLM's
+benchmark datasets have no such sets; `write_dataset` writes ours as its custom (JSONL) dataset.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import random
 from dataclasses import dataclass
 from typing import Callable
@@ -162,3 +165,13 @@ def build_prompts(
         texts = {"code": code_prompts, "prose": prose_prompts}[kind](seed, num_prompts)
         prompts += [Prompt(f"{kind}-{i}", kind, t, count(t)) for i, t in enumerate(texts)]
     return prompts
+
+
+def write_dataset(path: str | os.PathLike, prompts: list[Prompt], max_tokens: int) -> None:
+    """The prompts as `vllm bench serve --dataset-name custom` lines: `prompt` and `output_tokens`, which
+    vLLM reads, plus our name, set and sizes, which it ignores."""
+    with open(path, "w", encoding="utf-8") as f:
+        for p in prompts:
+            row = {"prompt": p.text, "output_tokens": max_tokens, "name": p.name, "set": p.kind,
+                   "prompt_tokens": p.tokens, "target_tokens": p.target_tokens}
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -5,10 +5,15 @@ on `architectures`. transformers >= 5.20 ships its own `BailingHybridConfig`, wh
 `head_dim` to `qk_rope_head_dim` (64) and keeps the KDA head size as `linear_head_dim`; our class keeps
 config.json's fields as written, and `kda_head_dim()` reads either spelling, so the model is built
 right whichever class vLLM resolved.
+
+The layer rule and the config check below read a config object (vLLM's `hf_config`) or the parsed
+config.json dict alike (`config_get`), so the plugin, the tiny-checkpoint writer and the byte
+projection share one copy of each.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from transformers import PretrainedConfig
@@ -19,7 +24,7 @@ MODEL_TYPE = "bailing_hybrid"
 
 
 class BailingMoeV3Config(PretrainedConfig):
-    """config.json of Ling-3.0-flash; defaults are the Flash values (ling3-architecture.md §1)."""
+    """config.json of Ling-3.0-flash; defaults are the Flash values (docs/architecture.md §Config)."""
 
     model_type = MODEL_TYPE
     keys_to_ignore_at_inference = ["past_key_values"]
@@ -70,8 +75,9 @@ class BailingMoeV3Config(PretrainedConfig):
     ) -> None:
         # transformers' native config stores the KDA head size under this name.
         head_dim = kwargs.pop("linear_head_dim", head_dim)
-        # partial_rotary_factor (0.5) is present in real configs but must be ignored: the rotary
-        # width is qk_rope_head_dim (64), §4. Keep it out of the attributes vLLM's rope code reads.
+        # partial_rotary_factor (0.5) is present in real configs but must be ignored: the rotary width
+        # is qk_rope_head_dim (64), docs/architecture.md §MLA. Keep it out of the attributes vLLM's rope
+        # code reads.
         kwargs.pop("partial_rotary_factor", None)
         self.vocab_size = vocab_size
         self.hidden_size = hidden_size
@@ -118,26 +124,40 @@ class BailingMoeV3Config(PretrainedConfig):
         )
 
 
-def kda_head_dim(config: PretrainedConfig) -> int:
+Config = PretrainedConfig | Mapping[str, Any]
+
+
+def config_get(config: Config, name: str, default: Any = None) -> Any:
+    """A config field from a config object or a config.json dict; `default` when absent."""
+    if isinstance(config, Mapping):
+        return config.get(name, default)
+    return getattr(config, name, default)
+
+
+def kda_head_dim(config: Config) -> int:
     """KDA head size d (= d_k = d_v): `linear_head_dim` under transformers' class, else `head_dim`."""
-    return int(getattr(config, "linear_head_dim", None) or config.head_dim)
+    return int(config_get(config, "linear_head_dim") or config_get(config, "head_dim"))
 
 
-def num_mtp_layers(config: PretrainedConfig) -> int:
+def num_mtp_layers(config: Config) -> int:
     """MTP layers appended after the main stack (transformers' class calls them `num_mtp_layers`)."""
-    value = getattr(config, "num_nextn_predict_layers", None)
+    value = config_get(config, "num_nextn_predict_layers")
     if value is None:
-        value = getattr(config, "num_mtp_layers", 0)
+        value = config_get(config, "num_mtp_layers", 0)
     return int(value or 0)
 
 
-def is_mla_layer(config: PretrainedConfig, layer_idx: int) -> bool:
-    """Layer i is MLA iff (i+1) % G == 0 or i lies in an incomplete final group (§2); else KDA.
-
-    The MTP layer (i >= num_hidden_layers) is always MLA.
-    """
-    group, total = config.layer_group_size, config.num_hidden_layers
+def is_mla_layer(config: Config, layer_idx: int) -> bool:
+    """Layer i is MLA iff (i+1) % G == 0 or i lies in an incomplete final group, else KDA; the MTP
+    layers (i >= num_hidden_layers) fall under the second clause, so they are MLA (docs/architecture.md
+    §Layers)."""
+    group, total = config_get(config, "layer_group_size"), config_get(config, "num_hidden_layers")
     return (layer_idx + 1) % group == 0 or layer_idx >= total // group * group
+
+
+def is_moe_layer(config: Config, layer_idx: int) -> bool:
+    """Layers below `first_k_dense_replace` have a dense SwiGLU MLP, the rest (MTP too) an MoE block."""
+    return layer_idx >= config_get(config, "first_k_dense_replace")
 
 
 def swiglu_limit(limits: list[float] | None, layer_idx: int) -> float | None:
@@ -148,7 +168,8 @@ def swiglu_limit(limits: list[float] | None, layer_idx: int) -> float | None:
 
 
 def mla_rope_parameters(config: PretrainedConfig) -> dict[str, Any]:
-    """RoPE for MLA: interleaved pairs over qk_rope_head_dim dims, base rope_theta, no scaling (§4).
+    """RoPE for MLA: interleaved pairs over qk_rope_head_dim dims, base rope_theta, no scaling
+    (docs/architecture.md §MLA).
 
     transformers 5 mirrors rope_theta into `rope_parameters` / `rope_scaling` as {"rope_type": "default"}:
     that is no scaling and is accepted; any other rope_type is refused rather than silently ignored.
@@ -164,10 +185,27 @@ def mla_rope_parameters(config: PretrainedConfig) -> dict[str, Any]:
     return {"rope_type": "default", "rope_theta": float(theta)}
 
 
-def check_supported(config: PretrainedConfig) -> None:
-    """Refuse configs this implementation would silently get wrong."""
-    if not getattr(config, "no_kda_lora", True):
-        raise ValueError("no_kda_lora=false (low-rank KDA f/g projections) is not supported; Ling-3.0 uses full rank.")
-    granularity = getattr(config, "gated_attention_proj_granularity_type", "head_wise")
+def check_supported(config: Config) -> None:
+    """Refuse configs this implementation (or the tiny writer) would silently get wrong, naming the
+    value and the fix. Absent fields are not judged: transformers' class spells some differently."""
+    if not config_get(config, "no_kda_lora", True):
+        raise ValueError("no_kda_lora=false (low-rank KDA f/g projections) is not a Ling-3.0 layout and is "
+                         "not supported; Ling-3.0 uses full rank (keep it true)")
+    granularity = config_get(config, "gated_attention_proj_granularity_type", "head_wise")
     if granularity not in ("head_wise", "element_wise"):
-        raise ValueError(f"gated_attention_proj_granularity_type={granularity!r}: expected head_wise or element_wise.")
+        raise ValueError(f"gated_attention_proj_granularity_type={granularity!r}; "
+                         "use 'head_wise' (Flash) or 'element_wise'")
+    n = config_get(config, "num_hidden_layers")
+    for key in ("expert_swiglu_limit_list", "share_expert_swiglu_limit_list"):
+        limits = config_get(config, key)
+        if limits is not None and len(limits) != n:  # a short list would leave layers unclamped
+            raise ValueError(f"{key} has {len(limits)} entries but num_hidden_layers={n}; "
+                             "give one limit per main layer (0 = no clamp)")
+    e, groups, topk_group, k = (config_get(config, key) for key in
+                                ("num_experts", "n_group", "topk_group", "num_experts_per_tok"))
+    if None not in (e, groups, topk_group, k) and (
+            e % groups or topk_group > groups or k > topk_group * (e // groups)):
+        raise ValueError(
+            f"num_experts={e}, n_group={groups}, topk_group={topk_group}, num_experts_per_tok={k}: "
+            "need num_experts % n_group == 0, topk_group <= n_group and "
+            "num_experts_per_tok <= topk_group * num_experts / n_group")

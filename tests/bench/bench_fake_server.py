@@ -1,8 +1,8 @@
 """A fake OpenAI-compatible vLLM server on 127.0.0.1 for the bench tests.
 
 It streams over real HTTP/1.1 chunked SSE like uvicorn does, at configured delays: the first token
-alone after `first_token_delay_s` (prefill), then `tokens_per_chunk` tokens per event every
-`chunk_delay_s` (one spec-decode step each). It exposes vLLM's spec-decode counters on /metrics,
+alone after `first_token_delay_s` (prefill; in chat, right after vLLM's role-only opener), then
+`tokens_per_chunk` tokens per event every `chunk_delay_s` (one spec-decode step each). It exposes vLLM's spec-decode counters on /metrics,
 starting from non-zero values and advancing per finished request, and a word-level /tokenize.
 """
 
@@ -47,7 +47,7 @@ def fake_count(text: str, chat: bool = False) -> int:
 @dataclass
 class FakeState:
     bodies: list[dict] = field(default_factory=list)  # generation requests, in arrival order
-    chunks_sent: list[int] = field(default_factory=list)
+    chunks_sent: list[int] = field(default_factory=list)  # token-carrying events per request, in arrival order
     in_flight: int = 0
     max_in_flight: int = 0
     drafts: int = 1000  # as if the server had served traffic before the bench
@@ -157,38 +157,39 @@ def _handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
                 self._json({"error": "not found"}, 404)
 
         def _stream(self, body: dict, chat: bool, prompt_tokens: int) -> None:
-            with state.lock:
+            limit = body.get("max_completion_tokens") or body["max_tokens"]  # vLLM's chat client sends the former
+            n = limit if body.get("ignore_eos") else min(limit, 4)
+            sizes = [1] + [min(cfg.tokens_per_chunk, n - i) for i in range(1, n, cfg.tokens_per_chunk)]
+            with state.lock:  # recorded before anything is sent: the client may finish before we return
                 state.bodies.append(body)
+                state.chunks_sent.append(len(sizes))
                 state.in_flight += 1
                 state.max_in_flight = max(state.max_in_flight, state.in_flight)
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
-            n = body["max_tokens"] if body.get("ignore_eos") else min(body["max_tokens"], 4)
-            sizes = [1] + [min(cfg.tokens_per_chunk, n - i) for i in range(1, n, cfg.tokens_per_chunk)]
 
             def choice(text: str) -> dict:
                 return {"index": 0, "delta": {"content": text}} if chat else {"index": 0, "text": text}
 
-            if chat:  # vLLM opens a chat stream with an empty role-only delta: not a token
+            self.wfile.flush()  # headers out; vLLM sends no SSE comments (0.32's client would choke on one)
+            time.sleep(cfg.first_token_delay_s)
+            if chat:  # vLLM opens a chat stream with an empty role-only delta once the first token exists
                 opener = {"index": 0, "delta": {"role": "assistant", "content": ""}}
                 self._event({"choices": [opener], "usage": None})
-            self._chunk(b": keep-alive\n\n")
-            time.sleep(cfg.first_token_delay_s)
             for i, size in enumerate(sizes):
                 if i:
                     time.sleep(cfg.chunk_delay_s)
                 self._event({"choices": [choice(cfg.first_text if i == 0 else " tok" * size)], "usage": None})
             server.count_spec()
+            with state.lock:  # before the closing events, for the same reason
+                state.in_flight -= 1
             if cfg.usage and (body.get("stream_options") or {}).get("include_usage"):
                 self._event({"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n,
                                                       "total_tokens": prompt_tokens + n}})
             self._event("[DONE]")
             self._chunk(b"")
-            with state.lock:
-                state.chunks_sent.append(len(sizes))
-                state.in_flight -= 1
 
     return Handler
 

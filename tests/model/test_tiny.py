@@ -1,4 +1,4 @@
-"""The tiny-checkpoint maker: determinism, the §8.1 tensor table, config/tokenizer loading with stock
+"""The tiny-checkpoint maker: determinism, the checkpoint's tensor table, config/tokenizer loading with stock
 transformers, clamps and routing bias that really matter, the cache, the CLI and the full-size config."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import torch
 from model_helpers import config_of, read_checkpoint
 
 from vllm_ling import tiny
+from vllm_ling.config import BailingMoeV3Config, is_mla_layer
 
 FP32_SUFFIXES = ("A_log", "dt_bias", "_conv1d.weight", "expert_bias")
 PROMPTS = ["The weather in the mountains", "def fibonacci(n):", "Please summarize the report."]
@@ -24,7 +25,8 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def expected_tensors(c: dict) -> dict[str, tuple[int, ...]]:
-    """The checkpoint table written from ling3-architecture.md §2/§7/§8.1, independently of tiny.py."""
+    """The checkpoint table written from docs/architecture.md §Layers/§MTP/§Tensors, independently of
+    vllm_ling.tensors (the table the writer reads)."""
     H, V, L, G = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"], c["layer_group_size"]
     heads, d, K = c["num_attention_heads"], c["head_dim"], c["short_conv_kernel_size"]
     P, E, I, Ie = heads * d, c["num_experts"], c["intermediate_size"], c["moe_intermediate_size"]
@@ -128,7 +130,13 @@ def test_tensor_names_shapes_and_dtypes_follow_the_architecture_rules(variant, o
 
 def test_tail_rule_makes_trailing_layers_mla(tmp_path):
     config = tiny.tiny_config(overrides={"num_hidden_layers": 5})
-    assert [tiny.is_mla_layer(i, config) for i in range(6)] == [False, False, True, True, True, True]
+    assert [is_mla_layer(config, i) for i in range(6)] == [False, False, True, True, True, True]
+
+
+def test_layer_rule_reads_the_served_config_object_like_the_dict():
+    config = tiny.tiny_config(overrides={"num_hidden_layers": 5})
+    served = BailingMoeV3Config(**config)  # what vLLM hands the plugin
+    assert [is_mla_layer(served, i) for i in range(6)] == [is_mla_layer(config, i) for i in range(6)]
 
 
 def test_checkpoint_is_two_shards_with_a_complete_index(tiny_dir):
@@ -179,7 +187,7 @@ def test_transformers_autoconfig_reads_the_kda_head_dim_as_linear_head_dim(tiny_
     assert type(config).__name__ == "BailingHybridConfig"
     # transformers 5.20 rewrites head_dim to the MLA rope dim and keeps the KDA dim as linear_head_dim
     assert (config.head_dim, config.linear_head_dim, config.qk_head_dim) == (64, 128, 192)
-    expected_kinds = ["full_attention" if tiny.is_mla_layer(i, config_of(tiny_dir)) else "linear_attention"
+    expected_kinds = ["full_attention" if is_mla_layer(config_of(tiny_dir), i) else "linear_attention"
                       for i in range(6)]
     assert config.layer_types == expected_kinds
     assert config.mlp_layer_types == ["dense"] + ["sparse"] * 5
@@ -247,7 +255,7 @@ def moe_inputs(hf_model, hf_tokenizer) -> dict[int, torch.Tensor]:
     captured: dict[int, torch.Tensor] = {}
     hooks = [layer.mlp.register_forward_hook(lambda m, a, o, i=i: captured.__setitem__(i, a[0][0]))
              for i, layer in enumerate(model.model.layers) if hasattr(layer.mlp, "experts")]
-    text = " ".join(PROMPTS) + " " + tiny._CORPUS[:600]
+    text = " ".join(PROMPTS) + " " + tiny.corpus()[:600]
     ids = hf_tokenizer(text, return_tensors="pt").input_ids[:, :120]
     with torch.no_grad():
         model(ids)
@@ -257,7 +265,8 @@ def moe_inputs(hf_model, hf_tokenizer) -> dict[int, torch.Tensor]:
 
 
 def _selected(scores: torch.Tensor, gate) -> torch.Tensor:
-    """Grouped top-k (§5): groups ranked by their top-2 sum, top-k experts inside the kept groups."""
+    """Grouped top-k (docs/architecture.md §MoE): groups ranked by their top-2 sum, top-k experts inside
+    the kept groups."""
     t, e = scores.shape
     grouped = scores.view(t, gate.num_group, e // gate.num_group)
     keep = grouped.topk(2, -1).values.sum(-1).topk(gate.topk_group, -1).indices
@@ -297,7 +306,7 @@ def test_router_bias_changes_expert_selection_on_some_tokens(hf_model, moe_input
         scores = torch.sigmoid(x.float() @ gate.weight.float().T)
         _, _, chosen = gate(x)
         with_bias = _selected(scores + gate.e_score_correction_bias, gate)
-        assert torch.equal(with_bias, chosen.sort(-1).values)  # our reading of §5 is transformers'
+        assert torch.equal(with_bias, chosen.sort(-1).values)  # our reading of §MoE is transformers'
         changed = (with_bias != _selected(scores, gate)).any(-1).float().mean().item()
         assert 0.05 < changed < 1.0, f"layer {i}: the bias changes the selection of {changed:.0%} of tokens"
 
@@ -333,6 +342,15 @@ def test_default_tiny_dir_without_env_is_in_the_user_cache(monkeypatch):
     assert path == Path.home() / ".cache" / "vllm-ling" / "tiny-qlora-int4-seed0"
 
 
+def test_cli_help_names_the_default_cache_path(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("VLLM_LING_TINY_DIR", str(tmp_path))
+    monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps at hyphens otherwise
+    with pytest.raises(SystemExit):
+        tiny.main(["--help"])
+    help_text = capsys.readouterr().out
+    assert str(tmp_path / "tiny-VARIANT-") in help_text and "default_tiny_dir" not in help_text
+
+
 def test_cli_refuses_a_non_empty_dir_unless_forced(tmp_path, capsys):
     (tmp_path / "keep.txt").write_text("x")
     assert tiny.main([str(tmp_path), "--seed", "1"]) == 2
@@ -352,8 +370,8 @@ def test_cli_full_config_writes_the_bundled_files(tmp_path):
 
 def test_full_config_has_the_flash_layout():
     c = tiny.full_config()
-    mla = [i for i in range(42) if tiny.is_mla_layer(i, c)]
-    assert mla == [5, 11, 17, 23, 29, 35, 41] and tiny.is_mla_layer(42, c)
+    mla = [i for i in range(42) if is_mla_layer(c, i)]
+    assert mla == [5, 11, 17, 23, 29, 35, 41] and is_mla_layer(c, 42)
     assert c["expert_swiglu_limit_list"] == [0] * 35 + [4] * 7
     assert c["share_expert_swiglu_limit_list"] == [0] * 34 + [5] * 6 + [7] * 2
     assert (c["vocab_size"], c["eos_token_id"], c["pad_token_id"]) == (157184, 156895, 156892)
