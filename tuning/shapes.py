@@ -16,7 +16,6 @@ from typing import Any
 
 # vLLM's benchmark_moe.py default batch sizes; we add the Spark recipe's prefill chunk (8192).
 VLLM_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 256, 512, 1024, 1536, 2048, 3072, 4096)
-BUNDLED_CONFIG = ("vllm_ling", "configs/ling-3.0-flash-int4/config.json")
 
 
 @dataclass(frozen=True)
@@ -68,7 +67,7 @@ class MoEShape:
 
 
 PRESETS: dict[str, MoEShape] = {
-    # Ling-3.0-flash-int4 (ling3-architecture.md §1, §8): 512 experts of width 768, top-8, g32.
+    # Ling-3.0-flash-int4 (docs/architecture.md §Config, §INT4): 512 experts of width 768, top-8, g32.
     "ling-3.0-flash": MoEShape(num_experts=512, intermediate=768, hidden=2560, top_k=8, group_size=32),
 }
 
@@ -115,15 +114,12 @@ def shape_from_config(cfg: dict[str, Any], tp: int = 1) -> MoEShape:
 
 
 def bundled_config_path() -> Path | None:
-    """The full-size Ling-3.0-flash-int4 config.json shipped with the plugin, if installed.
+    """The full-size Ling-3.0-flash-int4 config.json shipped with the plugin (vllm_ling.configs, the one
+    locator; importing it imports no vLLM)."""
+    from vllm_ling.configs import FLASH_INT4_DIR
 
-    Found with find_spec, which locates the package without importing it (no vLLM import)."""
-    spec = importlib.util.find_spec(BUNDLED_CONFIG[0])
-    for root in (spec.submodule_search_locations or []) if spec else []:
-        path = Path(root) / BUNDLED_CONFIG[1]
-        if path.is_file():
-            return path
-    return None
+    path = FLASH_INT4_DIR / "config.json"
+    return path if path.is_file() else None
 
 
 def resolve_model(model: str, tp: int = 1) -> tuple[MoEShape, str]:

@@ -1,4 +1,4 @@
-"""Kimi Delta Attention layer of Ling-3.0 (ling3-architecture.md §3), with its state in vLLM's hybrid cache.
+"""Kimi Delta Attention layer of Ling-3.0 (docs/architecture.md §KDA), with its state in vLLM's hybrid cache.
 
 Per token: q,k,v = SiLU(causal_conv4(W_{q,k,v} x)); β = σ(W_β x); g = λ·σ(exp(A_log)·(W_f x + b_dt))
 (the *safe* gate, λ = −5, fp32); S_t = (I − β k kᵀ) Diag(e^g) S_{t−1} + β k vᵀ; o = S_tᵀ (q/√d) with

@@ -1,4 +1,4 @@
-"""Gated multi-head latent attention of Ling-3.0 (ling3-architecture.md §4).
+"""Gated multi-head latent attention of Ling-3.0 (docs/architecture.md §MLA).
 
 q = W_q x; [c_kv; k_pe] = W_kva x; [k_nope_h; v_h] = W_kvb,h RMSNorm(c_kv); interleaved RoPE (64 dims,
 theta 6e6) on q_pe and the head-shared k_pe; softmax over (q·k)/√192; o_h ← σ(W_g x)_h · o_h (fp32 gate,

@@ -1,7 +1,7 @@
 """BailingMoeV3ForCausalLM (Ling-3.0-flash) for vLLM: a hybrid of KDA and gated-MLA layers over MoE MLPs.
 
-Pre-norm blocks (ling3-architecture.md §2): h = x + Attn(RMSNorm(x)); y = h + MLP(RMSNorm(h)); layer i is
-MLA iff (i+1) % layer_group_size == 0, else KDA; layers < first_k_dense_replace use a dense MLP.
+Pre-norm blocks (docs/architecture.md §Layers): h = x + Attn(RMSNorm(x)); y = h + MLP(RMSNorm(h)); layer i is
+MLA or KDA by `config.is_mla_layer`, dense MLP or MoE by `config.is_moe_layer`.
 Logits = lm_head(RMSNorm(y)) with an untied head; `forward` returns the post-norm hidden state, which
 the MTP draft (`vllm_ling.mtp`) consumes.
 """
@@ -24,14 +24,14 @@ from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
 from vllm.model_executor.models.utils import WeightsMapper, maybe_prefix
 
 from vllm_ling import compat, draft_check
-from vllm_ling.config import check_supported, is_mla_layer, kda_head_dim
+from vllm_ling.config import check_supported, is_mla_layer, is_moe_layer, kda_head_dim
 from vllm_ling.kda import BailingMoeV3KDA
 from vllm_ling.mla import BailingMoeV3MLA
 from vllm_ling.moe import BailingMoeV3MLP, BailingMoeV3MoE, TorchRoutedExperts
 
 
 def make_mlp(config, vllm_config: VllmConfig, layer_idx: int, prefix: str) -> nn.Module:
-    if layer_idx < config.first_k_dense_replace:
+    if not is_moe_layer(config, layer_idx):
         return BailingMoeV3MLP(config, config.intermediate_size, vllm_config.quant_config, prefix)
     return BailingMoeV3MoE(config, vllm_config.quant_config, layer_idx, prefix)
 

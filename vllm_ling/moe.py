@@ -1,4 +1,4 @@
-"""Ling-3.0 MLPs (ling3-architecture.md §5): the dense SwiGLU of the first layers and the MoE block.
+"""Ling-3.0 MLPs (docs/architecture.md §MoE): the dense SwiGLU of the first layers and the MoE block.
 
 Router, fp32: s = σ(W_r x); experts are *selected* by s + b (b = expert_bias, noaux_tc) among the
 top-4 of 8 groups scored by the sum of their top-2 biased scores, top-8 overall; the *weights* are the

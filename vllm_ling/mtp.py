@@ -1,4 +1,4 @@
-"""The MTP draft of Ling-3.0: checkpoint layer `model.layers.{num_hidden_layers}` (ling3-architecture.md §7).
+"""The MTP draft of Ling-3.0: checkpoint layer `model.layers.{num_hidden_layers}` (docs/architecture.md §MTP).
 
 To propose token t+2 from token t+1 and the target's post-norm hidden state h_t:
   z = W_eh [RMSNorm_e(embed(t+1)) ; RMSNorm_h(h_t)]     (embedding first)

@@ -18,12 +18,13 @@ _registered: str | None = None
 
 
 def _route_logs_through_vllm() -> None:
-    """Our `vllm_ling.*` loggers write through vLLM's handlers, so their lines land in the server log."""
+    """Our `vllm_ling.*` loggers write INFO lines through vLLM's handlers, so they land in the server log (the
+    self-check reads them); where vLLM has set up none yet, they go to the root logger's, still at INFO."""
     ours, theirs = logging.getLogger("vllm_ling"), logging.getLogger("vllm")
+    ours.setLevel(logging.INFO)
     if not ours.handlers and theirs.handlers:
         for handler in theirs.handlers:
             ours.addHandler(handler)
-        ours.setLevel(logging.INFO)
         ours.propagate = False
 
 

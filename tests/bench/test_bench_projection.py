@@ -26,7 +26,7 @@ def test_one_token_touches_top_k_experts_and_more_tokens_touch_more():
 
 
 def test_bf16_steps_are_the_numbers_findings_quotes():
-    """FINDINGS.md §6: 7.78 GB plain, 9.77 GB verify at context 4096 (ops-facts: 8.40 GB/token)."""
+    """FINDINGS.md §6: 7.78 GB plain, 9.77 GB verify at context 4096 (Spark owners: 8.40 GB per token, docs/ops-walls.md)."""
     plain = decode_step_bytes(CONFIG, context=4096)
     assert plain.total == 7_780_761_600
     assert decode_step_bytes(CONFIG, 4096, tokens=2, mtp=True).total == 9_769_082_880

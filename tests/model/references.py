@@ -1,4 +1,4 @@
-"""Hand-written fp64 references of Ling-3.0's equations (ling3-architecture.md), read from checkpoint tensors.
+"""Hand-written fp64 references of Ling-3.0's equations (docs/architecture.md), read from checkpoint tensors.
 
 Written from the architecture notes, not from our model code or vLLM's: they are what the engine's layers
 are checked against where transformers has no counterpart (SwiGLU clamps, the MTP draft).

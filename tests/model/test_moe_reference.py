@@ -1,7 +1,7 @@
 """The MoE block inside the real engine, with its SwiGLU clamps on, against a hand-written fp64 reference.
 
 transformers has no clamps, so this is where they are pinned: the engine's MoE output for layers with
-routed and shared clamps equals the equations of ling3-architecture.md §5 computed here from the
+routed and shared clamps equals the equations of docs/architecture.md §MoE computed here from the
 checkpoint's tensors; the same reference without clamps, or without group-limited routing, does not.
 """
 

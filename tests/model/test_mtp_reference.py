@@ -1,4 +1,4 @@
-"""The MTP draft layer (ling3-architecture.md §7) written from the equations, on the tiny checkpoints.
+"""The MTP draft layer (docs/architecture.md §MTP) written from the equations, on the tiny checkpoints.
 
 CPU only: it checks the draft math and the two tiny checkpoints the GPU MTP tests rely on. With the
 `mtp_echo` variant the draft, fed the target's post-norm hidden states (from the transformers oracle),

@@ -1,4 +1,4 @@
-"""Behaviour of our `ling3` parsers (ling3-architecture.md §9) on crafted model output.
+"""Behaviour of our `ling3` parsers (docs/parsers.md) on crafted model output.
 
 Every `parse(...)` call runs the text both non-streaming and streamed step by step, and fails if the
 concatenated deltas differ from the non-streaming result (see conftest.py and parsers_harness.py)."""

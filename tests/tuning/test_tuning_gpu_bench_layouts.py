@@ -22,7 +22,7 @@ def test_nibble_packing_is_vllms_wna16_layout_and_round_trips():
 
 
 def test_compressed_tensors_int32_words_viewed_as_bytes_are_the_same_layout():
-    """ling3-architecture.md §8: weight_packed int32 [out, in/8], element j at bits 4·(j mod 8) of word j/8."""
+    """docs/architecture.md §INT4: weight_packed int32 [out, in/8], element j at bits 4·(j mod 8) of word j/8."""
     q = codes(4, 32)
     words = np.zeros((4, 4), dtype=np.uint32)
     for j in range(32):

@@ -10,7 +10,7 @@ from ling_tuning.shapes import (
     shape_from_config,
 )
 
-LING_CT = {  # the INT4 checkpoint's relevant fields (ling3-architecture.md §1, §8)
+LING_CT = {  # the INT4 checkpoint's relevant fields (docs/architecture.md §Config, §INT4)
     "architectures": ["BailingMoeV3ForCausalLM"], "model_type": "bailing_hybrid", "hidden_size": 2560,
     "num_experts": 512, "num_experts_per_tok": 8, "moe_intermediate_size": 768, "intermediate_size": 6144,
     "quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized", "config_groups": {

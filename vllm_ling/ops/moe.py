@@ -14,7 +14,7 @@ def grouped_topk(
     logits: torch.Tensor, bias: torch.Tensor, n_group: int, topk_group: int, top_k: int,
     renormalize: bool = True, scale: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """noaux_tc routing in fp32 (ling3-architecture.md §5): returns (weights [T, k], expert ids [T, k]).
+    """noaux_tc routing in fp32 (docs/architecture.md §MoE): returns (weights [T, k], expert ids [T, k]).
 
     s = σ(logits); experts are *selected* by s + bias within the top `topk_group` of `n_group` groups
     (group score = sum of its top-2 biased scores); the weights are the unbiased s, renormalised, × scale.
