@@ -44,7 +44,14 @@ def main() -> int:
     ap.add_argument("out")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--variant", default="stable_router")
+    ap.add_argument("--keep", action="append", default=[], metavar="NAME=PATTERNS",
+                    help="more FP8 runs keeping these module patterns BF16 (VLLM_LING_FP8_KEEP), e.g. attn=*.self_attn.*")
+    ap.add_argument("--only-keeps", action="store_true", help="run the bf16 reference and the --keep runs only")
     a = ap.parse_args()
+    configs = {"bf16": CONFIGS["bf16"]} if a.only_keeps else dict(CONFIGS)
+    for item in a.keep:
+        name, _, patterns = item.partition("=")
+        configs[name] = ({"quantization": "ling_fp8"}, {"VLLM_LING_FP8_KEEP": patterns})
     from vllm_ling.tiny import ensure_tiny
 
     rng = random.Random(7)
@@ -54,13 +61,14 @@ def main() -> int:
     model = str(ensure_tiny(variant=a.variant))
     base = {"model": model, "prompts": prompts, "max_tokens": 1, "dtype": a.dtype, "hf_overrides": NO_CLAMPS,
             "max_model_len": 1024, "max_num_batched_tokens": 512, "prompt_topk": 1}
-    jobs = [("engine_runner.py", {**base, "engine_kwargs": kw}, name) for name, (kw, _) in CONFIGS.items()]
-    envs = [env for _, env in CONFIGS.values()]
+    jobs = [("engine_runner.py", {**base, "engine_kwargs": kw}, name) for name, (kw, _) in configs.items()]
+    envs = [env for _, env in configs.values()]
     engines = []
     for job, env in zip(jobs, envs):  # one at a time: a 2-core box
         engines += run_scripts([job], tmp, CPU_ENGINE_ENV, envs=[env])
     oracle = run_scripts([("oracle.py", {"model": model, "prompts": [], "score": prompts}, "oracle")], tmp)[0]
-    result = {name: scores(e, oracle["scored"], LENGTHS) for name, e in zip(CONFIGS, engines)}
+    result = {name: scores(e, oracle["scored"], LENGTHS) for name, e in zip(configs, engines)}
+    result |= {f"{name}_keeps": env.get("VLLM_LING_FP8_KEEP", "") for name, (_, env) in configs.items()}
     result["setup"] = {"dtype": a.dtype, "variant": a.variant, "prompt_lengths": LENGTHS}
     print(json.dumps(result, indent=1))
     Path(a.out).write_text(json.dumps(result, indent=1))
