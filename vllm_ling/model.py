@@ -69,7 +69,8 @@ class BailingMoeV3Model(nn.Module):
         config = vllm_config.model_config.hf_config
         check_supported(config)
         self.config = config
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size,
+                                                   prefix=maybe_prefix(prefix, "embed_tokens"))
         self.layers = nn.ModuleList(
             BailingMoeV3DecoderLayer(config, vllm_config, i, prefix=f"{prefix}.layers.{i}")
             for i in range(config.num_hidden_layers)
@@ -110,6 +111,8 @@ STACKED = [
 
 
 def layer_index(name: str) -> int | None:
+    """The decoder layer a checkpoint tensor belongs to (`model.layers.{i}....`), None outside the stack. Not
+    vLLM's `extract_layer_index`: expert tensors carry a second integer (`...experts.{e}...`), which it refuses."""
     return int(name.split(".")[2]) if name.startswith("model.layers.") else None
 
 

@@ -67,7 +67,8 @@ class BailingMoeV3MTPStack(nn.Module):
         self.count = num_mtp_layers(config)
         if self.count < 1:
             raise ValueError("speculative method 'mtp' needs num_nextn_predict_layers >= 1 in config.json")
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size,
+                                                   prefix=maybe_prefix(prefix, "embed_tokens"))
         self.layers = nn.ModuleDict(
             {str(i): BailingMoeV3MTPLayer(config, vllm_config, i, f"{prefix}.layers.{i}")
              for i in range(self.first, self.first + self.count)}
