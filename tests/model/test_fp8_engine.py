@@ -39,8 +39,9 @@ def test_every_bf16_linear_and_the_lm_head_get_fp8(methods):
 
 
 def test_routed_experts_stay_int4_and_kv_b_router_embedding_stay_as_they_were(methods):
+    """On the CPU engine the routed experts are ours (INT4 dequantized at load): no quant method, no FP8."""
     m = methods["quant_methods"]
-    assert all("WNA16" in m[f"model.layers.{i}.mlp.experts"] for i in range(1, 6))
+    assert not any(".mlp.experts" in name for name in m)
     assert all(m[f"model.layers.{i}.self_attn.kv_b_proj"] == "UnquantizedLinearMethod" for i in MLA)
     assert all(m[f"model.layers.{i}.mlp.gate"] == "UnquantizedLinearMethod" for i in range(1, 6))
     assert m["model.embed_tokens"] == "UnquantizedEmbeddingMethod"

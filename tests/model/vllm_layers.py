@@ -22,12 +22,20 @@ def _free_port() -> int:
 @contextlib.contextmanager
 def vllm_layer_context(model_dir: str, dtype: torch.dtype = torch.bfloat16) -> Iterator[object]:
     """Yields the VllmConfig; layers built inside see it and a TP world of size 1 (gloo)."""
+    from unittest import mock
+
+    import vllm.plugins
     from vllm.config import set_current_vllm_config
     from vllm.distributed import parallel_state
     from vllm.engine.arg_utils import EngineArgs
 
-    config = EngineArgs(model=model_dir, dtype=str(dtype).removeprefix("torch."), skip_tokenizer_init=True,
-                        enable_prefix_caching=False).create_engine_config()
+    # Building a config loads vLLM's general plugins, ours among them, whose registrations (our config class in
+    # transformers' AutoConfig, the ling3 parsers) would outlive this test in the pytest process; layer tests
+    # need none of them (they import vllm_ling.fp8 themselves).
+    with mock.patch.object(vllm.plugins, "load_general_plugins", lambda: None), \
+            mock.patch("vllm.engine.arg_utils.load_general_plugins", lambda: None):
+        config = EngineArgs(model=model_dir, dtype=str(dtype).removeprefix("torch."), skip_tokenizer_init=True,
+                            enable_prefix_caching=False).create_engine_config()
     previous = torch.get_default_dtype()
     with set_current_vllm_config(config):
         if not parallel_state.model_parallel_is_initialized():
