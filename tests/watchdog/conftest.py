@@ -10,7 +10,15 @@ from typing import Any
 
 import pytest
 import yaml
+from ling_watchdog import vllm_parse
 from watchdog_harness import FAKE, FAST, Run, free_port, tagged
+
+
+@pytest.fixture(scope="session")
+def vllm_parser():
+    """vLLM's own argument parser, imported once per session: ServeArgs.parse then runs it in this process
+    (the watchdog runs it in a subprocess; serve_args.py says why). ~10-20 s on a loaded 2-core box."""
+    vllm_parse.parse([])
 
 
 @pytest.fixture

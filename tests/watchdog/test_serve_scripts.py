@@ -1,5 +1,6 @@
 """The serve recipe: the command it builds on GPU and CPU, that it passes its own watchdog's rules,
 that it really runs under the watchdog, and the systemd unit."""
+import pytest
 import configparser
 import os
 import shlex
@@ -18,6 +19,8 @@ from ling_watchdog.preflight import Host, check
 from ling_watchdog.serve_args import ServeArgs
 from ling_watchdog.supervisor import ExitCode
 from watchdog_harness import FAKE, FAST, free_port, tagged
+
+pytestmark = pytest.mark.usefixtures("vllm_parser")  # vLLM's parser, in-process
 
 SERVE = Path(__file__).parents[2] / "serve"
 
