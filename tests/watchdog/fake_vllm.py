@@ -56,13 +56,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fake-escape", action="store_true", help="engine starts a setsid() grandchild")
     p.add_argument("--fake-tag", default="", help="marker in every fake process's argv")
     p.add_argument("--api-key", nargs="+", default=None)
+    p.add_argument("--fake-require-key", default=None, help="a key the server wants that is in no flag or env")
     p.add_argument("--engine-fd", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--fault", action="store_true", help=argparse.SUPPRESS)
     args, _ = p.parse_known_args(argv)
     args.model = args.positional[1] if args.positional[:1] == ["serve"] and len(args.positional) > 1 else "fake"
     keys = args.api_key or [os.environ.get("VLLM_API_KEY")]  # the flag wins, as in vLLM's middleware
-    args.keys = [k for k in keys if k]
+    args.keys = [k for k in [*keys, args.fake_require_key] if k]
     return args
 
 
@@ -157,10 +158,20 @@ class State:
     wedged = threading.Event()
     dead = threading.Event()
     stopping = threading.Event()
+    engine_pid = 0
     running = 0
     generated = 0.0
     prompt = 0.0
     requests = 0
+
+
+def engine_stopped() -> bool:
+    """The engine core is SIGSTOPped (state T): vLLM's completions then wait on it, /health still says 200."""
+    try:
+        with open(f"/proc/{State.engine_pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except (OSError, IndexError):
+        return False
 
 
 def handler_for(args: argparse.Namespace, faulty: bool):
@@ -211,6 +222,8 @@ def handler_for(args: argparse.Namespace, faulty: bool):
                 State.running += 1
                 first = State.requests == 1
             try:
+                while engine_stopped():
+                    time.sleep(0.05)
                 if State.wedged.is_set():
                     time.sleep(3600)  # /health still says 200 (the point of the fault)
                 if faulty and args.fake_mode == "slow_first" and first:
@@ -282,6 +295,7 @@ def api_server(args: argparse.Namespace, argv: list[str]) -> int:
     r, w = os.pipe()
     engine_argv = [sys.executable, __file__, *argv, "--engine-fd", str(w)] + (["--fault"] if faulty else [])
     eng = subprocess.Popen(engine_argv, pass_fds=(w,))
+    State.engine_pid = eng.pid
     os.close(w)
 
     def on_term(signum, frame):  # like vLLM: stop the engine core, then leave with rc 0

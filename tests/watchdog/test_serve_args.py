@@ -99,4 +99,4 @@ def test_the_watchdog_parses_in_a_subprocess_and_never_imports_vllm_itself():
             "a = ServeArgs.parse(['vllm', 'serve', '--async-scheduling', '/m', '--max_model_len', '4k']); "
             "print(a.parser, a.model, a.max_model_len, 'vllm' in sys.modules, 'torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600).stdout.split()
-    assert out[0] == "vLLM" and out[2:] == ["/m", "4096", "False", "False"], out
+    assert out[0] == "vLLM" and out[2:] == ["/m", "4000", "False", "False"], out
