@@ -211,7 +211,11 @@ def handler_for(args: argparse.Namespace, faulty: bool):
                 self._send(404, "{}")
 
         def do_POST(self):
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            try:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            except ValueError:
+                body = {}
+            prompts = body.get("prompt") if isinstance(body.get("prompt"), list) else [None]
             if self._refused():
                 return
             if State.dead.is_set():
@@ -233,9 +237,9 @@ def handler_for(args: argparse.Namespace, faulty: bool):
                 with State.lock:
                     State.generated += 1
                     State.prompt += 2
+                choices = [{"index": i, "text": " pong", "finish_reason": "length"} for i in range(len(prompts))]
                 self._send(200, json.dumps({"id": "cmpl-fake", "object": "text_completion", "model": args.model,
-                                            "choices": [{"index": 0, "text": " pong", "finish_reason": "length"}],
-                                            "usage": {"prompt_tokens": 2, "completion_tokens": 1}}))
+                                            "choices": choices, "usage": {"prompt_tokens": 2, "completion_tokens": 1}}))
             finally:
                 with State.lock:
                     State.running -= 1
