@@ -9,6 +9,7 @@ serving  /health answers 200 even when the engine is wedged, so liveness is deco
          fail_threshold consecutive failed probes = wedged.
 
 The Monitor is pure bookkeeping over observations with explicit times; the supervisor feeds it.
+The walls W7, W8 and the /health fact: docs/ops-walls.md.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The serve command's process tree: who is burning CPU, and killing all of it.
 
 vLLM loads weights in the EngineCore child process, so the "one CPU at 100%" of a shard freeze
-(W7) belongs to a child of the command, not to the command itself: the whole tree is sampled.
+(W7, docs/ops-walls.md) belongs to a child of the command, not to the command itself: the whole
+tree is sampled.
 """
 from __future__ import annotations
 
