@@ -91,7 +91,8 @@ if [[ -n ${KV_CACHE_GIB:-} && -n $UTIL_GIVEN ]]; then
 fi
 if [[ $DEVICE == cpu && -z $UTIL_GIVEN ]]; then KV_CACHE_GIB=${KV_CACHE_GIB:-4}; fi
 if [[ -n ${KV_CACHE_GIB:-} ]]; then  # GiB, fractions allowed: bytes computed by Python, not bash arithmetic
-    ARGS+=(--kv-cache-memory-bytes "$("$PYTHON" -c 'import sys; print(int(float(sys.argv[1]) * 2**30))' "$KV_CACHE_GIB")")
+    KV_BYTES=$("$PYTHON" -c 'import sys; print(int(float(sys.argv[1]) * 2**30))' "$KV_CACHE_GIB")
+    ARGS+=(--kv-cache-memory-bytes "$KV_BYTES")
 else
     ARGS+=(--gpu-memory-utilization "$UTIL")
 fi
@@ -132,7 +133,8 @@ if [[ ${CHECK:-0} == 1 ]]; then WATCHDOG+=(preflight); fi
 # acceptance; an optimisation that was asked for but is not active is an error line (SELFCHECK=0: skip).
 # The watchdog fills in this launch's id (the check judges only its lines) and the server's pid (its env).
 if [[ ${SELFCHECK:-1} == 1 ]]; then
-    WD_ARGS+=(--after-serving "$PYTHON -m vllm_ling.selfcheck --json --log {log} --launch {launch} --server-pid {pid} --url {url} {args}")
+    CHECK_CMD="$PYTHON -m vllm_ling.selfcheck --json --log {log} --launch {launch} --server-pid {pid}"
+    WD_ARGS+=(--after-serving "$CHECK_CMD --url {url} {args}")
 fi
 
 CMD=("${WATCHDOG[@]}" --log-dir "$LOG_DIR" "${WD_ARGS[@]}" -- "${LAUNCH[@]}" "${ARGS[@]}" "${EXTRA[@]}")

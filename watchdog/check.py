@@ -7,12 +7,15 @@ pid (its environment is the server's, /proc/<pid>/environ) and `-- <serve comman
 Credentials never go through argv (any user can read it): the check inherits VLLM_API_KEY, the variable
 vLLM itself reads. A line that is a JSON object with a "message" is logged at its "level" with its other
 keys as fields; other lines at info (stdout) or error (stderr, or any line of a failed check).
-The check dies with the watchdog and with its launch: it never outlives the server it checks.
+The check runs in its own process group beside the server (the server's kills leave it alone) and dies
+with the watchdog and with its launch, children included: it never outlives the server it checks.
 """
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import signal
 import subprocess
 import threading
 from collections.abc import Mapping
@@ -47,25 +50,34 @@ def _record(line: str, default: str) -> tuple[str, str, dict[str, Any]]:
 
 
 class AfterServing(threading.Thread):
+    """start() launches the check (its pid is known on return: the supervisor keeps it out of the serve
+    tree's kills); the thread collects its output and logs the verdict."""
+
     def __init__(self, argv: list[str], env: Mapping[str, str], log: EventLog, timeout: float):
         super().__init__(name="after-serving", daemon=True)
         self.argv, self.env, self.log, self.timeout = argv, dict(env), log, timeout
         self._proc: subprocess.Popen | None = None
         self._stopped = threading.Event()
 
-    def run(self) -> None:
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self) -> None:
         try:
             self._proc = subprocess.Popen(self.argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                          stderr=subprocess.PIPE, text=True, env=self.env,
+                                          stderr=subprocess.PIPE, text=True, env=self.env, start_new_session=True,
                                           preexec_fn=procs.die_with_parent)
-            if self._stopped.is_set():  # stop() ran before the process existed
-                self._proc.terminate()
-            out, err = self._proc.communicate(timeout=self.timeout)
         except OSError as e:
             self.log.emit("after_serving", f"after-serving check could not run: {e}", level="error", code=-1)
             return
+        super().start()
+
+    def run(self) -> None:
+        try:
+            out, err = self._proc.communicate(timeout=self.timeout)
         except subprocess.TimeoutExpired:
-            self._proc.kill()
+            self._signal(signal.SIGKILL)
             out, err = self._proc.communicate()
             self._emit(out, err, failed=True)
             self.log.emit("after_serving", f"after-serving check did not finish in {self.timeout:g}s: killed",
@@ -89,9 +101,19 @@ class AfterServing(threading.Thread):
                     fields.pop("code", None)  # "code" marks the verdict event
                     self.log.emit("after_serving", message, level=level, **fields)
 
-    def stop(self) -> None:
-        """The launch is over: end the check (its verdict is about a server that is gone)."""
+    def _signal(self, sig: int) -> None:
+        """To the check's own process group: it and whatever it started (vllm_parse, ...)."""
+        try:
+            os.killpg(self._proc.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def stop(self, grace: float = 5.0) -> None:
+        """The launch is over: end the check and its children (its verdict is about a server that is gone)."""
         self._stopped.set()
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.terminate()
-        self.join(timeout=10)
+        if self._proc is None:
+            return
+        self._signal(signal.SIGTERM)
+        self.join(timeout=grace)
+        self._signal(signal.SIGKILL)  # a child of the check that ignored SIGTERM, or the check itself
+        self.join(timeout=grace)

@@ -82,8 +82,9 @@ def check_model(args: ServeArgs) -> Verdict:
     safe = ("Safe: the checkpoint's directory (it holds config.json and *.safetensors), or the Hugging Face id "
             "inclusionAI/Ling-3.0-flash-int4.")
     if not path.is_dir():
-        return _refuse(rule, f"{model} is a local path and {'is not a directory' if path.exists() else 'does not exist'}"
-                       f" (vLLM would fail on it at every launch). {safe}", values)
+        what = "is not a directory" if path.exists() else "does not exist"
+        return _refuse(rule, f"{model} is a local path and {what} (vLLM would fail on it at every launch). {safe}",
+                       values)
     if not (path / "config.json").is_file():
         return _refuse(rule, f"{model} holds no config.json: not a checkpoint directory. {safe}", values)
     return _ok(rule, f"{model}: a local checkpoint with config.json", **values)

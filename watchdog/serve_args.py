@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ling_watchdog import vllm_parse
+from ling_watchdog import procs, vllm_parse
 
 PARSE_TIMEOUT_S = 300  # importing vLLM on a loaded 2-core box took 19 s
 API_SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server")
@@ -88,11 +88,13 @@ def _script_python(script: str) -> str:
 @functools.lru_cache(maxsize=64)
 def _vllm_parse(python: str, args: tuple[str, ...]) -> dict[str, Any]:
     """vllm_parse.parse in-process (vLLM already imported here) or in a subprocess of `python`."""
-    if "vllm" in sys.modules and os.path.realpath(python) == os.path.realpath(sys.executable):
+    same = os.path.realpath(shutil.which(python) or python) == os.path.realpath(sys.executable)
+    if "vllm" in sys.modules and same:
         return vllm_parse.parse(list(args))
     try:
         done = subprocess.run([python, vllm_parse.__file__, json.dumps(list(args))], capture_output=True,
-                              text=True, timeout=PARSE_TIMEOUT_S, stdin=subprocess.DEVNULL)
+                              text=True, timeout=PARSE_TIMEOUT_S, stdin=subprocess.DEVNULL,
+                              preexec_fn=procs.die_with_parent)
     except (OSError, subprocess.TimeoutExpired) as e:
         return {"unavailable": f"{type(e).__name__}: {e}"}
     for line in reversed(done.stdout.splitlines()):

@@ -32,6 +32,7 @@ from ling_watchdog.procs import CpuSampler
 from ling_watchdog.vllm_log import parse
 
 TICK_S = 0.25
+EXIT_LINES_S = 1.0  # after the server exits, how long its last lines may take to arrive
 
 
 class ExitCode(IntEnum):
@@ -147,6 +148,8 @@ class Supervisor:
         check = AfterServing(expand(self.cfg.after_serving, values, self.shown), env, self.log,
                              self.cfg.after_serving_timeout_s)
         check.start()
+        if check.pid is not None:
+            child.foreign.add(check.pid)  # beside the server, not of it: its kills leave the check alone
         return check
 
     def _watch(self, child: Child, monitor: Monitor, inbox: queue.Queue, launch: str = "") -> Outcome:
@@ -193,7 +196,9 @@ class Supervisor:
             if check is not None:
                 check.stop()
 
-    def _drain(self, inbox: queue.Queue, monitor: Monitor, timeout: float) -> None:
+    def _drain(self, inbox: queue.Queue, monitor: Monitor, timeout: float, lines_only: bool = False) -> None:
+        """Feed what arrived to the monitor. lines_only: after the server exited, probes of a server that
+        is gone say nothing new."""
         try:
             item = inbox.get(timeout=timeout)
             while True:
@@ -203,7 +208,7 @@ class Supervisor:
                         monitor.line(ev, item.t)
                 elif isinstance(item, Output):
                     monitor.output(item.t)
-                elif isinstance(item, ProbeResult):
+                elif isinstance(item, ProbeResult) and not lines_only:
                     monitor.probe(item)
                 item = inbox.get_nowait()
         except queue.Empty:
@@ -235,9 +240,15 @@ class Supervisor:
                       survivors=r.survivors, why=why)
 
     def _exited(self, child: Child, monitor: Monitor, inbox: queue.Queue) -> Outcome:
+        """Judged when the exit is seen (the last lines hold the reason), then the group is reaped."""
         rc = child.proc.returncode
+        child.flush(EXIT_LINES_S)
+        self._drain(inbox, monitor, 0.0, lines_only=True)
+        outcome = self._judge_exit(rc, monitor)
         self._kill(child, f"exited with {_rc(rc)}")  # the leader is gone; its group may not be
-        self._drain(inbox, monitor, 0.0)  # the last lines hold the reason
+        return outcome
+
+    def _judge_exit(self, rc: int, monitor: Monitor) -> Outcome:
         phase, fatal = monitor.phase.value, monitor.fatal
         if fatal is not None and not fatal.retry:
             return Outcome(code=ExitCode.FATAL, message=f"the serve command failed during {phase} with an "

@@ -30,8 +30,8 @@ FATAL = (
     (re.compile(r"^(?:vllm \w+|[\w./-]+): error: "), False),
     (re.compile(r"Address already in use|port must be 0-65535"), False),
     # a model path or id that does not exist (transformers / huggingface_hub, raised in the API server)
-    (re.compile(r"is not a local folder and is not a valid model identifier|Repo id must (?:be in the form|use alphanumeric)|"
-                r"Repository Not Found for url"), False),
+    (re.compile(r"is not a local folder and is not a valid model identifier|"
+                r"Repo id must (?:be in the form|use alphanumeric)|Repository Not Found for url"), False),
     (re.compile(r"Timed out waiting for engine core processes to start"), True),
     (re.compile(r"Engine core initialization failed"), True),
     (re.compile(r"EngineCore failed to start"), True),

@@ -177,7 +177,8 @@ def test_the_port_rule_really_binds(tmp_path):
 
 @pytest.mark.parametrize("flags, says", [
     ("--max-num-seqs 0", "--max-num-seqs 0 must be at least 1; safe: --max-num-seqs 2"),
-    ("--max-num-batched-tokens 0", "--max-num-batched-tokens 0 must be at least 1; safe: --max-num-batched-tokens 8192"),
+    ("--max-num-batched-tokens 0",
+     "--max-num-batched-tokens 0 must be at least 1; safe: --max-num-batched-tokens 8192"),
     ("--gpu-memory-utilization 1.5", "--gpu-memory-utilization 1.5 is not a fraction in (0, 1]; safe: "
                                      "--gpu-memory-utilization 0.72"),
     ("--gpu-memory-utilization 0", "--gpu-memory-utilization 0 is not a fraction"),

@@ -199,7 +199,8 @@ def test_a_setting_is_never_run_as_shell_code(tmp_path):
     (dict(MTP_K="abc"), "MTP_K='abc' is not a whole number (MTP draft tokens, 0 = off). Safe: MTP_K=1 (or 0: no MTP)"),
     (dict(UTIL="abc", DEVICE="cuda"), "UTIL='abc' is not a number (--gpu-memory-utilization, a fraction in (0, 1]). "
                                       "Safe: UTIL=0.72"),
-    (dict(KV_CACHE_GIB="1,5"), "KV_CACHE_GIB='1,5' is not a number (--kv-cache-memory-bytes in GiB). Safe: KV_CACHE_GIB=4"),
+    (dict(KV_CACHE_GIB="1,5"),
+     "KV_CACHE_GIB='1,5' is not a number (--kv-cache-memory-bytes in GiB). Safe: KV_CACHE_GIB=4"),
     (dict(UTIL="0.85", KV_CACHE_GIB="4"), "UTIL=0.85 and KV_CACHE_GIB=4 both size the KV cache"),
 ])
 def test_a_bad_setting_is_refused_by_name_with_the_rule_and_a_safe_value(env, says):

@@ -8,7 +8,7 @@ import sys
 import time
 
 import pytest
-from watchdog_harness import FAST, launched_pid
+from watchdog_harness import FAST, launched_pid, tagged
 
 SLACK_S = 3.0  # scheduling slack on a loaded 2-core CI box, on top of the configured threshold
 
@@ -349,4 +349,27 @@ def test_after_serving_lines_keep_their_levels_and_the_check_gets_this_launch_th
                             capture_output=True, text=True, check=True).stdout
     check = json.loads(status)["selfcheck"]
     assert check["code"] == 2 and check["failed"] == ["B"] and len(check["lines"]) == 3
+    assert run.orphans() == []
+
+
+def test_a_running_check_is_no_part_of_the_server_it_neither_delays_a_kill_nor_outlives_its_launch(watchdog):
+    """The check runs beside the server: a dead engine's group is reaped at once (not after kill_grace_s of
+    waiting for the check), and the check, children included, ends with its launch."""
+    check = (f"{sys.executable} -c \"import subprocess, sys, time; "  # the launch id tags the check and its child
+             f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', sys.argv[1]]); "
+             f"time.sleep(60)\" {{launch}}")
+    run = watchdog("clean", cfg=dict(after_serving=check))
+    run.wait_for(lambda e: e["event"] == "phase" and e["to"] == "serving")
+    time.sleep(1)  # the check and its child are up
+    run.inject("kill_engine")
+    crash = run.wait_for(lambda r: r["event"] == "crash")
+    kill = run.wait_for(lambda r: r["event"] == "kill" and r["t"] >= crash["t"])
+    assert kill["signal"] != "SIGKILL" and kill["seconds"] < FAST["kill_grace_s"], kill
+    stopped = run.wait_for(lambda r: r["event"] == "after_serving" and "stopped with its launch" in r["message"])
+    assert stopped["level"] == "warning"
+    run.wait_phase("serving", after=crash["t"])
+    assert run.stop() == 143
+    launches = [e["launch"] for e in run.events("launch")]
+    left = [p for launch in launches for p in tagged(launch)]
+    assert left == [], left
     assert run.orphans() == []
