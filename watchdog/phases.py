@@ -32,7 +32,7 @@ class Phase(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    event: str  # "stall" | "wedge"
+    event: str  # "stall" | "wedge" | "crash"
     cause: str
     message: str
     held_s: float  # how long the faulty condition lasted before this verdict
@@ -94,6 +94,10 @@ class Monitor:
 
     def probe(self, r: ProbeResult) -> None:
         self.last_probe = r.detail
+        if r.dead:  # the API server exits 0 a few seconds later; no need to wait for it or for K probes
+            self._pending = self._pending or Fault("crash", "engine_dead", f"{r.detail} during "
+                                                   f"{self.phase.value}", 0.0)
+            return
         if r.refused and not self.refused:
             self.refused = True
             self.emit("probe_refused", f"{r.detail}. The server is up; decode progress cannot be judged until "

@@ -3,7 +3,8 @@
 Readiness is `GET /health` with a short timeout: the port binds before the engine is up, so a
 timeout means "not ready", not "dead". /health says 200 while the engine is wedged, so liveness is a
 real 1-token completion; when it times out, /metrics token counters that moved in the meantime mark
-the server as busy (e.g. both lanes of W5 decoding long answers), not wedged.
+the server as busy (e.g. both lanes of W5 decoding long answers), not wedged. A 503 from /health is
+vLLM's own word that its engine died: that is a crash at once, not one failed probe of K.
 
 Probes carry the server's credentials (`--api-key` / VLLM_API_KEY: vLLM guards /v1/*). A refusal (401/403)
 is an answer, not a wedge: the server is up and the watchdog lacks the key, which a relaunch cannot fix;
@@ -23,6 +24,7 @@ from vllm_ling.metrics import tokens_total
 
 READY_POLL_S = 0.5
 REFUSED = (401, 403)
+DEAD = 503  # vLLM 0.26-0.33 answer /health with 503 only on EngineDeadError (docs/ops-walls.md)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,7 @@ class ProbeResult:
     elapsed: float = 0.0
     busy: bool = False
     refused: bool = False  # the server answered 401/403: up, but the probe lacks its credentials
+    dead: bool = False  # /health 503: vLLM says its engine is dead (EngineDeadError)
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -85,7 +88,11 @@ class Prober(threading.Thread):
             ok, detail = r.status_code == 200, f"/health {r.status_code}"
         except requests.RequestException as e:
             ok, detail = False, f"/health: {type(e).__name__}"
-        return ProbeResult(kind, ok, detail, self._clock(), self._clock() - t0)
+            r = None
+        dead = r is not None and r.status_code == DEAD
+        if dead:
+            detail += ": vLLM reports its engine dead (EngineDeadError)"
+        return ProbeResult(kind, ok, detail, self._clock(), self._clock() - t0, dead=dead)
 
     def _model(self) -> str:
         """The served name from /v1/models, else the one the serve command gave."""

@@ -57,6 +57,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fake-tag", default="", help="marker in every fake process's argv")
     p.add_argument("--api-key", nargs="+", default=None)
     p.add_argument("--fake-require-key", default=None, help="a key the server wants that is in no flag or env")
+    p.add_argument("--fake-dead-exit-s", type=float, default=2.0,
+                   help="engine dead: /health says 503 this long before the exit (vLLM 0.32: ~2 s)")
     p.add_argument("--engine-fd", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--fault", action="store_true", help=argparse.SUPPRESS)
@@ -265,9 +267,9 @@ def hog(args: argparse.Namespace) -> None:
         time.sleep(3600)
 
 
-def engine_died(eng: subprocess.Popen, server: ThreadingHTTPServer) -> None:
-    """What vLLM's API server does when its engine core dies while serving: EngineDeadError, then a clean
-    uvicorn shutdown and exit 0 (launcher.terminate_if_errored)."""
+def engine_died(eng: subprocess.Popen, server: ThreadingHTTPServer, exit_after_s: float) -> None:
+    """What vLLM's API server does when its engine core dies while serving: EngineDeadError, /health 503,
+    then a clean uvicorn shutdown and exit 0 (launcher.terminate_if_errored)."""
     eng.wait()
     if State.stopping.is_set():
         return
@@ -275,6 +277,7 @@ def engine_died(eng: subprocess.Popen, server: ThreadingHTTPServer) -> None:
     say("APIServer", "ERROR", "AsyncLLM output_handler failed.")
     say("APIServer", "ERROR", "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See "
         "stack trace (above) for the root cause.")
+    time.sleep(exit_after_s)
     print("INFO:     Shutting down\nINFO:     Waiting for application shutdown.\n"
           f"INFO:     Application shutdown complete.\nINFO:     Finished server process [{os.getpid()}]", flush=True)
     os._exit(0)
@@ -317,7 +320,7 @@ def api_server(args: argparse.Namespace, argv: list[str]) -> int:
         say(who, "ERROR", "RuntimeError: Engine core initialization failed. See root cause above. "
             "Failed core proc(s): {'EngineCore': 1}")
         return 1
-    threading.Thread(target=engine_died, args=(eng, server), daemon=True).start()
+    threading.Thread(target=engine_died, args=(eng, server, args.fake_dead_exit_s), daemon=True).start()
     say(who, "INFO", "Supported tasks: ['generate']")
     say(who, "INFO", f"Starting vLLM server on http://{args.host}:{args.port}")
     say(who, "INFO", "Available routes are:")

@@ -213,7 +213,7 @@ DEATH_BOUND_S = 2.0
     ("kill_worker", "Worker proc VllmWorker-0 died unexpectedly"),
 ])
 def test_a_dead_engine_is_relaunched_though_the_api_server_exits_0(watchdog, action, said):
-    run = watchdog("clean")
+    run = watchdog("clean", fake=["--fake-dead-exit-s", "0"])  # exits before any probe sees /health 503
     run.wait_phase("serving")
     t = run.inject(action)
     crash = run.wait_for(lambda r: r["event"] == "crash")
@@ -222,6 +222,20 @@ def test_a_dead_engine_is_relaunched_though_the_api_server_exits_0(watchdog, act
     assert crash["t"] - t <= DEATH_BOUND_S + SLACK_S
     relaunch = run.wait_for(lambda r: r["event"] == "relaunch")
     assert relaunch["cause"] == "exit_serving" and relaunch["left"] == FAST["max_relaunches"] - 1
+    run.wait_phase("serving", after=crash["t"])
+    assert run.stop() == 143
+    assert run.orphans() == []
+
+
+def test_health_503_is_vllms_word_that_its_engine_died_a_crash_before_the_exit(watchdog):
+    """vLLM answers /health 503 on EngineDeadError for a few seconds before its API server exits 0."""
+    run = watchdog("clean", fake=["--fake-dead-exit-s", "30"])
+    run.wait_phase("serving")
+    t = run.inject("kill_engine")
+    crash = run.wait_for(lambda r: r["event"] == "crash")
+    assert crash["cause"] == "engine_dead" and "/health 503: vLLM reports its engine dead" in crash["message"]
+    assert crash["t"] - t <= FAST["probe_interval_s"] + FAST["health_timeout_s"] + SLACK_S
+    assert not run.events("probe_fail")  # one answer decides it, not fail_threshold of them
     run.wait_phase("serving", after=crash["t"])
     assert run.stop() == 143
     assert run.orphans() == []
