@@ -51,7 +51,12 @@ class Child:
         self.seen: set[int] = {self.pid}
         self.foreign: set[int] = set()  # processes of ours that are not the server's (the after-serving check)
         self._reader = threading.Thread(target=self._pump, name="ling-watchdog-reader", daemon=True)
+
+    def read(self) -> Child:
+        """Start pumping the output (the pipe holds it meanwhile): the caller logs the launch line first,
+        so that every line of this launch comes after it in serve.log."""
         self._reader.start()
+        return self
 
     def _pump(self) -> None:
         fd, buf = self.proc.stdout.fileno(), b""

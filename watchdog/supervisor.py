@@ -134,9 +134,10 @@ class Supervisor:
             return Outcome(code=ExitCode.USAGE, message=f"cannot start {self.cmd[0]!r}: {e.strerror} (check the "
                            f"serve command, VLLM_CMD or PATH)")
         launch = f"{self.run_id}-{self.launches}"
-        # The line readers of this launch's serve.log start from (events.launch_mark).
+        # The line readers of this launch's serve.log start from (events.launch_mark), before its output.
         self.log.emit("launch", f"launch {launch}: pid {child.pid} (own process group): {' '.join(self.shown)}",
                       n=self.launches, pid=child.pid, launch=launch)
+        child.read()
         return self._watch(child, Monitor(self.cfg, self._clock(), self.log.emit), inbox, launch)
 
     def _after_serving(self, child: Child, launch: str) -> AfterServing:

@@ -136,7 +136,19 @@ def run(sc: Scenario, workdir: Path, command: Command = fake_command, timeout: f
     for p in left.values():
         p.kill()
     log = (log_dir / "serve.log").read_text(errors="replace") if (log_dir / "serve.log").exists() else ""
-    return _row(sc, read_jsonl(log_dir / "events.jsonl"), log, rc, len(left), inflicted)
+    row = _row(sc, read_jsonl(log_dir / "events.jsonl"), log, rc, len(left), inflicted)
+    if secret := _secret(sc):  # the key, anywhere the watchdog wrote (serve.log, events.jsonl, status)
+        status = subprocess.run([sys.executable, "-m", "ling_watchdog", "status", "--log-dir", str(log_dir)],
+                                capture_output=True, text=True).stdout
+        written = sum(p.read_text(errors="replace").count(secret) for p in log_dir.glob("*") if p.is_file())
+        row["action"] += f"; key written {written + status.count(secret)}x"
+    return row
+
+
+def _secret(sc: Scenario) -> str | None:
+    if "--api-key" in sc.serve:
+        return sc.serve[sc.serve.index("--api-key") + 1]
+    return sc.env.get("VLLM_API_KEY")
 
 
 def _row(sc: Scenario, events: list[dict], log: str, rc: int, orphans: int, inflicted: float | None = None) -> dict:
@@ -166,6 +178,9 @@ def _row(sc: Scenario, events: list[dict], log: str, rc: int, orphans: int, infl
         steps.append("serving")
     # a verdict on a server that was fine: any, for a harmless scenario; else one before the fault began
     false_kills = sum(1 for f in faults if sc.harmless or (marks and f["t"] < marks[0]))
+    checks = [e for e in events if e["event"] == "after_serving" and "code" in e]
+    if checks:
+        steps.append("self-check exit " + "/".join(str(e["code"]) for e in checks))
     if sc.kill == signal.SIGKILL:
         steps.append("watchdog SIGKILLed: its child got the parent-death SIGTERM")
     else:
