@@ -69,7 +69,8 @@ class AfterServing(threading.Thread):
                                           stderr=subprocess.PIPE, text=True, env=self.env, start_new_session=True,
                                           preexec_fn=procs.die_with_parent)
         except OSError as e:
-            self.log.emit("after_serving", f"after-serving check could not run: {e}", level="error", code=-1)
+            self.log.emit("after_serving", f"after-serving check could not run: {e}", level="error", code=-1,
+                          verdict="not run")
             return
         super().start()
 
@@ -81,17 +82,17 @@ class AfterServing(threading.Thread):
             out, err = self._proc.communicate()
             self._emit(out, err, failed=True)
             self.log.emit("after_serving", f"after-serving check did not finish in {self.timeout:g}s: killed",
-                          level="error", code=-1)
+                          level="error", code=-1, verdict="timed out")
             return
         rc = self._proc.returncode
         self._emit(out, err, failed=rc != 0)
         if self._stopped.is_set():
             self.log.emit("after_serving", f"after-serving check stopped with its launch (rc {rc})",
-                          level="warning", code=rc)
+                          level="warning", code=rc, verdict="stopped with its launch")
             return
         why = ": an optimisation asked for is NOT active (see above)" if rc == INCOMPLETE else ""
         self.log.emit("after_serving", f"after-serving check exit {rc}{why}", level="error" if rc else "info",
-                      code=rc)
+                      code=rc, verdict="OK" if rc == 0 else "FAILED")
 
     def _emit(self, out: str, err: str, failed: bool) -> None:
         for stream, default in ((out, "error" if failed else "info"), (err, "error" if failed else "warning")):

@@ -196,7 +196,7 @@ class Summary:
 def _selfcheck(s: Summary, r: dict[str, Any]) -> None:
     check = s.selfcheck if s.selfcheck is not None else {"code": None, "ts": r["ts"], "lines": [], "failed": []}
     if "code" in r:
-        check.update(code=r["code"], ts=r["ts"])
+        check.update(code=r["code"], ts=r["ts"], verdict=r.get("verdict"))
     else:
         check["lines"].append({"level": r.get("level", "info"), "message": r["message"]})
         if r.get("state") == "FAILED":
@@ -256,10 +256,13 @@ def _alive(pid: int | None) -> bool:
 
 
 def _selfcheck_lines(check: dict[str, Any]) -> list[str]:
+    verdict = check.get("verdict")
     if check["code"] is None:
         head = "self-check: running"
     elif check["code"] == 0:
         head = f"self-check: OK (exit 0) at {check['ts']}"
+    elif verdict not in (None, "FAILED"):
+        head = f"self-check: {verdict} (exit {check['code']}) at {check['ts']}"
     else:
         failed = f": FAILED {', '.join(check['failed'])}" if check["failed"] else ""
         head = f"self-check: exit {check['code']}{failed} at {check['ts']}"

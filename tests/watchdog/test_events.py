@@ -131,3 +131,9 @@ def test_status_shows_the_self_check_verdict_the_relaunch_budget_and_the_last_fa
     js = summary_json(s)
     assert js["selfcheck"]["lines"][1]["level"] == "error" and js["relaunches_left"] == 2
     assert summarise(records[:9] + [rec("launch", 30)]).selfcheck is None  # a new launch: no verdict yet
+
+
+def test_status_says_a_check_was_stopped_with_its_launch_not_that_it_failed():
+    records = [rec("start", 0, pid=1), rec("launch", 1), rec("after_serving", 2, message="a line"),
+               rec("after_serving", 3, code=-15, verdict="stopped with its launch", message="stopped")]
+    assert "self-check: stopped with its launch (exit -15) at T3" in format_summary(summarise(records))
