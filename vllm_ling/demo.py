@@ -15,7 +15,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -27,12 +26,6 @@ REPO = Path(__file__).resolve().parents[1]
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_only() -> bool:
@@ -81,14 +74,17 @@ def exercise(url: str) -> dict:
     return {"chat": chat, "completion": completion}
 
 
-def selfcheck_verdict(log_dir: Path, proc: subprocess.Popen, timeout: float, since: float) -> int | None:
+def selfcheck_verdict(log_dir: Path, proc: subprocess.Popen, timeout: float) -> int | None:
     """The recipe's watchdog runs the start-up self-check once serving starts: show its lines, return its exit.
-    Only events logged at or after `since` (epoch seconds) count: the log dir keeps earlier runs' verdicts."""
-    from ling_watchdog.events import read_events
+    Only this run's events count, as every reader of a reused log dir takes them: the run whose watchdog is
+    `proc` (the recipe execs the watchdog, so it keeps the pid), its latest launch."""
+    from ling_watchdog.events import read_events, run_records
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        events = [e for e in read_events(log_dir) if e.get("event") == "after_serving" and e.get("t", 0) >= since]
+        run = run_records(read_events(log_dir), pid=proc.pid)
+        launches = [i for i, e in enumerate(run) if e.get("event") == "launch"]
+        events = [e for e in run[launches[-1] if launches else len(run):] if e.get("event") == "after_serving"]
         if any("code" in e for e in events):
             for e in events:
                 print(f"[demo] {e['message']}")
@@ -117,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the MTP recipe (serve-int4-mtp.sh), on the tiny checkpoint whose draft is built to agree")
     a = p.parse_args(argv)
 
+    from ling_watchdog.ports import free_port
+
     from vllm_ling.tiny import ensure_tiny
 
     model = ensure_tiny(variant="mtp_echo" if a.mtp else "default")
@@ -124,7 +122,6 @@ def main(argv: list[str] | None = None) -> int:
     url = f"http://127.0.0.1:{port}"
     script = REPO / "serve" / ("serve-int4-mtp.sh" if a.mtp else "serve-int4.sh")
     print(f"[demo] tiny checkpoint: {model}\n[demo] serving with {script.name} on {url}; logs in {log_dir}", flush=True)
-    since = time.time()
     proc = subprocess.Popen(["bash", str(script)], env=serve_env(model, port, log_dir), start_new_session=True)
     try:
         wait_ready(url, proc, a.timeout)
@@ -132,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         message = result["chat"]["choices"][0]["message"]
         print("[demo] chat reply:", json.dumps({k: v for k, v in message.items() if v}))
         print("[demo] completion:", json.dumps(result["completion"]["choices"][0]["text"]))
-        check = selfcheck_verdict(log_dir, proc, timeout=300, since=since)
+        check = selfcheck_verdict(log_dir, proc, timeout=300)
         ok = check == 0 and "choices" in result["chat"] and "choices" in result["completion"]
     finally:
         code = stop(proc)

@@ -7,21 +7,28 @@ into an ON/OFF line with the reason, and fails loudly when something requested f
 Two halves:
 - `check_draft_shares_target` runs inside vLLM when the MTP draft first runs: its lm_head and embedding
   must be the target's tensors, in the target's dtype.
-- `python -m vllm_ling.selfcheck --log server.log --url http://127.0.0.1:8000` runs against a live server:
-  reads the server log for what each optimisation did, then sends a short greedy probe as two sequences of
-  one batch (they must agree) and, with MTP, reads the spec-decode counters from /metrics to check the draft
-  is accepted at a plausible rate.
+- `python -m vllm_ling.selfcheck --log logs/serve.log --url http://127.0.0.1:8000 -- <serve command>` runs
+  against a live server: reads what each optimisation did from this launch's lines of the server log (from
+  the watchdog's launch line, `--launch ID`; never an earlier run's lines in a reused log dir), what was asked
+  for from the serve command and the server's own environment (`--server-pid`: /proc/<pid>/environ, where
+  the recipe's VLLM_TUNED_CONFIG_FOLDER lives), then sends a short greedy probe as two sequences of one batch
+  (they must agree) and, with MTP, reads the spec-decode counters from /metrics to check the draft is
+  accepted at a plausible rate. Requests carry the server's key (VLLM_API_KEY, else its `--api-key`).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import re
 import sys
 import weakref
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from vllm_ling.metrics import ZERO, SpecCounters
 
 logger = logging.getLogger("vllm_ling")
 
@@ -77,34 +84,61 @@ class Verdict:
     def failed(self) -> bool:
         return self.requested and not self.on
 
+    @property
+    def state(self) -> str:
+        return "ON" if self.on else ("FAILED" if self.failed else "OFF")
+
     def line(self) -> str:
-        state = "ON " if self.on else ("FAILED" if self.failed else "OFF")
-        return f"{self.name:<16} {state:<6} {self.why}"
+        return f"{self.name:<16} {self.state:<6} {self.why}"
 
 
-def inspect_log(log: str, args: list[str], choice: dict | None = None) -> list[Verdict]:
-    """What each optimisation did, from vLLM's start-up log and the serve arguments. `choice` is ling-tune's
-    measured MoE backend verdict (`backend_choice.json`), held against the backend vLLM really chose."""
-    joined = " ".join(args)
-    eager = "--enforce-eager" in args
-    mtp_req = '"mtp"' in joined or "'mtp'" in joined or "method=mtp" in joined
+@dataclass(frozen=True)
+class Requested:
+    """What the server was asked for: from its serve arguments and from the environment it really runs in
+    (the recipe exports VLLM_TUNED_CONFIG_FOLDER; it is no serve argument)."""
+
+    eager: bool = False
+    mtp: bool = False
+    tuned_folder: str | None = None
+
+    @classmethod
+    def of(cls, args, env: Mapping[str, str]) -> Requested:
+        """args: the serve command's ling_watchdog.serve_args.ServeArgs, or None when not given."""
+        method = str(args.speculative.get("method", "")) if args is not None else ""
+        return cls(eager=bool(args and args.enforce_eager), mtp="mtp" in method,
+                   tuned_folder=env.get("VLLM_TUNED_CONFIG_FOLDER") or None)
+
+
+def inspect_log(log: str, asked: Requested, choice: dict | None = None) -> list[Verdict]:
+    """What each optimisation did, from this launch's lines of vLLM's log, against what was asked for. `choice`
+    is ling-tune's measured MoE backend verdict (`backend_choice.json`), held against the one vLLM chose."""
     graphs = re.search(r"Graph capturing finished in", log)
     device = re.search(r"device_config=(\w+)", log)
     on_cpu = bool(device) and device.group(1) == "cpu"
-    why = "captured" if graphs else ("CPU engine" if on_cpu else "--enforce-eager" if eager
+    why = "captured" if graphs else ("CPU engine" if on_cpu else "--enforce-eager" if asked.eager
                                      else "no 'Graph capturing finished' line")
-    verdicts = [Verdict("CUDA graphs", bool(graphs), why, requested=not eager and not on_cpu)]
+    verdicts = [Verdict("CUDA graphs", bool(graphs), why, requested=not asked.eager and not on_cpu)]
     spec = re.search(r"speculative_config=SpeculativeConfig\(method='mtp'|Speculative decoding.*mtp", log, re.I)
     verdicts.append(Verdict("MTP", bool(spec), "method=mtp in the engine config" if spec else "not configured",
-                            requested=mtp_req))
+                            requested=asked.mtp))
     verdicts.append(_int4_verdict(log, choice))
-    tuned = re.search(r"Using configuration from (\S+) for MoE layer", log)
-    default = re.search(r"Using default MoE config", log)
-    verdicts.append(Verdict("tuned MoE tiles", bool(tuned), tuned.group(1) if tuned else
-                            ("vLLM fell back to default tiles" if default else "no Triton MoE config lookup (Marlin or CPU)"),
-                            requested="VLLM_TUNED_CONFIG_FOLDER" in joined and bool(default)))
+    verdicts.append(_tuned_verdict(log, asked.tuned_folder))
     verdicts.append(Verdict("FP8 LM head", False, "not implemented in vllm-ling yet"))
     return verdicts
+
+
+def _tuned_verdict(log: str, folder: str | None) -> Verdict:
+    """Tuned MoE tiles: asked for when the server's environment names a tuned folder; failed when vLLM's
+    Triton MoE lookup still fell back to its default tiles (W11: a file with the wrong name is ignored)."""
+    tuned = re.search(r"Using configuration from (\S+) for MoE layer", log)
+    default = re.search(r"Using default MoE config", log)
+    if tuned:
+        return Verdict("tuned MoE tiles", True, tuned.group(1), requested=bool(folder))
+    if default:
+        why = (f"vLLM fell back to default tiles although VLLM_TUNED_CONFIG_FOLDER={folder}: no file there for "
+               f"this device and shape" if folder else "vLLM fell back to default tiles (no tuned folder set)")
+        return Verdict("tuned MoE tiles", False, why, requested=bool(folder))
+    return Verdict("tuned MoE tiles", False, "no Triton MoE config lookup (Marlin or CPU)")
 
 
 def _int4_verdict(log: str, choice: dict | None) -> Verdict:
@@ -145,45 +179,42 @@ def gpu_name() -> str | None:
     return names[0].strip() if names else None
 
 
-def judge_acceptance(before: dict[str, float], after: dict[str, float], minimum: float) -> Verdict:
-    """Draft acceptance over the probe, from spec-decode counter deltas."""
-    drafted = after.get("num_draft_tokens", 0) - before.get("num_draft_tokens", 0)
-    accepted = after.get("num_accepted_tokens", 0) - before.get("num_accepted_tokens", 0)
-    if drafted <= 0:
+Counters = SpecCounters | Mapping[str, float] | None
+
+
+def _counters(c: Counters) -> SpecCounters:
+    """SpecCounters, or vLLM's counter names without the prefix ({"num_draft_tokens": ..., ...}, as the
+    engine tests collect them from LLM.get_metrics())."""
+    if c is None or isinstance(c, SpecCounters):
+        return c or ZERO
+    return SpecCounters(int(c.get("num_draft_tokens", 0)), int(c.get("num_accepted_tokens", 0)),
+                        int(c["num_drafts"]) if "num_drafts" in c else None)
+
+
+def judge_acceptance(before: Counters, after: Counters, minimum: float) -> Verdict:
+    """Draft acceptance over the probe, from the difference of two scrapes of the spec-decode counters."""
+    delta = _counters(after) - _counters(before)
+    if delta.draft_tokens <= 0:
         return Verdict("MTP acceptance", False, "no draft tokens during the probe", requested=True)
-    rate = accepted / drafted
+    rate = delta.acceptance_rate
     ok = rate >= minimum
-    why = f"{rate:.1%} of {int(drafted)} draft tokens accepted (minimum {minimum:.0%})"
+    why = f"{rate:.1%} of {delta.draft_tokens} draft tokens accepted (minimum {minimum:.0%})"
     if not ok:
         why += ": the draft is reading wrong weights or a wrong state; it is slower than no draft"
     return Verdict("MTP acceptance", ok, why, requested=True)
-
-
-def read_spec_counters(url: str, timeout: float = 5.0) -> dict[str, float]:
-    import requests
-    from prometheus_client.parser import text_string_to_metric_families
-
-    counters: dict[str, float] = {}
-    text = requests.get(f"{url}/metrics", timeout=timeout).text
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            name = sample.name.removesuffix("_total")
-            if name.startswith("vllm:spec_decode_num_") and not sample.labels.get("position"):
-                key = name.removeprefix("vllm:spec_decode_")
-                counters[key] = counters.get(key, 0.0) + sample.value
-    return counters
 
 
 PROBE_PROMPT = "The quick brown fox jumps over the lazy dog. " * 8
 AGREE_CHARS = 64  # about 16 tokens of the probe's continuation
 
 
-def probe(url: str, model: str, tokens: int, timeout: float = 120.0) -> list[str]:
+def probe(url: str, model: str, tokens: int, headers: Mapping[str, str] | None = None,
+          timeout: float = 120.0) -> list[str]:
     """A greedy completion of a self-consistent input (plain prose), twice in one request: vLLM schedules the
     two sequences together (greedy forbids n > 1, so the prompt is sent as a batch of two)."""
     import requests
 
-    r = requests.post(f"{url}/v1/completions", timeout=timeout, json={
+    r = requests.post(f"{url}/v1/completions", timeout=timeout, headers=dict(headers or {}), json={
         "model": model, "prompt": [PROBE_PROMPT, PROBE_PROMPT], "max_tokens": tokens, "temperature": 0,
         "ignore_eos": True})
     if not r.ok:
@@ -206,35 +237,77 @@ def judge_batch_agreement(texts: list[str], chars: int = AGREE_CHARS) -> Verdict
     return Verdict("batch agreement", agree >= need, why, requested=True)
 
 
+def server_env(pid: int | None) -> tuple[dict[str, str], str]:
+    """The server's environment as it started (/proc/<pid>/environ), else ours; and where it came from."""
+    if pid:
+        import psutil
+
+        try:
+            return psutil.Process(pid).environ(), f"pid {pid}"
+        except (psutil.Error, OSError) as e:
+            return dict(os.environ), f"this process (pid {pid} unreadable: {type(e).__name__})"
+    return dict(os.environ), "this process"
+
+
+def _say(v: Verdict | None, message: str, as_json: bool, level: str = "info", **fields) -> None:
+    line = f"vllm-ling self-check: {message}"
+    if as_json:
+        if v is not None:
+            level, fields = ("error" if v.failed else "info"), dict(check=v.name, state=v.state, why=v.why)
+        print(json.dumps({"message": line, "level": level, **fields}), flush=True)
+    else:
+        print(line, flush=True, file=sys.stderr if level == "error" else sys.stdout)
+
+
 def main(argv: list[str] | None = None) -> int:
+    from ling_watchdog.events import launch_log
+    from ling_watchdog.serve_args import ServeArgs
+
+    from vllm_ling.metrics import read_spec_counters
+
     p = argparse.ArgumentParser(prog="python -m vllm_ling.selfcheck", description=__doc__.splitlines()[0])
-    p.add_argument("--log", required=True, help="the server's log file")
+    p.add_argument("--log", required=True, help="the server's log (serve.log of the watchdog's log dir)")
+    p.add_argument("--launch", default=None, help="the watchdog's launch id: judge only that launch's lines "
+                   "(default: the latest launch in the log)")
+    p.add_argument("--server-pid", type=int, default=None,
+                   help="the server's pid: what it was asked for through its environment is read from it")
     p.add_argument("--url", help="server base URL; with it, run the greedy probe (batch agreement, MTP acceptance)")
     p.add_argument("--model", default=None, help="served model name (default: the first listed)")
     p.add_argument("--min-acceptance", type=float, default=0.3,
                    help="lowest draft acceptance that passes (real Ling MTP: ~0.9 at k=1)")
     p.add_argument("--probe-tokens", type=int, default=64)
-    p.add_argument("--tuned-dir", default=os.environ.get("VLLM_TUNED_CONFIG_FOLDER"),
-                   help="ling-tune's folder, for its measured MoE backend (default: $VLLM_TUNED_CONFIG_FOLDER)")
-    p.add_argument("serve_args", nargs="*", help="the serve command's arguments (after --)")
+    p.add_argument("--tuned-dir", default=None,
+                   help="ling-tune's folder, for its measured MoE backend (default: the server's "
+                   "VLLM_TUNED_CONFIG_FOLDER)")
+    p.add_argument("--json", action="store_true", help="one JSON object per line (the watchdog's format)")
+    p.add_argument("serve_args", nargs="*", help="the serve command (after --)")
     a = p.parse_args(argv)
-    with open(a.log, errors="replace") as f:
-        verdicts = inspect_log(f.read(), a.serve_args, read_choice(a.tuned_dir, gpu_name()))
+    env, env_from = server_env(a.server_pid)
+    args = ServeArgs.parse(a.serve_args) if a.serve_args else None
+    asked = Requested.of(args, env)
+    log = launch_log(a.log, a.launch)
+    if a.launch and not log:
+        _say(None, f"launch {a.launch} not found in {a.log}: nothing of it to judge", a.json, level="warning")
+    tuned_dir = a.tuned_dir or asked.tuned_folder
+    verdicts = inspect_log(log, asked, read_choice(tuned_dir, gpu_name()))
     mtp = next(v for v in verdicts if v.name == "MTP")
     if a.url:
         import requests
 
-        model = a.model or requests.get(f"{a.url}/v1/models", timeout=5).json()["data"][0]["id"]
-        before = read_spec_counters(a.url) if mtp.on else {}
-        verdicts.append(judge_batch_agreement(probe(a.url, model, a.probe_tokens)))
+        key = os.environ.get("VLLM_API_KEY") or (args.api_key(env) if args is not None else None)
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        model = a.model or requests.get(f"{a.url}/v1/models", headers=headers, timeout=5).json()["data"][0]["id"]
+        before = read_spec_counters(a.url, headers) if mtp.on else None
+        verdicts.append(judge_batch_agreement(probe(a.url, model, a.probe_tokens, headers)))
         if mtp.on:
-            verdicts.append(judge_acceptance(before, read_spec_counters(a.url), a.min_acceptance))
+            verdicts.append(judge_acceptance(before, read_spec_counters(a.url, headers), a.min_acceptance))
     for v in verdicts:
-        print(f"vllm-ling self-check: {v.line()}", flush=True)
+        _say(v, v.line(), a.json)
     failed = [v.name for v in verdicts if v.failed]
     if failed:
-        print(f"vllm-ling self-check: FAILED ({', '.join(failed)}): an optimisation that was asked for is not "
-              "active; fix it or remove it from the serve command.", file=sys.stderr, flush=True)
+        _say(None, f"FAILED ({', '.join(failed)}): an optimisation that was asked for is not active; fix it or "
+             f"remove it from the serve command (environment read from {env_from}).", a.json, level="error",
+             failed=failed)
         return 2
     return 0
 

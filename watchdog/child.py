@@ -49,8 +49,14 @@ class Child:
                                      preexec_fn=procs.die_with_parent)
         self.pid = self.proc.pid  # also its process-group and session id
         self.seen: set[int] = {self.pid}
+        self.foreign: set[int] = set()  # processes of ours that are not the server's (the after-serving check)
         self._reader = threading.Thread(target=self._pump, name="ling-watchdog-reader", daemon=True)
+
+    def read(self) -> Child:
+        """Start pumping the output (the pipe holds it meanwhile): the caller logs the launch line first,
+        so that every line of this launch comes after it in serve.log."""
         self._reader.start()
+        return self
 
     def _pump(self) -> None:
         fd, buf = self.proc.stdout.fileno(), b""
@@ -79,12 +85,17 @@ class Child:
     def exited(self) -> bool:
         return self.proc.poll() is not None
 
+    def flush(self, timeout: float) -> None:
+        """Wait (up to timeout) for the output still in the pipe: after an exit, the last lines give the reason.
+        Members still alive hold the pipe open, hence the bound."""
+        self._reader.join(timeout)
+
     def _members(self) -> list[psutil.Process]:
         """Our descendants that belong to the serve tree, the leader aside."""
         out = []
         for p in psutil.Process().children(recursive=True):
             try:
-                if p.pid != self.pid and procs.ours(p, self.seen, self.pid):
+                if p.pid != self.pid and procs.ours(p, self.seen, self.pid, frozenset(self.foreign)):
                     out.append(p)
             except (psutil.NoSuchProcess, ProcessLookupError):
                 continue
@@ -116,6 +127,6 @@ class Child:
                 except psutil.NoSuchProcess:
                     pass
         rc = self.proc.wait()
-        survivors = procs.sweep(self.seen, self.pid)
+        survivors = procs.sweep(self.seen, self.pid, frozenset(self.foreign))
         self._reader.join(timeout=5)
         return StopReport(rc, used, self._clock() - t0, len(survivors))

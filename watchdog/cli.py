@@ -2,7 +2,11 @@
 
   ling-watchdog [options] -- vllm serve MODEL ...            preflight, then supervise
   ling-watchdog preflight [options] -- vllm serve MODEL ...  only the safety rules (exit 2 = refused)
-  ling-watchdog status [--log-dir DIR] [--json]              summarise events.jsonl
+  ling-watchdog status [--log-dir DIR] [--json]              summarise the latest run of events.jsonl
+
+Exit codes: 0 stopped on purpose | 2 refused by preflight | 3 gave up relaunching | 4 memory guard |
+5 vLLM error a relaunch repeats | 6 memory not released | 7 bad watchdog settings or no such command |
+128+N stopped by signal N. 2, 5 and 7 need a fix, not a restart (serve/vllm-ling.service).
 """
 from __future__ import annotations
 
@@ -13,12 +17,13 @@ import os
 import re
 import signal
 import sys
+import uuid
 
 from ling_watchdog import memory, preflight, procs
 from ling_watchdog.config import DEFAULTS, Config, field_types, load_config
 from ling_watchdog.device import detect
-from ling_watchdog.events import EventLog, format_summary, read_events, summarise
-from ling_watchdog.serve_args import ServeArgs
+from ling_watchdog.events import EventLog, dirs_with_events, format_summary, read_events, summarise, summary_json
+from ling_watchdog.serve_args import ServeArgs, mask_argv
 from ling_watchdog.supervisor import ExitCode, Supervisor
 
 MiB = 1 << 20
@@ -61,13 +66,19 @@ def _load(opts: argparse.Namespace) -> Config:
     return load_config([*([env_file] if env_file else []), *opts.config], overrides)
 
 
-def run_preflight(cmd: list[str], cfg: Config, log: EventLog) -> bool:
+def run_preflight(args: ServeArgs, cfg: Config, log: EventLog) -> bool:
     """Log every rule's verdict; True when the command may start."""
     dev = detect()
     if cfg.memory_model != "auto":
         dev = dataclasses.replace(dev, kind=cfg.memory_model)
     host = preflight.Host(memory.available(), memory.total())
-    verdicts = preflight.check(ServeArgs.parse(cmd), cfg, dev, host)
+    if args.minimal:
+        log.emit("serve_args", f"serve flags read by the watchdog's minimal parser, not vLLM's: "
+                 f"{args.parser.removeprefix('minimal (').removesuffix(')')}; only the flags its rules need are "
+                 f"read, the others pass through unchecked", level="warning", parser=args.parser)
+    else:
+        log.emit("serve_args", f"serve flags read by {args.parser}'s own parser", quiet=True, parser=args.parser)
+    verdicts = preflight.check(args, cfg, dev, host)
     level = {"ok": "info", "warn": "warning", "refuse": "error"}
     for v in verdicts:
         log.emit("preflight", v.message if v.verdict != "ok" else f"{v.rule}: {v.message}",
@@ -91,18 +102,21 @@ def command_run(argv: list[str], only_preflight: bool) -> int:
         parser.error("no serve command: put it after '--', e.g. ling-watchdog -- vllm serve MODEL")
     cfg = _load(opts)
     log = EventLog(cfg.log_dir, int(cfg.log_max_mb * MiB), cfg.log_backups)
+    args = ServeArgs.parse(cmd)
+    log.secrets.add(args.secrets(os.environ))  # before anything is written
+    shown, run = mask_argv(cmd), uuid.uuid4().hex[:8]
     try:
-        log.emit("start", f"ling-watchdog pid {os.getpid()}: {' '.join(cmd)}", pid=os.getpid(), cmd=cmd,
-                 config=dataclasses.asdict(cfg))
-        if not run_preflight(cmd, cfg, log):
+        log.emit("start", f"ling-watchdog pid {os.getpid()} (run {run}): {' '.join(shown)}", pid=os.getpid(),
+                 run=run, cmd=shown, config=dataclasses.asdict(cfg))
+        if not run_preflight(args, cfg, log):
             log.emit("final", f"exit {int(ExitCode.PREFLIGHT)}: refused by the preflight safety rules above "
                      f"(fix the flags, or pass --force to override)", level="error", code=int(ExitCode.PREFLIGHT))
             return ExitCode.PREFLIGHT
         if only_preflight:
             log.emit("final", "exit 0: preflight passed (nothing started)", code=0)
             return ExitCode.OK
-        args = ServeArgs.parse(cmd)
-        sup = Supervisor(cmd, cfg, log, cfg.url or f"http://{args.host}:{args.port}", args.served_model)
+        sup = Supervisor(cmd, cfg, log, cfg.url or f"http://{args.host}:{args.port}", args.served_model,
+                         api_key=args.api_key(os.environ), shown=shown, run=run)
         procs.become_subreaper()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, sup.request_stop)
@@ -119,10 +133,13 @@ def command_status(argv: list[str]) -> int:
     log_dir = opts.log_dir or load_config().log_dir
     records = read_events(log_dir)
     if not records:
-        print(f"no events in {log_dir}", file=sys.stderr)
+        found = dirs_with_events(log_dir)
+        hint = "".join(f"\n  ling-watchdog status --log-dir {d}" for d in found)
+        print(f"no events in {log_dir}" + (f"; these folders under it hold a watchdog's events:{hint}" if found
+              else " (the watchdog's --log-dir; the recipe's LOG_DIR, the demo's logs/demo)"), file=sys.stderr)
         return 1
     summary = summarise(records)
-    print(json.dumps(dataclasses.asdict(summary), indent=2) if opts.json else format_summary(summary))
+    print(json.dumps(summary_json(summary), indent=2) if opts.json else format_summary(summary))
     return 0
 
 

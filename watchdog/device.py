@@ -9,7 +9,7 @@ import subprocess
 from dataclasses import dataclass
 
 # Opt-in shared memory per block by compute capability (CUDA C++ Programming Guide, "Technical
-# Specifications per Compute Capability"); GB10 measured at 101,376 B (ops-facts.md).
+# Specifications per Compute Capability"); GB10 reported at 101,376 B (docs/ops-walls.md, "The box").
 SMEM_PER_BLOCK = {
     (7, 0): 98_304, (7, 5): 65_536, (8, 0): 166_912, (8, 6): 101_376, (8, 7): 166_912,
     (8, 9): 101_376, (9, 0): 232_448, (10, 0): 232_448, (10, 3): 232_448, (12, 0): 101_376,

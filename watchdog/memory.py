@@ -38,7 +38,7 @@ def guard_floor(cfg: Config, start_available: int, total_bytes: int) -> int:
 
 def release_floor(cfg: Config, start_available: int) -> int:
     """MemAvailable to wait for after a kill: relaunching over memory the driver has not yet
-    released wedges GB10 (ops-facts.md, supervisor practice)."""
+    released wedges GB10 (docs/ops-walls.md, "Supervisor practice")."""
     floor = int(cfg.release_fraction * start_available)
     if cfg.release_floor_gib is not None:
         floor = max(floor, int(cfg.release_floor_gib * GiB))

@@ -9,6 +9,7 @@ serving  /health answers 200 even when the engine is wedged, so liveness is deco
          fail_threshold consecutive failed probes = wedged.
 
 The Monitor is pure bookkeeping over observations with explicit times; the supervisor feeds it.
+The walls W7, W8 and the /health fact: docs/ops-walls.md.
 """
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ class Phase(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    event: str  # "stall" | "wedge"
+    event: str  # "stall" | "wedge" | "crash"
     cause: str
     message: str
     held_s: float  # how long the faulty condition lasted before this verdict
@@ -55,6 +56,8 @@ class Monitor:
         self.fatal: LogEvent | None = None
         self.root_cause: str | None = None  # the first exception line of this launch
         self.http_up = False  # "Starting vLLM server on" seen: time to poll /health
+        self.stop_requested = False  # vLLM's signal handler ran: someone asked the server to stop
+        self.refused = False  # a probe got 401/403: reported once
         self._pending: Fault | None = None
 
     # observations -----------------------------------------------------------------------------
@@ -75,6 +78,8 @@ class Monitor:
             self.root_cause = self.root_cause or ev.text
         elif ev.kind == "alert":
             self.emit("alert", f"vLLM reported: {ev.text}", level="warning")
+        elif ev.kind == "stop_requested":
+            self.stop_requested = True
         else:
             self.last_progress = t
             self.emit("milestone", ev.text, quiet=True, milestone=ev.kind)
@@ -89,6 +94,15 @@ class Monitor:
 
     def probe(self, r: ProbeResult) -> None:
         self.last_probe = r.detail
+        if r.dead:  # the API server exits 0 a few seconds later; no need to wait for it or for K probes
+            self._pending = self._pending or Fault("crash", "engine_dead", f"{r.detail} during "
+                                                   f"{self.phase.value}", 0.0)
+            return
+        if r.refused and not self.refused:
+            self.refused = True
+            self.emit("probe_refused", f"{r.detail}. The server is up; decode progress cannot be judged until "
+                      f"the watchdog has its key: pass it as --api-key or VLLM_API_KEY in the serve command's "
+                      f"environment", level="error")
         if r.kind == "ready" and r.ok and self.ready_t is None:
             if self.phase is Phase.LOADING:  # uvicorn's own line can be silenced (--uvicorn-log-level)
                 self._enter(Phase.WARMUP, r.t, "/health 200 without an 'Application startup complete.' line")

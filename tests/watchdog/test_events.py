@@ -1,7 +1,8 @@
 """The two logs: human lines + JSON lines, rotation that loses nothing, and the status summary."""
 import json
 
-from ling_watchdog.events import EventLog, format_summary, read_events, summarise
+from ling_watchdog.events import (EventLog, format_summary, launch_log, launch_mark, read_events, run_records,
+                                  summarise, summary_json)
 
 
 def test_each_event_is_one_json_line_and_one_human_line(tmp_path):
@@ -61,3 +62,78 @@ def test_summary_folds_the_latest_run_into_phase_relaunches_and_last_fault():
 def test_summary_of_a_finished_run_shows_the_final_verdict():
     s = summarise([rec("start", 0, pid=1), rec("launch", 1), rec("final", 9, code=5, message="exit 5: fatal")])
     assert s.phase == "stopped" and "final: exit 5: fatal" in format_summary(s)
+
+
+def test_secrets_are_masked_in_both_logs_and_the_files_are_not_world_readable(tmp_path):
+    old = tmp_path / "serve.log"
+    old.write_text("an older run\n")
+    old.chmod(0o644)  # a log from before: tightened when reopened
+    log = EventLog(tmp_path, 1 << 20, 3, echo=False)
+    log.secrets.add(["sk-secret-1", "tok"])
+    log.output("(APIServer pid=1) INFO non-default args: {'api_key': ['sk-secret-1']}")
+    log.emit("start", "ling-watchdog: vllm serve m --api-key sk-secret-1", cmd=["--api-key", "sk-secret-1"],
+             nested={"hf": ["tok"]})
+    log.close()
+    text = (tmp_path / "serve.log").read_text() + (tmp_path / "events.jsonl").read_text()
+    assert "sk-secret-1" not in text and "tok" not in text and text.count("***") == 5
+    assert read_events(tmp_path)[0]["cmd"] == ["--api-key", "***"]
+    for name in ("serve.log", "events.jsonl"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o640
+
+
+def test_a_launchs_log_starts_at_its_launch_line_even_across_rotation(tmp_path):
+    log = EventLog(tmp_path, 400, 10, echo=False)
+    log.emit("launch", "launch aaaa-1: pid 1 (own process group): vllm serve m")
+    log.output("speculative_config=SpeculativeConfig(method='mtp')  <- the earlier MTP run")
+    log.emit("launch", "launch bbbb-1: pid 2 (own process group): vllm serve m")
+    for i in range(30):  # rotates serve.log several times after bbbb-1's line
+        log.output(f"line {i} of the plain run")
+    log.close()
+    assert len(list(tmp_path.glob("serve.log.*"))) > 1
+    mine = launch_log(tmp_path / "serve.log", "bbbb-1")
+    assert mine.splitlines()[0].endswith(launch_mark("bbbb-1") + " pid 2 (own process group): vllm serve m")
+    assert "the earlier MTP run" not in mine and mine.rstrip().endswith("line 29 of the plain run")
+    assert launch_log(tmp_path, None) == mine  # no id: the latest launch
+    assert "the earlier MTP run" in launch_log(tmp_path, "aaaa-1")
+    assert launch_log(tmp_path, "cccc-9") == ""  # unknown launch: nothing of it to judge
+
+
+def test_a_log_no_watchdog_wrote_is_one_run(tmp_path):
+    (tmp_path / "serve.log").write_text("INFO vLLM output only\n")
+    assert launch_log(tmp_path / "serve.log") == "INFO vLLM output only\n"
+
+
+def test_run_records_are_one_watchdog_run_by_default_the_latest():
+    records = [rec("start", 0, pid=10), rec("launch", 1), rec("final", 2, code=0),
+               rec("start", 3, pid=11), rec("launch", 4), rec("start", 5, pid=12), rec("launch", 6)]
+    assert [r["t"] for r in run_records(records)] == [5, 6]
+    assert [r["t"] for r in run_records(records, pid=11)] == [3, 4]
+    assert run_records(records, pid=99) == []
+
+
+def test_status_shows_the_self_check_verdict_the_relaunch_budget_and_the_last_fault():
+    records = [
+        rec("start", 0, pid=999_999_999, config={"max_relaunches": 3}), rec("launch", 1),
+        rec("crash", 5, cause="exit_serving", message="crash during serving: EngineDeadError"),
+        rec("relaunch", 6, in_a_row=1), rec("launch", 7), rec("phase", 9, to="serving"),
+        rec("after_serving", 10, level="info", check="MTP", state="ON", message="vllm-ling self-check: MTP ON x"),
+        rec("after_serving", 11, level="error", check="MTP acceptance", state="FAILED",
+            message="vllm-ling self-check: MTP acceptance FAILED no draft tokens"),
+        rec("after_serving", 12, level="error", code=2, message="after-serving check exit 2"),
+        rec("final", 20, code=143, message="exit 143: stopped by signal; server stopped"),
+    ]
+    s = summarise(records)
+    assert s.selfcheck["code"] == 2 and s.selfcheck["failed"] == ["MTP acceptance"] and s.relaunches_left == 2
+    text = format_summary(s)
+    assert "self-check: exit 2: FAILED MTP acceptance at T12" in text
+    assert "  vllm-ling self-check: MTP ON x" in text and "2 of 3 left before it gives up" in text
+    assert "last fault: exit_serving at T5" in text and "final: exit 143" in text
+    js = summary_json(s)
+    assert js["selfcheck"]["lines"][1]["level"] == "error" and js["relaunches_left"] == 2
+    assert summarise(records[:9] + [rec("launch", 30)]).selfcheck is None  # a new launch: no verdict yet
+
+
+def test_status_says_a_check_was_stopped_with_its_launch_not_that_it_failed():
+    records = [rec("start", 0, pid=1), rec("launch", 1), rec("after_serving", 2, message="a line"),
+               rec("after_serving", 3, code=-15, verdict="stopped with its launch", message="stopped")]
+    assert "self-check: stopped with its launch (exit -15) at T3" in format_summary(summarise(records))

@@ -156,3 +156,11 @@ def test_health_200_ends_loading_even_when_uvicorns_startup_line_is_silenced(mon
     assert monitor.http_up and monitor.phase is Phase.LOADING
     monitor.probe(ProbeResult("ready", True, "/health 200", 31))
     assert monitor.phase is Phase.WARMUP and monitor.ready_t == 31
+
+
+def test_health_503_while_serving_is_a_dead_engine_at_once(monitor):
+    t = to_serving(monitor)
+    monitor.probe(ProbeResult("live", False, "/health 503: vLLM reports its engine dead (EngineDeadError)", t + 1,
+                              dead=True))
+    fault = monitor.check(t + 1)
+    assert (fault.event, fault.cause) == ("crash", "engine_dead") and "during serving" in fault.message

@@ -1,4 +1,5 @@
 """Each safety rule: when it refuses, what it says, and the safe alternative it names."""
+import pytest
 import json
 import shlex
 
@@ -7,6 +8,8 @@ from ling_watchdog.device import Device
 from ling_watchdog.memory import GiB
 from ling_watchdog.preflight import Host, check
 from ling_watchdog.serve_args import ServeArgs
+
+pytestmark = pytest.mark.usefixtures("vllm_parser")  # vLLM's parser, in-process
 
 GB10 = Device("unified", "NVIDIA GB10", None, 101_376)
 H200 = Device("discrete", "NVIDIA H200", 141 * GiB, 232_448)
@@ -17,15 +20,19 @@ RECIPE = ("vllm serve inclusionAI/Ling-3.0-flash-int4 --max-model-len 131072 --g
           """--speculative-config '{"method":"mtp","num_speculative_tokens":1}'""")
 
 
-def verdicts(cmd, dev=GB10, host=SPARK, env=None, **cfg):
+def free(host, port):
+    return None
+
+
+def verdicts(cmd, dev=GB10, host=SPARK, env=None, bind=free, **cfg):
     args, config = ServeArgs.parse(shlex.split(cmd)), load_config(overrides=cfg)
-    return {v.rule: v for v in check(args, config, dev, host, env or {})}
+    return {v.rule: v for v in check(args, config, dev, host, env or {}, bind=bind)}
 
 
 def test_the_shipped_recipe_passes_every_rule_on_a_spark():
     assert {r: v.verdict for r, v in verdicts(RECIPE + " --max-num-seqs 2").items()} == dict.fromkeys(
-        ["util_ceiling", "chunked_prefill", "spec_tokens_smem", "max_seqs_smem", "enforce_eager", "memory_fit"],
-        "ok")
+        ["model", "port", "sizes", "util_ceiling", "chunked_prefill", "spec_tokens_smem", "max_seqs_smem",
+         "enforce_eager", "memory_fit"], "ok")
 
 
 def test_util_above_072_at_long_context_is_refused_with_the_w4_reason():
@@ -92,7 +99,9 @@ def test_memory_refuses_a_util_too_small_for_the_weights_and_names_the_numbers()
 def test_memory_refuses_when_the_box_has_less_free_than_vllm_will_reserve():
     busy = Host(available=int(60 * GiB), total=SPARK.total)
     v = verdicts(RECIPE, host=busy)["memory_fit"]
-    assert v.verdict == "refuse" and "exceeds MemAvailable 60.0 GiB" in v.message and "free memory first" in v.message
+    assert v.verdict == "refuse" and "more than MemAvailable 60.0 GiB" in v.message
+    assert "stop what holds the other 59.6 GiB of this machine's 119.6 GiB" in v.message
+    assert "page cache" not in v.message  # MemAvailable counts the reclaimable page cache already
 
 
 def test_memory_measures_a_local_checkpoint_and_reads_its_context(tmp_path):
@@ -107,7 +116,7 @@ def test_on_the_cpu_engine_util_reserves_host_memory_unless_the_kv_cache_is_size
     cmd, box = "vllm serve m --max-model-len 8192", Host(int(20 * GiB), int(24 * GiB))
     v = verdicts(cmd, dev=CPU, host=box, weights_gib=1)["memory_fit"]  # vLLM's 0.92 x 24 GiB > 20 available
     assert v.verdict == "refuse" and "--gpu-memory-utilization 0.92 x 24.0 GiB = 22.1 GiB" in v.message
-    assert "drop the page cache), or --gpu-memory-utilization 0.5" in v.message
+    assert "Safe: --gpu-memory-utilization 0.50, or stop what holds" in v.message
     v = verdicts(cmd, dev=CPU, host=box, env={"VLLM_CPU_KVCACHE_SPACE": "4"}, weights_gib=1)["memory_fit"]
     assert v.verdict == "ok" and "KV cache 4.0 GiB" in v.message
 
@@ -117,9 +126,11 @@ def test_kv_cache_bytes_smaller_than_one_sequence_are_refused():
     assert v.verdict == "refuse" and "Safe: --kv-cache-memory-bytes 2G or a lower --max-model-len" in v.message
 
 
-def test_unreadable_arguments_are_a_refusal_not_a_crash():
+def test_arguments_vllm_refuses_are_one_refusal_with_vllms_message():
     (v,) = verdicts("vllm serve m --speculative-config '{bad'").values()
-    assert v.rule == "serve_args" and v.verdict == "refuse" and "is not JSON" in v.message
+    assert v.rule == "serve_args" and v.verdict == "refuse" and "speculative" in v.message
+    (v,) = verdicts("vllm serve m --no-such-flag").values()
+    assert "unrecognized arguments: --no-such-flag" in v.message and "vllm serve --help=all" in v.message
 
 
 def test_more_than_two_lanes_on_a_small_smem_gpu_is_a_warning_with_the_w5_numbers():
@@ -128,3 +139,70 @@ def test_more_than_two_lanes_on_a_small_smem_gpu_is_a_warning_with_the_w5_number
     assert verdicts(RECIPE)["max_seqs_smem"].verdict == "warn"  # unset = vLLM's 1024
     assert verdicts(RECIPE + " --max-num-seqs 2")["max_seqs_smem"].verdict == "ok"
     assert verdicts(RECIPE + " --max-num-seqs 8", dev=H200)["max_seqs_smem"].verdict == "ok"
+
+
+# --- what a relaunch cannot fix: refused before anything starts --------------------------------------------
+
+
+def test_a_model_path_that_does_not_exist_is_refused_by_name_and_an_hf_id_is_not(tmp_path):
+    v = verdicts("vllm serve /nonexistent --max-model-len 8192")
+    assert list(v) == ["model", "port", "sizes"]  # the memory rules would judge a guessed size: skipped
+    assert v["model"].verdict == "refuse" and "/nonexistent is a local path and does not exist" in v["model"].message
+    assert verdicts(f"vllm serve {tmp_path}")["model"].message.endswith("holds no config.json: not a checkpoint "
+                                                                      "directory. Safe: the checkpoint's directory "
+                                                                      "(it holds config.json and *.safetensors), or "
+                                                                      "the Hugging Face id "
+                                                                      "inclusionAI/Ling-3.0-flash-int4.")
+    assert verdicts("vllm serve inclusionAI/Ling-3.0-flash-int4")["model"].verdict == "ok"
+
+
+def test_a_port_out_of_range_or_taken_is_refused():
+    v = verdicts("vllm serve m --port 99999")["port"]
+    assert v.verdict == "refuse" and "--port 99999 is not a TCP port (1-65535" in v.message
+    v = verdicts("vllm serve m --port 8000 --host 127.0.0.1", bind=lambda h, p: "Address already in use")["port"]
+    assert v.verdict == "refuse" and "cannot be bound now: Address already in use" in v.message
+
+
+def test_the_port_rule_really_binds(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        args = ServeArgs.parse(["vllm", "serve", "m", "--host", "127.0.0.1", "--port", str(port)])
+        (v,) = [x for x in check(args, load_config(), CPU, SPARK, {}) if x.rule == "port"]
+    assert v.verdict == "refuse" and "Address already in use" in v.message
+
+
+@pytest.mark.parametrize("flags, says", [
+    ("--max-num-seqs 0", "--max-num-seqs 0 must be at least 1; safe: --max-num-seqs 2"),
+    ("--max-num-batched-tokens 0",
+     "--max-num-batched-tokens 0 must be at least 1; safe: --max-num-batched-tokens 8192"),
+    ("--gpu-memory-utilization 1.5", "--gpu-memory-utilization 1.5 is not a fraction in (0, 1]; safe: "
+                                     "--gpu-memory-utilization 0.72"),
+    ("--gpu-memory-utilization 0", "--gpu-memory-utilization 0 is not a fraction"),
+    ("--kv-cache-memory-bytes 0", "--kv-cache-memory-bytes 0 must be at least 1"),
+])
+def test_zero_and_out_of_range_sizes_are_refused_on_every_device(flags, says):
+    for dev in (GB10, CPU):
+        v = verdicts(f"vllm serve m --max-model-len 131072 {flags}", dev=dev)["sizes"]
+        assert v.verdict == "refuse" and says.split("; safe")[0] in v.message
+
+
+def test_every_rule_gives_the_same_safe_util():
+    """UTIL=1.5 on a GB10: the sizes rule, the util rule and the memory rule all say 0.72."""
+    args = ServeArgs.parse(shlex.split(RECIPE.replace("0.72", "0.9")))
+    v = {x.rule: x for x in check(args, load_config(), GB10, Host(int(100 * GiB), SPARK.total), {}, bind=free)}
+    assert "Safe: --gpu-memory-utilization 0.72" in v["util_ceiling"].message
+    assert v["memory_fit"].verdict == "refuse" and "Safe: --gpu-memory-utilization 0.72" in v["memory_fit"].message
+
+
+def test_a_model_bigger_than_the_machine_is_told_so_with_numbers_that_add_up():
+    """A 77 GB model on a 24 GiB box: no "free memory first", one total, and what would fit."""
+    box = Host(int(20.1 * GiB), int(23.5 * GiB))
+    v = verdicts(RECIPE.replace("--gpu-memory-utilization 0.72", "--kv-cache-memory-bytes 4294967296"), dev=CPU,
+                 host=box)["memory_fit"]
+    assert v.verdict == "refuse" and "this machine cannot serve this model" in v.message
+    assert "= 76.8 GiB, and with the host reserve 8.0 GiB that is 84.8 GiB, more than the 23.5 GiB" in v.message
+    assert "free memory" not in v.message and "page cache" not in v.message and "79.7" not in v.message

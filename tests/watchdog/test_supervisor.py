@@ -1,13 +1,14 @@
 """End to end: the ling-watchdog CLI supervising the fake vLLM server through each fault."""
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import time
 
 import pytest
-from watchdog_harness import FAST
+from watchdog_harness import FAST, launched_pid, tagged
 
 SLACK_S = 3.0  # scheduling slack on a loaded 2-core CI box, on top of the configured threshold
 
@@ -199,4 +200,190 @@ def test_after_serving_check_runs_once_and_its_verdict_is_logged(watchdog, code,
     assert any(line.startswith("checked ['http://127.0.0.1:") and "serve.log" in line for line in lines)
     assert run.stop(signal.SIGTERM) == 143
     assert len([e for e in run.events("after_serving") if "code" in e]) == 1
+    assert run.orphans() == []
+
+
+# --- a dead engine, wherever it dies, is a crash whatever the exit code (vLLM exits 0 after EngineDeadError) ---
+# Bounds: the fake's engine death reaches the API server at once; the watchdog's loop ticks every 0.25 s.
+DEATH_BOUND_S = 2.0
+
+
+@pytest.mark.parametrize("action, said", [
+    ("kill_engine", "EngineDeadError"),
+    ("kill_worker", "Worker proc VllmWorker-0 died unexpectedly"),
+])
+def test_a_dead_engine_is_relaunched_though_the_api_server_exits_0(watchdog, action, said):
+    run = watchdog("clean", fake=["--fake-dead-exit-s", "0"])  # exits before any probe sees /health 503
+    run.wait_phase("serving")
+    t = run.inject(action)
+    crash = run.wait_for(lambda r: r["event"] == "crash")
+    assert crash["rc"] == 0 and crash["phase"] == "serving"  # the fake exits 0 like vLLM does
+    assert said in run.serve_log() and "a crash whatever the exit code" in crash["message"]
+    assert crash["t"] - t <= DEATH_BOUND_S + SLACK_S
+    relaunch = run.wait_for(lambda r: r["event"] == "relaunch")
+    assert relaunch["cause"] == "exit_serving" and relaunch["left"] == FAST["max_relaunches"] - 1
+    run.wait_phase("serving", after=crash["t"])
+    assert run.stop() == 143
+    assert run.orphans() == []
+
+
+def test_health_503_is_vllms_word_that_its_engine_died_a_crash_before_the_exit(watchdog):
+    """vLLM answers /health 503 on EngineDeadError for a few seconds before its API server exits 0."""
+    run = watchdog("clean", fake=["--fake-dead-exit-s", "30"])
+    run.wait_phase("serving")
+    t = run.inject("kill_engine")
+    crash = run.wait_for(lambda r: r["event"] == "crash")
+    assert crash["cause"] == "engine_dead" and "/health 503: vLLM reports its engine dead" in crash["message"]
+    assert crash["t"] - t <= FAST["probe_interval_s"] + FAST["health_timeout_s"] + SLACK_S
+    assert not run.events("probe_fail")  # one answer decides it, not fail_threshold of them
+    run.wait_phase("serving", after=crash["t"])
+    assert run.stop() == 143
+    assert run.orphans() == []
+
+
+def test_a_sigkilled_api_server_is_a_crash_and_its_engine_is_swept(watchdog):
+    run = watchdog("clean")
+    run.wait_phase("serving")
+    t = run.inject("kill_api")
+    crash = run.wait_for(lambda r: r["event"] == "crash")
+    assert crash["rc"] == -9 and "rc -9 (SIGKILL)" in crash["message"] and crash["t"] - t <= 1 + SLACK_S
+    run.wait_phase("serving", after=crash["t"])
+    assert run.stop() == 143
+    assert run.orphans() == []
+
+
+def test_a_sigstopped_engine_is_a_wedge_caught_by_liveness_while_health_says_200(watchdog):
+    run = watchdog("clean", cfg=dict(kill_grace_s=1))
+    run.wait_phase("serving")
+    t = run.inject("stop_engine")
+    wedge = run.wait_for(lambda r: r["event"] == "wedge")
+    assert wedge["cause"] == "liveness"
+    assert all("completion" in f["message"] for f in run.events("probe_fail"))  # /health kept answering 200
+    bound = FAST["fail_threshold"] * (FAST["probe_interval_s"] + FAST["liveness_timeout_s"] + FAST["health_timeout_s"])
+    assert wedge["t"] - t <= bound + SLACK_S
+    run.wait_phase("serving", after=wedge["t"])  # the stopped engine was SIGKILLed with its group
+    assert run.stop() == 143
+    assert run.orphans() == []
+
+
+def test_a_server_stopped_by_a_signal_from_outside_exits_0_on_purpose(watchdog):
+    """vLLM's own signal handler logs that it was asked to stop: that rc 0 is not a crash."""
+    run = watchdog("clean")
+    run.wait_phase("serving")
+    import os
+
+    os.kill(launched_pid(run.events()), signal.SIGTERM)
+    assert run.wait(20) == 0
+    assert "stopped by a signal (not from the watchdog)" in run.events("final")[-1]["message"]
+    assert not run.events("relaunch") and not run.events("crash")
+    assert run.orphans() == []
+
+
+# --- a server with an API key is healthy: probes present its key, and the key is written nowhere -----
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_an_api_key_server_is_probed_with_its_key_and_the_key_is_masked_everywhere(watchdog, how, tmp_path):
+    key = "sk-wd-test-7f3a"
+    flag = ["--api-key", key] if how == "flag" else []
+    run = watchdog("clean", serve=["--max-model-len", "8192", "--gpu-memory-utilization", "0.05", *flag],
+                   env={"VLLM_API_KEY": key} if how == "env" else None)
+    run.wait_phase("serving")
+    time.sleep(4 * FAST["probe_interval_s"])
+    assert not run.events("probe_fail") and not run.events("wedge") and not run.events("probe_refused")
+    status = subprocess.run([sys.executable, "-m", "ling_watchdog", "status", "--log-dir", str(run.log_dir)],
+                            capture_output=True, text=True, check=True).stdout
+    assert run.stop() == 143
+    if how == "flag":  # the fake prints its non-default args with the key, like vLLM 0.26
+        assert "'api_key': ['***']" in run.serve_log() and "--api-key ***" in run.serve_log()
+    for text in (run.serve_log(), (run.log_dir / "events.jsonl").read_text(), status):
+        assert key not in text
+    for name in ("serve.log", "events.jsonl"):
+        assert (run.log_dir / name).stat().st_mode & 0o077 in (0, 0o040)  # not world-readable
+    assert run.orphans() == []
+
+
+def test_a_probe_refused_for_want_of_a_key_is_reported_and_never_counted_as_a_wedge(watchdog):
+    """A key the watchdog cannot see (e.g. a server's own auth middleware): the server answers, so it is up."""
+    run = watchdog("clean", fake=["--fake-require-key", "only-the-server-knows"])
+    refused = run.wait_for(lambda r: r["event"] == "probe_refused")
+    assert "HTTP 401" in refused["message"] and "VLLM_API_KEY" in refused["message"]
+    time.sleep(4 * FAST["probe_interval_s"])
+    assert not run.events("wedge") and not run.events("kill") and not run.events("probe_fail")
+    assert run.stop() == 143
+
+
+# --- failures a relaunch cannot fix stop at once, with a code systemd does not restart ----------------
+
+
+@pytest.mark.parametrize("kw, rule", [(dict(port=99999), "port"), (dict(model="/nonexistent"), "model")])
+def test_a_bad_port_or_a_missing_model_is_refused_before_any_launch(watchdog, kw, rule):
+    run = watchdog("clean", **kw)
+    assert run.wait(60) == 2
+    assert [r["rule"] for r in run.events("preflight") if r["verdict"] == "refuse"] == [rule]
+    assert not run.events("launch")
+
+
+@pytest.mark.parametrize("kw, said", [(dict(port=99999), "port must be 0-65535"),
+                                      (dict(model="/nonexistent"), "Repo id must use alphanumeric")])
+def test_forced_past_preflight_vllms_own_error_stops_after_one_launch(watchdog, kw, said):
+    run = watchdog("clean", wd=["--force"], **kw)
+    assert run.wait(60) == 5
+    assert len(run.events("launch")) == 1 and not run.events("relaunch")
+    assert said in run.events("final")[-1]["message"]
+    assert run.orphans() == []
+
+
+def test_after_serving_lines_keep_their_levels_and_the_check_gets_this_launch_the_pid_and_the_key(watchdog, tmp_path):
+    """One failed self-check line does not turn the passing ones into errors; the check judges this launch
+    (its id), reads the server's env (its pid), presents its key (VLLM_API_KEY), and never sees it in argv."""
+    seen = tmp_path / "seen.json"
+    script = tmp_path / "check.py"
+    script.write_text(
+        "import json, os, sys\n"
+        f"open({str(seen)!r}, 'w').write(json.dumps({{'argv': sys.argv, 'key': os.environ.get('VLLM_API_KEY')}}))\n"
+        "print(json.dumps({'message': 'good line', 'level': 'info', 'check': 'A', 'state': 'ON'}))\n"
+        "print(json.dumps({'message': 'bad line', 'level': 'error', 'check': 'B', 'state': 'FAILED'}))\n"
+        "print('a plain line')\n"
+        "sys.exit(2)\n")
+    key = "sk-check-1234"
+    run = watchdog("clean", cfg=dict(after_serving=f"{sys.executable} {script} {{launch}} {{pid}} {{args}}"),
+                   serve=["--max-model-len", "8192", "--gpu-memory-utilization", "0.05", "--api-key", key])
+    verdict = run.wait_for(lambda e: e["event"] == "after_serving" and "code" in e)
+    lines = {e["message"]: e for e in run.events("after_serving") if "code" not in e}
+    assert lines["good line"]["level"] == "info" and lines["good line"]["state"] == "ON"
+    assert lines["bad line"]["level"] == "error" and lines["a plain line"]["level"] == "error"
+    assert verdict["code"] == 2 and verdict["level"] == "error"
+    got = json.loads(seen.read_text())
+    (launch,) = run.events("launch")
+    assert got["argv"][1:3] == [launch["launch"], str(launch["pid"])] and got["key"] == key
+    assert key not in " ".join(got["argv"]) and "--api-key" in got["argv"]
+    assert run.stop() == 143
+    status = subprocess.run([sys.executable, "-m", "ling_watchdog", "status", "--log-dir", str(run.log_dir), "--json"],
+                            capture_output=True, text=True, check=True).stdout
+    check = json.loads(status)["selfcheck"]
+    assert check["code"] == 2 and check["failed"] == ["B"] and len(check["lines"]) == 3
+    assert run.orphans() == []
+
+
+def test_a_running_check_is_no_part_of_the_server_it_neither_delays_a_kill_nor_outlives_its_launch(watchdog):
+    """The check runs beside the server: a dead engine's group is reaped at once (not after kill_grace_s of
+    waiting for the check), and the check, children included, ends with its launch."""
+    check = (f"{sys.executable} -c \"import subprocess, sys, time; "  # the launch id tags the check and its child
+             f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', sys.argv[1]]); "
+             f"time.sleep(60)\" {{launch}}")
+    run = watchdog("clean", cfg=dict(after_serving=check))
+    run.wait_for(lambda e: e["event"] == "phase" and e["to"] == "serving")
+    time.sleep(1)  # the check and its child are up
+    run.inject("kill_engine")
+    crash = run.wait_for(lambda r: r["event"] == "crash")
+    kill = run.wait_for(lambda r: r["event"] == "kill" and r["t"] >= crash["t"])
+    assert kill["signal"] != "SIGKILL" and kill["seconds"] < FAST["kill_grace_s"], kill
+    stopped = run.wait_for(lambda r: r["event"] == "after_serving" and "stopped with its launch" in r["message"])
+    assert stopped["level"] == "warning"
+    run.wait_phase("serving", after=crash["t"])
+    assert run.stop() == 143
+    launches = [e["launch"] for e in run.events("launch")]
+    left = [p for launch in launches for p in tagged(launch)]
+    assert left == [], left
     assert run.orphans() == []

@@ -1,4 +1,4 @@
-"""vllm_log.parse on the log lines of vLLM 0.26 (vllm-integration.md E2)."""
+"""vllm_log.parse on the log lines of vLLM 0.26 and 0.32 (docs/ops-walls.md, "vLLM's log")."""
 from pathlib import Path
 
 import pytest

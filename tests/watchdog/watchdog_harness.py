@@ -1,8 +1,10 @@
-"""Shared helpers of the watchdog tests (a uniquely named module: every tests/<area>/ has a conftest.py):
-the fake vLLM server, the fast thresholds, free ports, and the processes a run left behind."""
+"""Shared helpers of the watchdog tests and fault tables (a uniquely named module: every tests/<area>/ has a
+conftest.py): the fake vLLM server, the fast thresholds, the processes of a run (and those it left behind),
+and the faults a test inflicts on a live server tree: SIGKILL or SIGSTOP its engine core, worker or API server."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -14,13 +16,92 @@ from typing import Any
 
 import psutil
 import yaml
-from ling_watchdog.fault_table import free_port, tagged  # noqa: F401  (re-exported: shared with the fault table)
+from ling_watchdog.ports import free_port  # noqa: F401  (re-exported: the tests' one import of it)
 
 FAKE = Path(__file__).with_name("fake_vllm.py")
 
 FAST: dict[str, Any] = yaml.safe_load(FAKE.with_name("fast.yaml").read_text())
 FAULT_MARK = re.compile(r"fake fault (\w+) at t=([\d.]+)")
+# How vLLM names its processes (setproctitle), and how the fake's show in their argv.
+ROLES = {"worker": ("VLLM::Worker", "--worker"), "engine": ("VLLM::EngineCore", "--engine-fd")}
+INJECT = {"kill_engine": ("engine", signal.SIGKILL), "kill_worker": ("worker", signal.SIGKILL),
+          "kill_api": ("api", signal.SIGKILL), "stop_engine": ("engine", signal.SIGSTOP)}
 
+
+def tagged(tag: str) -> list[psutil.Process]:
+    """Every live process whose argv carries the run's tag (API server, engine, worker, escaped grandchild)."""
+    found = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if tag in (p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except psutil.Error:
+            continue
+    return found
+
+
+def server_roles(api_pid: int) -> dict[str, psutil.Process]:
+    """The API server and, below it, its engine core and worker (vLLM's process titles or the fake's flags)."""
+    api = psutil.Process(api_pid)
+    out = {"api": api}
+    for p in api.children(recursive=True):
+        try:
+            text = " ".join(p.cmdline())
+        except psutil.Error:
+            continue
+        role = next((r for r, marks in ROLES.items() if any(m in text for m in marks)), None)
+        if role:
+            out.setdefault(role, p)
+    return out
+
+
+def inject(action: str, api_pid: int) -> float:
+    """Send the action's signal to its process of the server tree; the time it was sent."""
+    role, sig = INJECT[action]
+    target = server_roles(api_pid).get(role)
+    if target is None:
+        raise LookupError(f"{action}: no {role} process under the API server {api_pid}")
+    t = time.time()
+    os.kill(target.pid, sig)
+    return t
+
+
+def launched_pid(events: list[dict[str, Any]]) -> int | None:
+    """The API server's pid: the latest launch's."""
+    launches = [e for e in events if e.get("event") == "launch"]
+    return launches[-1]["pid"] if launches else None
+
+
+class Tree:
+    """Every process seen in a watchdog's tree while it ran (pid, start time: no pid-reuse confusion)."""
+
+    def __init__(self, root: int):
+        self.root, self.seen = root, {}
+
+    def sample(self) -> None:
+        try:
+            for p in psutil.Process(self.root).children(recursive=True):
+                try:
+                    self.seen.setdefault(p.pid, p.create_time())
+                except psutil.Error:
+                    continue
+        except psutil.Error:
+            pass
+
+    def alive(self) -> list[psutil.Process]:
+        left = []
+        for pid, born in self.seen.items():
+            try:
+                p = psutil.Process(pid)
+                if p.create_time() == born and p.status() != psutil.STATUS_ZOMBIE:
+                    left.append(p)
+            except psutil.Error:
+                continue
+        return left
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
 @dataclass
@@ -32,10 +113,7 @@ class Run:
     started: float = field(default_factory=time.time)
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        path = self.log_dir / "events.jsonl"
-        if not path.exists():
-            return []
-        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        records = read_jsonl(self.log_dir / "events.jsonl")
         return [r for r in records if kind is None or r["event"] == kind]
 
     def wait_for(self, pred: Callable[[dict[str, Any]], bool], timeout: float = 30) -> dict[str, Any]:
@@ -51,8 +129,8 @@ class Run:
             time.sleep(0.1)
         raise AssertionError(f"no matching event in {timeout}s; log:\n{self.serve_log()[-3000:]}")
 
-    def wait_phase(self, phase: str, timeout: float = 30) -> dict[str, Any]:
-        return self.wait_for(lambda r: r["event"] == "phase" and r["to"] == phase, timeout)
+    def wait_phase(self, phase: str, timeout: float = 30, after: float = 0.0) -> dict[str, Any]:
+        return self.wait_for(lambda r: r["event"] == "phase" and r["to"] == phase and r["t"] > after, timeout)
 
     def wait(self, timeout: float = 60) -> int:
         return self.proc.wait(timeout)
@@ -67,6 +145,10 @@ class Run:
 
     def fault_times(self) -> list[float]:
         return [float(m[2]) for m in FAULT_MARK.finditer(self.serve_log())]
+
+    def inject(self, action: str) -> float:
+        """Inflict a fault on the latest launch's server tree; the time it was inflicted."""
+        return inject(action, launched_pid(self.events()))
 
     def orphans(self, settle: float = 3.0) -> list[psutil.Process]:
         """Tagged processes still alive after `settle` seconds (zombies excluded)."""

@@ -1,0 +1,104 @@
+"""The one home of our `/metrics` scrapes: vLLM's Prometheus counters, read with prometheus_client's parser.
+
+Used by the watchdog's liveness probe (engine progress), the start-up self-check (draft acceptance) and,
+later, the benchmark harness. vLLM's counters are cumulative since the server started: a rate over a
+window is the difference of two scrapes. Sample names are matched, not family names: a counter family
+also carries a `_created` sample (its start time), which must never be summed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from itertools import zip_longest
+
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+TOKENS = ("vllm:prompt_tokens_total", "vllm:generation_tokens_total")
+DRAFTS = "vllm:spec_decode_num_drafts_total"
+DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
+ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
+PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+
+
+def samples(text: str) -> Iterator[Sample]:
+    """Every sample of a Prometheus text exposition."""
+    for family in text_string_to_metric_families(text):
+        yield from family.samples
+
+
+def tokens_total(text: str) -> float:
+    """Prompt + generated tokens so far, over all engines: any forward progress of the engine moves it."""
+    return sum(s.value for s in samples(text) if s.name in TOKENS)
+
+
+@dataclass(frozen=True)
+class SpecCounters:
+    """vLLM's spec-decode counters, summed over engines. Per vLLM (`SpecDecodingProm`): acceptance rate =
+    accepted / draft tokens; mean acceptance length = 1 + accepted / drafts; per position = accepted / drafts."""
+
+    draft_tokens: int
+    accepted: int
+    drafts: int | None = None  # absent on servers that predate the counter
+    per_pos: tuple[int, ...] = ()
+
+    def __sub__(self, before: SpecCounters) -> SpecCounters:
+        return self._combine(before, -1)
+
+    def __add__(self, other: SpecCounters) -> SpecCounters:
+        return self._combine(other, 1)
+
+    def _combine(self, other: SpecCounters, sign: int) -> SpecCounters:
+        drafts = None if self.drafts is None or other.drafts is None else self.drafts + sign * other.drafts
+        per_pos = tuple(a + sign * b for a, b in zip_longest(self.per_pos, other.per_pos, fillvalue=0))
+        return SpecCounters(self.draft_tokens + sign * other.draft_tokens, self.accepted + sign * other.accepted,
+                            drafts, per_pos)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        return self.accepted / self.draft_tokens if self.draft_tokens else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """Tokens emitted per verify step, counting the bonus token: 1 + accepted / drafts."""
+        return 1 + self.accepted / self.drafts if self.drafts else None
+
+    @property
+    def per_pos_rate(self) -> list[float] | None:
+        return [a / self.drafts for a in self.per_pos] if self.drafts and self.per_pos else None
+
+
+ZERO = SpecCounters(0, 0, 0)
+
+
+def spec_counters(text: str) -> SpecCounters | None:
+    """The spec-decode counters of a scrape, or None when the server runs without speculation."""
+    sums: dict[str, float] = {}
+    per_pos: dict[int, float] = {}
+    for s in samples(text):
+        if s.name == PER_POS:
+            pos = int(s.labels["position"])
+            per_pos[pos] = per_pos.get(pos, 0.0) + s.value
+        elif s.name in (DRAFTS, DRAFT_TOKENS, ACCEPTED):
+            sums[s.name] = sums.get(s.name, 0.0) + s.value
+    if DRAFT_TOKENS not in sums or ACCEPTED not in sums:
+        return None
+    drafts = round(sums[DRAFTS]) if DRAFTS in sums else None
+    pos = tuple(round(per_pos.get(i, 0.0)) for i in range(max(per_pos, default=-1) + 1))
+    return SpecCounters(round(sums[DRAFT_TOKENS]), round(sums[ACCEPTED]), drafts, pos)
+
+
+def read_metrics(url: str, headers: Mapping[str, str] | None = None, timeout: float = 5.0) -> str:
+    """GET {url}/metrics as text; raises requests' errors and on a non-200 answer."""
+    import requests
+
+    r = requests.get(f"{url.rstrip('/')}/metrics", headers=dict(headers or {}), timeout=timeout)
+    r.raise_for_status()
+    return r.text
+
+
+def read_spec_counters(url: str, headers: Mapping[str, str] | None = None,
+                       timeout: float = 5.0) -> SpecCounters | None:
+    """Scrape the server's spec-decode counters; None when it speculates not (no such counters)."""
+    return spec_counters(read_metrics(url, headers, timeout))
