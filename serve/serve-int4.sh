@@ -28,8 +28,14 @@
 #   WATCHDOG_ARGS  watchdog options, e.g. "--load-stall-s 240 --force"
 #   TUNED_DIR    MoE tuned configs (ling-tune's --out)   ~/.cache/vllm-ling/moe-configs; exported as
 #                VLLM_TUNED_CONFIG_FOLDER when it holds *.json
-#   MOE_BACKEND  INT4 expert kernels: auto | marlin | triton   auto: what ling-tune measured fastest on this
-#                GPU (backend_choice.json in TUNED_DIR, for this GPU's name), marlin without a verdict
+#   MOE_BACKEND  INT4 expert kernels: auto | marlin | triton | humming   auto: what ling-tune measured fastest
+#                on this GPU (backend_choice.json in TUNED_DIR, for this GPU's name), passed as --moe-backend on
+#                vLLM >= 0.28; without a verdict vLLM's own default (0.33: Humming on sm_90, Marlin on sm_121;
+#                0.26: Marlin). humming needs vLLM >= 0.28
+#   FP8          1: --quantization ling_fp8, FP8 weights for every BF16 linear and the LM head (docs/speed.md)  0
+#                (off by default: it fails our accuracy bar on the tiny checkpoint, FINDINGS.md §0)
+#   FP8_KERNEL   w8a8 | w8a16 (VLLM_LING_FP8_KERNEL)                                          w8a8
+# Which Ling V3 implementation serves: VLLM_LING_MODEL=auto|vllm-ling|vllm in the environment (README).
 #   SELFCHECK    1: once serving, run `python -m vllm_ling.selfcheck` through the watchdog (0: skip)
 # An API key: VLLM_API_KEY in the environment (vLLM reads it; so do the watchdog's probes and the self-check),
 # never --api-key in EXTRA_ARGS (argv is readable by every user). DRY_RUN masks either.
@@ -64,6 +70,12 @@ whole MAX_BATCHED "--max-num-batched-tokens" 8192
 whole MAX_SEQS "--max-num-seqs" 2
 whole MTP_K "MTP draft tokens, 0 = off" "1 (or 0: no MTP)"
 if [[ -n ${KV_CACHE_GIB:-} ]]; then decimal KV_CACHE_GIB "--kv-cache-memory-bytes in GiB" 4; fi
+FP8=${FP8:-0}
+[[ $FP8 == 0 || $FP8 == 1 ]] || refuse "FP8='$FP8' must be 0 (BF16 weights) or 1 (--quantization ling_fp8). Safe: FP8=0"
+if [[ -n ${FP8_KERNEL:-} ]]; then
+    [[ $FP8_KERNEL == w8a8 || $FP8_KERNEL == w8a16 ]] || refuse "FP8_KERNEL='$FP8_KERNEL' must be w8a8 or w8a16. Safe: FP8_KERNEL=w8a8"
+    export VLLM_LING_FP8_KERNEL=$FP8_KERNEL
+fi
 if [[ $DEVICE == auto ]]; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then DEVICE=cuda; else DEVICE=cpu; fi
 fi
@@ -102,12 +114,18 @@ if [[ $DEVICE == cuda ]]; then
     MOE_BACKEND=${MOE_BACKEND:-auto}
     if [[ $MOE_BACKEND == auto ]]; then
         MOE_BACKEND=$("$PYTHON" -c 'import sys; from ling_tuning.choice import recommended_backend as r
-from vllm_ling.selfcheck import gpu_name; n = gpu_name(); print(n and r(sys.argv[1], n) or "marlin")' \
-            "$TUNED_DIR" 2>/dev/null || echo marlin)
+from vllm_ling.selfcheck import gpu_name; n = gpu_name(); print(n and r(sys.argv[1], n) or "vllm")' \
+            "$TUNED_DIR" 2>/dev/null || echo vllm)
     fi
+    # vLLM >= 0.28 honours --moe-backend for compressed-tensors INT4 experts and picks its own default otherwise;
+    # 0.26 ignores the flag there (always Marlin), so the plugin switches to Triton (VLLM_LING_MOE_BACKEND).
+    VLLM_RELEASE=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null || echo unknown)
+    NEW_MOE_FLAG=0; [[ $VLLM_RELEASE =~ ^0\.(2[89]|[3-9][0-9])\. ]] && NEW_MOE_FLAG=1
     case $MOE_BACKEND in
-        marlin) ;;
-        # 0.26 ignores --moe-backend for compressed-tensors INT4: the plugin switches it (VLLM_LING_MOE_BACKEND)
+        marlin) if [[ $NEW_MOE_FLAG == 1 ]]; then ARGS+=(--moe-backend marlin); fi ;;
+        humming)
+            [[ $NEW_MOE_FLAG == 1 ]] || refuse "MOE_BACKEND=humming needs vLLM >= 0.28 (this is $VLLM_RELEASE). Safe: MOE_BACKEND=marlin"
+            ARGS+=(--moe-backend humming) ;;
         triton)
             # vLLM 0.26's default wna16 tiles crash at M = 1, 2 for Ling's shape (BENCHMARKS.md): tuned file first
             if ! compgen -G "$TUNED_DIR/E=*dtype=int4_w4a16.json" >/dev/null; then
@@ -116,9 +134,11 @@ from vllm_ling.selfcheck import gpu_name; n = gpu_name(); print(n and r(sys.argv
                 exit 2
             fi
             export VLLM_LING_MOE_BACKEND=triton; ARGS+=(--moe-backend triton) ;;
-        *) echo "MOE_BACKEND=$MOE_BACKEND: use auto, marlin or triton" >&2; exit 2 ;;
+        vllm) ;;  # no verdict: vLLM's own default
+        *) echo "MOE_BACKEND=$MOE_BACKEND: use auto, marlin, triton or humming" >&2; exit 2 ;;
     esac
 fi
+if [[ $FP8 == 1 ]]; then ARGS+=(--quantization ling_fp8); fi
 # MTP on both devices (the CPU engine verifies drafts with the plugin's torch KDA path).
 if (( 10#$MTP_K > 0 )); then  # MTP_K is digits only (checked above)
     ARGS+=(--speculative-config "{\"method\":\"mtp\",\"num_speculative_tokens\":$((10#$MTP_K))}")
@@ -139,7 +159,7 @@ fi
 
 CMD=("${WATCHDOG[@]}" --log-dir "$LOG_DIR" "${WD_ARGS[@]}" -- "${LAUNCH[@]}" "${ARGS[@]}" "${EXTRA[@]}")
 if [[ ${DRY_RUN:-0} == 1 ]]; then
-    for v in VLLM_TUNED_CONFIG_FOLDER VLLM_LING_MOE_BACKEND VLLM_API_KEY; do  # what the command inherits (stderr)
+    for v in VLLM_TUNED_CONFIG_FOLDER VLLM_LING_MOE_BACKEND VLLM_LING_FP8_KERNEL VLLM_LING_MODEL VLLM_API_KEY; do  # what the command inherits (stderr)
         if [[ $v == VLLM_API_KEY && -n ${!v:-} ]]; then echo "env: $v=***" >&2
         elif [[ -n ${!v:-} ]]; then echo "env: $v=${!v}" >&2; fi
     done

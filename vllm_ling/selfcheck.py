@@ -4,10 +4,9 @@ Stacked optimisations fail silently: a draft reading the wrong weights is accept
 slower than no draft; a missing tuned-MoE file falls back to generic tiles. This module turns each one
 into an ON/OFF line with the reason, and fails loudly when something requested fell back.
 
-Two halves:
-- `check_draft_shares_target` runs inside vLLM when the MTP draft first runs: its lm_head and embedding
-  must be the target's tensors, in the target's dtype.
-- `python -m vllm_ling.selfcheck --log logs/serve.log --url http://127.0.0.1:8000 -- <serve command>` runs
+The in-vLLM half (the MTP draft must run on the target's LM head and embedding, FP8 included) is
+`vllm_ling.draft_check`, part of the served plugin; this module is the tool that runs beside the server:
+`python -m vllm_ling.selfcheck --log logs/serve.log --url http://127.0.0.1:8000 -- <serve command>` runs
   against a live server: reads what each optimisation did from this launch's lines of the server log (from
   the watchdog's launch line, `--launch ID`; never an earlier run's lines in a reused log dir), what was asked
   for from the serve command and the server's own environment (`--server-pid`: /proc/<pid>/environ, where
@@ -24,51 +23,12 @@ import logging
 import os
 import re
 import sys
-import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vllm_ling.metrics import ZERO, SpecCounters
 
 logger = logging.getLogger("vllm_ling")
-
-# --- inside vLLM: draft/target sharing --------------------------------------------------------------
-
-_targets: "weakref.WeakSet" = weakref.WeakSet()
-
-
-def register_target(model) -> None:
-    _targets.add(model)
-
-
-def check_draft_shares_target(draft) -> str:
-    """Raise unless the draft's lm_head and embedding are the target's tensors in the target's dtype."""
-    targets = list(_targets)
-    if len(targets) != 1:
-        raise RuntimeError(f"vllm-ling self-check: expected one target model in this process, found {len(targets)}")
-    target = targets[0]
-    head, t_head = draft.lm_head.weight, target.lm_head.weight
-    emb, t_emb = draft.model.embed_tokens.weight, target.model.embed_tokens.weight
-    problems = []
-    for name, mine, theirs in (("lm_head", head, t_head), ("embedding", emb, t_emb)):
-        if mine.dtype != theirs.dtype:
-            problems.append(f"{name} dtype {mine.dtype} != target {theirs.dtype}")
-        elif mine.data_ptr() != theirs.data_ptr() and not _same(mine, theirs):
-            problems.append(f"{name} differs from the target's")
-    if problems:
-        raise RuntimeError("vllm-ling self-check FAILED: MTP draft " + "; ".join(problems)
-                           + ". Serve without --speculative-config or fix the checkpoint.")
-    shared = head.data_ptr() == t_head.data_ptr() and emb.data_ptr() == t_emb.data_ptr()
-    line = f"MTP draft: lm_head and embedding {'shared with' if shared else 'equal to'} the target's ({head.dtype})"
-    logger.info("vllm-ling self-check: %s", line)
-    return line
-
-
-def _same(a, b) -> bool:
-    import torch
-
-    return a.shape == b.shape and bool(torch.equal(a, b))
-
 
 # --- against a live server ---------------------------------------------------------------------------
 
@@ -100,13 +60,18 @@ class Requested:
     eager: bool = False
     mtp: bool = False
     tuned_folder: str | None = None
+    fp8: bool = False
 
     @classmethod
     def of(cls, args, env: Mapping[str, str]) -> Requested:
         """args: the serve command's ling_watchdog.serve_args.ServeArgs, or None when not given."""
         method = str(args.speculative.get("method", "")) if args is not None else ""
+        quantization = str((args.values.get("quantization") if args is not None else None) or "")
         return cls(eager=bool(args and args.enforce_eager), mtp="mtp" in method,
-                   tuned_folder=env.get("VLLM_TUNED_CONFIG_FOLDER") or None)
+                   tuned_folder=env.get("VLLM_TUNED_CONFIG_FOLDER") or None, fp8=quantization == FP8_METHOD)
+
+
+FP8_METHOD = "ling_fp8"  # vllm_ling.fp8.NAME (not imported: this tool runs without vLLM's model code)
 
 
 def inspect_log(log: str, asked: Requested, choice: dict | None = None) -> list[Verdict]:
@@ -115,16 +80,39 @@ def inspect_log(log: str, asked: Requested, choice: dict | None = None) -> list[
     graphs = re.search(r"Graph capturing finished in", log)
     device = re.search(r"device_config=(\w+)", log)
     on_cpu = bool(device) and device.group(1) == "cpu"
-    why = "captured" if graphs else ("CPU engine" if on_cpu else "--enforce-eager" if asked.eager
-                                     else "no 'Graph capturing finished' line")
-    verdicts = [Verdict("CUDA graphs", bool(graphs), why, requested=not asked.eager and not on_cpu)]
+    mode = re.search(r"'cudagraph_mode': <CUDAGraphMode\.(\w+)", log)
+    why = (f"captured ({mode.group(1)})" if graphs and mode else "captured") if graphs else (
+        "CPU engine" if on_cpu else "--enforce-eager" if asked.eager else "no 'Graph capturing finished' line")
+    verdicts = [_model_verdict(log), Verdict("CUDA graphs", bool(graphs), why, requested=not asked.eager and not on_cpu)]
     spec = re.search(r"speculative_config=SpeculativeConfig\(method='mtp'|Speculative decoding.*mtp", log, re.I)
     verdicts.append(Verdict("MTP", bool(spec), "method=mtp in the engine config" if spec else "not configured",
                             requested=asked.mtp))
     verdicts.append(_int4_verdict(log, choice))
     verdicts.append(_tuned_verdict(log, asked.tuned_folder))
-    verdicts.append(Verdict("FP8 LM head", False, "not implemented in vllm-ling yet"))
+    verdicts.append(_fp8_verdict(log, asked.fp8))
     return verdicts
+
+
+def _model_verdict(log: str) -> Verdict:
+    """Which BailingMoeV3ForCausalLM serves, and why: the plugin's one line per process (vllm_ling.plugin)."""
+    served = re.search(r"vllm-ling: BailingMoeV3ForCausalLM and its MTP draft are served by (.+?) on vLLM (\S+) "
+                       r"\((.+)\)", log)
+    if served:
+        return Verdict("Ling V3 model", True, f"{served.group(1)} on vLLM {served.group(2)}: {served.group(3)}")
+    failed = re.search(r"vllm-ling: registration failed \((.+?)\);", log)
+    return Verdict("Ling V3 model", False, f"the plugin did not register: {failed.group(1)}" if failed else
+                   "no vllm-ling line: the plugin is not installed in the server's environment")
+
+
+def _fp8_verdict(log: str, asked: bool) -> Verdict:
+    """FP8 weights (`--quantization ling_fp8`): the plugin's count of FP8 layers, logged once the LM head got
+    its method; asked for and absent is a failure (the linears stayed BF16)."""
+    found = re.findall(r"vllm-ling: FP8 weights ON \((\d+) linears( \+ LM head|, LM head BF16)\), (\w+)", log)
+    if not found:
+        why = "asked for (--quantization ling_fp8) but no layer got FP8 weights" if asked else "not asked for"
+        return Verdict("FP8 weights", False, why, requested=asked)
+    linears, head, kernel = found[0]  # the target's line comes first; the MTP draft's follows
+    return Verdict("FP8 weights", True, f"({linears} linears{head}), {kernel}", requested=asked)
 
 
 def _tuned_verdict(log: str, folder: str | None) -> Verdict:
@@ -147,7 +135,8 @@ def _int4_verdict(log: str, choice: dict | None) -> Verdict:
     if not found:
         return Verdict("INT4 experts", False, "no WNA16 MoE backend line (BF16 checkpoint?)")
     backend = next(g for g in found.groups() if g)
-    served = "marlin" if "marlin" in backend.lower() else "triton"
+    # 0.33 names its backend ('HUMMING', 'MARLIN', 'TRITON', ...); 0.26 names the method class (Marlin or not)
+    served = backend.lower() if found.group(1) else ("marlin" if "marlin" in backend.lower() else "triton")
     if choice is None:
         return Verdict("INT4 experts", True, f"backend {backend} (no ling-tune backend verdict)")
     wanted = choice["moe_backend"]

@@ -212,3 +212,47 @@ def test_the_probe_presents_the_servers_key(keyed_server, tmp_path, monkeypatch,
     monkeypatch.setenv("VLLM_API_KEY", "wrong")
     with pytest.raises(RuntimeError, match="HTTP 401"):
         main(["--json", "--log", str(log), "--url", url, "--model", "fake-model", "--", "vllm", "serve", "/m"])
+
+
+V033_LOG = """INFO Initializing a V1 LLM engine (v0.33.0) with config: model='/m', quantization=ling_fp8, speculative_config=None, device_config=cuda, compilation_config={'cudagraph_mode': <CUDAGraphMode.FULL_AND_PIECEWISE: (2, 1)>}
+INFO [plugin.py:70] vllm-ling: BailingMoeV3ForCausalLM and its MTP draft are served by vllm-ling on vLLM 0.33.0 (VLLM_LING_MODEL=vllm-ling; VLLM_LING_MODEL=vllm-ling|vllm picks).
+INFO [int_wna16.py:356] Using 'HUMMING' WNA16 MoE backend.
+INFO [fp8.py:190] vllm-ling: FP8 weights ON (279 linears + LM head), w8a8
+INFO [gpu_model_runner.py:6517] Graph capturing finished in 81 secs, took 0.55 GiB
+"""
+
+
+def test_fp8_asked_for_and_active_names_the_layers_and_the_kernel():
+    v = _by_name(inspect_log(V033_LOG, Requested(fp8=True)))["FP8 weights"]
+    assert v.on and not v.failed and "(279 linears + LM head), w8a8" in v.why
+    assert "FP8 weights      ON" in v.line()
+
+
+def test_fp8_asked_for_but_no_fp8_layer_fails():
+    log = V033_LOG.replace("vllm-ling: FP8 weights ON (279 linears + LM head), w8a8", "")
+    v = _by_name(inspect_log(log, Requested(fp8=True)))["FP8 weights"]
+    assert v.failed and "--quantization ling_fp8" in v.why
+    assert not _by_name(inspect_log(log, Requested()))["FP8 weights"].failed  # not asked for: just OFF
+
+
+def test_the_fp8_request_is_read_from_the_serve_command(vllm_parser):
+    args = ServeArgs.parse(["vllm", "serve", "/m", "--quantization", "ling_fp8"])
+    assert Requested.of(args, {}).fp8 and not Requested.of(ServeArgs.parse(["vllm", "serve", "/m"]), {}).fp8
+
+
+def test_which_model_serves_and_why_is_a_line_of_its_own():
+    v = _by_name(inspect_log(V033_LOG, Requested()))["Ling V3 model"]
+    assert v.on and v.why.startswith("vllm-ling on vLLM 0.33.0: VLLM_LING_MODEL=vllm-ling")
+    gone = _by_name(inspect_log("INFO vllm-ling: registration failed (ValueError: bad); vLLM serves", Requested()))
+    assert "did not register: ValueError: bad" in gone["Ling V3 model"].why
+
+
+def test_a_0_33_backend_name_is_held_to_ling_tunes_choice_as_named():
+    choice = {"moe_backend": "humming", "device_name": "NVIDIA H200", "reason": "measured"}
+    assert _by_name(inspect_log(V033_LOG, Requested(), choice))["INT4 experts"].on
+    marlin = _by_name(inspect_log(V033_LOG, Requested(), {**choice, "moe_backend": "marlin"}))["INT4 experts"]
+    assert marlin.failed and "HUMMING" in marlin.why  # Humming is not Triton, and not what was measured
+
+
+def test_the_cudagraph_mode_is_named():
+    assert "FULL_AND_PIECEWISE" in _by_name(inspect_log(V033_LOG, Requested()))["CUDA graphs"].why

