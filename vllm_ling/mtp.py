@@ -23,19 +23,11 @@ from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.models.utils import maybe_prefix
 
-from vllm_ling import draft_check
+from vllm_ling import compat, draft_check
 from vllm_ling.config import num_mtp_layers
 from vllm_ling.mla import BailingMoeV3MLA
 from vllm_ling.model import HF_TO_VLLM, BailingMoeV3ForCausalLM, layer_index, load_checkpoint_weights
 from vllm_ling.moe import BailingMoeV3MoE
-
-
-def draft_config(vllm_config: VllmConfig):
-    """In vLLM 0.26 `vllm_config.model_config` is still the target's while the draft is built."""
-    spec = vllm_config.speculative_config
-    if spec is not None and spec.draft_model_config is not None:
-        return spec.draft_model_config.hf_config
-    return vllm_config.model_config.hf_config
 
 
 class BailingMoeV3MTPLayer(nn.Module):
@@ -62,7 +54,7 @@ class BailingMoeV3MTPLayer(nn.Module):
 class BailingMoeV3MTPStack(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
-        config = draft_config(vllm_config)
+        config = compat.draft_hf_config(vllm_config)
         self.first = config.num_hidden_layers
         self.count = num_mtp_layers(config)
         if self.count < 1:
@@ -86,7 +78,7 @@ class BailingMoeV3MTPModel(nn.Module):
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
-        self.config = draft_config(vllm_config)
+        self.config = compat.draft_hf_config(vllm_config)
         self.model = BailingMoeV3MTPStack(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         self.lm_head = ParallelLMHead(self.config.vocab_size, self.config.hidden_size,
                                       quant_config=vllm_config.quant_config, prefix=maybe_prefix(prefix, "lm_head"))

@@ -35,7 +35,7 @@ case $STEP in
     kda) run 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kda_kernels_gpu.py tests/gpu/test_kda_core_gpu.py ;;
     kda_core) run 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kda_core_gpu.py ;;
     mtp) run 580 python3 -m pytest -q -p no:cacheprovider --durations=6 tests/gpu/test_mtp_gpu.py ;;
-    tuning) bash tuning/device_run.sh ;;
+    tuning) bash tests/gpu/tuning_run.sh ;;
     fullsize_*) run 560 python3 -m ling_bench.fullsize /tmp/flash --mode "${STEP#fullsize_}" --out "$OUT/$STEP.json" ;;
     fs:*) name=${STEP#fs:}; name=${name%%:*}; args=${STEP#fs:*:}
         run "${FS_TIMEOUT:-560}" python3 -m ling_bench.fullsize /tmp/flash ${args//+/ } --out "$OUT/fs_$name.json" ;;

@@ -1,6 +1,6 @@
 """ling_tuning on a real GPU with vLLM 0.26: runner correctness, compiled shared memory vs the
 estimate, vLLM's lookup of a written file, and the smem guard's compile probe. Small shapes
-(64 experts) keep the module to about a minute; the full Ling run is tuning/device_run.sh."""
+(64 experts) keep the module to about a minute; the full Ling run is tests/gpu/tuning_run.sh."""
 
 import pytest
 

@@ -1,7 +1,8 @@
 """Every GPU step of the tuner in one process (one vLLM import, one set of weights), each step
-catching and recording its own failure. Run by tuning/device_run.sh on the lent H200:
+catching and recording its own failure. Run by tests/gpu/tuning_run.sh on the lent H200 (lab scaffolding: it
+stays out of the installed package):
 
-    python3 -m ling_tuning.device_steps --out "$OUT"
+    python3 tests/gpu/tuning_steps.py --out "$OUT"
 
 1. ling-tune for Ling-3.0-flash on this GPU at a reduced M set (+ one Triton-kernel M);
 2. the same with --smem-limit 101376 (GB10 emulated), reusing step 1's measurements;
@@ -38,7 +39,7 @@ def _step(name: str, status: dict[str, Any], fn: Callable[[], Any]) -> Any:
     except BaseException as e:  # a step's failure is a result; the next step still runs
         status[name] = {"ok": False, "seconds": round(time.monotonic() - t0, 1),
                         "error": f"{type(e).__name__}: {e}", "traceback": traceback.format_exc()[-3000:]}
-        print(f"[device_steps] {name} failed: {type(e).__name__}: {e}", flush=True)
+        print(f"[tuning_steps] {name} failed: {type(e).__name__}: {e}", flush=True)
         if isinstance(e, KeyboardInterrupt):
             raise
         return None

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every GPU step of ling_tuning on the lent H200, in about 7 minutes. From the repository root:
-#   source .devbundle/N/activate.sh || exit 1; bash tuning/device_run.sh
+#   source .devbundle/N/activate.sh || exit 1; bash tests/gpu/tuning_run.sh
 # (carry [".devbundle/N"]; the other chunks stashed first, see ../shared/device/README.md).
 # It imports ling_tuning from this checkout (a symlink shim on PYTHONPATH), so no install is needed
 # and a stale installed copy cannot shadow it. Knobs: LING_TUNE_BUDGET_MIN (2.0), LING_TUNE_MAX_CANDIDATES (16).
@@ -44,7 +44,7 @@ echo "pytest rc=$? at $((SECONDS - t0)) s"
 tail -n 15 "$OUT/pytest_gpu.txt"
 
 echo "== 2/2 ling-tune (native, then GB10 emulated), vLLM proof, default/tuned/Marlin, KDA guard (limit 360 s)"
-timeout -k 15 360 python3 -m ling_tuning.device_steps --out "$OUT"
-echo "device_steps rc=$? at $((SECONDS - t0)) s"
+timeout -k 15 360 python3 tests/gpu/tuning_steps.py --out "$OUT"
+echo "tuning_steps rc=$? at $((SECONDS - t0)) s"
 sed -n '1,200p' "$OUT/summary.md" 2>/dev/null || echo "no summary.md"
 echo "== done in $((SECONDS - t0)) s; files: $(ls "$OUT" | tr '\n' ' ')"
