@@ -73,7 +73,7 @@ def reference_moe(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor, w13: torc
 
 
 def copy_bandwidth_gbs(nbytes: int = 1 << 30, reps: int = 10) -> float:
-    """Device-to-device copy, counting bytes read + written (the ceiling METHOD.md asks for)."""
+    """Device-to-device copy, counting bytes read + written (the bandwidth ceiling a measurement is held to)."""
     a = torch.randint(0, 255, (nbytes,), dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
     b.copy_(a)

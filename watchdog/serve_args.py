@@ -225,7 +225,7 @@ class ServeArgs:
 
     @property
     def chunked_prefill(self) -> bool:
-        """vLLM enables chunked prefill by default for generate models (ops-walls.md, W4)."""
+        """vLLM enables chunked prefill by default for generate models (docs/ops-walls.md, W4)."""
         return self._get("enable_chunked_prefill") is not False
 
     @property

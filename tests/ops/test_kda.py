@@ -12,7 +12,7 @@ from vllm_ling.ops.kda import chunk_kda_torch, kda_safe_gate, kda_softplus_gate,
 LENS = [1, 63, 64, 65, 300]  # around the 64-token chunk edge, plus several chunks
 SHAPES = pytest.mark.parametrize("H, K, V", [pytest.param(4, 32, 16, id="H4-K32-V16"),
                                              pytest.param(2, 64, 64, id="H2-K64-V64")])
-RTOL = 1e-5  # fp32: max abs error relative to max |ref|; measured ≈ 1e-6 (see .notes/kda-report.md)
+RTOL = 1e-5  # fp32: max abs error relative to max |ref|; measured ≈ 1e-6
 
 
 def l2norm(x: torch.Tensor) -> torch.Tensor:

@@ -53,7 +53,7 @@ def test_cuda_k_tile_must_divide_both_gemms():
 
 
 def test_vllm_default_fails_at_m_1_and_2_like_the_h200_baseline():
-    """perf-baselines.md: default tiles fail at M = 1, 2 (BLOCK_SIZE_K // group 16) and run at M = 4."""
+    """BENCHMARKS.md (MoE INT4 kernels): default tiles fail at M = 1, 2 (BLOCK_SIZE_K // group 16) and run at M = 4."""
     for m in (1, 2):
         assert cuda_heuristic_tiles(m, LING, vllm_default_config(m, LING)["BLOCK_SIZE_M"])[0][1] == 512
         assert any(v.startswith("cuda_k_groups") for v in violations(m, vllm_default_config(m, LING), LING, H200_SMEM))
