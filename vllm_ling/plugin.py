@@ -19,13 +19,13 @@ _registered: str | None = None
 
 def _route_logs_through_vllm() -> None:
     """Our `vllm_ling.*` loggers write INFO lines through vLLM's handlers, so they land in the server log (the
-    self-check reads them); where vLLM has set up none yet, they go to the root logger's, still at INFO."""
+    self-check reads them). They still propagate: a vLLM server's root logger has no handlers (no line twice),
+    and whatever an embedding program attaches to the root (pytest's log capture) sees them too."""
     ours, theirs = logging.getLogger("vllm_ling"), logging.getLogger("vllm")
     ours.setLevel(logging.INFO)
     if not ours.handlers and theirs.handlers:
         for handler in theirs.handlers:
             ours.addHandler(handler)
-        ours.propagate = False
 
 
 def register() -> str:

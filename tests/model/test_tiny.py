@@ -181,7 +181,9 @@ def test_bad_overrides_fail_with_the_value_and_the_rule(tmp_path):
 
 
 def test_transformers_autoconfig_reads_the_kda_head_dim_as_linear_head_dim(tiny_dir):
-    from transformers import AutoConfig
+    # transformers' own class, by name: AutoConfig answers with whatever class this process registered last (a
+    # test that loads vLLM's plugins registers ours for bailing_hybrid)
+    from transformers import BailingHybridConfig as AutoConfig
 
     config = AutoConfig.from_pretrained(tiny_dir)
     assert type(config).__name__ == "BailingHybridConfig"
@@ -379,7 +381,9 @@ def test_full_config_has_the_flash_layout():
 
 
 def test_full_config_parses_with_transformers(tmp_path):
-    from transformers import AutoConfig
+    # transformers' own class, by name: AutoConfig answers with whatever class this process registered last (a
+    # test that loads vLLM's plugins registers ours for bailing_hybrid)
+    from transformers import BailingHybridConfig as AutoConfig
 
     tiny.write_full_config(tmp_path)
     config = AutoConfig.from_pretrained(tmp_path)
