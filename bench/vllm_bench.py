@@ -21,6 +21,8 @@ from typing import Any
 
 from ling_bench.client import BenchError, Endpoint
 
+from vllm_ling.metrics import SpecCounters  # the one home of spec-decode counter arithmetic
+
 
 @dataclass(frozen=True)
 class Sampling:
@@ -54,40 +56,6 @@ class RequestResult:
 
 
 @dataclass(frozen=True)
-class SpecCounters:
-    """Spec-decode counter deltas over a case, as vLLM's benchmark reports them."""
-
-    drafts: int
-    draft_tokens: int
-    accepted: int
-    per_pos: tuple[int, ...] = ()
-
-    def __add__(self, other: SpecCounters) -> SpecCounters:
-        width = max(len(self.per_pos), len(other.per_pos))
-        pad = lambda p: p + (0,) * (width - len(p))  # noqa: E731
-        return SpecCounters(self.drafts + other.drafts, self.draft_tokens + other.draft_tokens,
-                            self.accepted + other.accepted,
-                            tuple(a + b for a, b in zip(pad(self.per_pos), pad(other.per_pos))))
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        return self.accepted / self.draft_tokens if self.draft_tokens else None
-
-    @property
-    def mean_acceptance_length(self) -> float | None:
-        """Tokens emitted per verify step, counting the bonus token: 1 + accepted / drafts."""
-        return 1 + self.accepted / self.drafts if self.drafts else None
-
-    def to_json(self) -> dict:
-        return {
-            "num_drafts": self.drafts, "num_draft_tokens": self.draft_tokens, "num_accepted_tokens": self.accepted,
-            "accepted_per_pos": list(self.per_pos), "acceptance_rate": self.acceptance_rate,
-            "mean_acceptance_length": self.mean_acceptance_length,
-            "acceptance_rate_per_pos": [a / self.drafts for a in self.per_pos] if self.drafts else None,
-        }
-
-
-@dataclass(frozen=True)
 class CaseRun:
     requests: list[RequestResult]
     output_tok_s: float  # vLLM's output throughput: all completion tokens / the case's wall time
@@ -112,8 +80,8 @@ def _spec(result: dict[str, Any]) -> SpecCounters | None:
         return None
     drafts = int(result["spec_decode_num_drafts"])
     per_pos = tuple(round(r * drafts) for r in result.get("spec_decode_per_position_acceptance_rates") or ())
-    return SpecCounters(drafts, int(result["spec_decode_draft_tokens"]), int(result["spec_decode_accepted_tokens"]),
-                        per_pos)
+    return SpecCounters(drafts=drafts, draft_tokens=int(result["spec_decode_draft_tokens"]),
+                        accepted=int(result["spec_decode_accepted_tokens"]), per_pos=per_pos)
 
 
 def _requests(result: dict[str, Any]) -> list[RequestResult]:

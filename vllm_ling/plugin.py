@@ -1,4 +1,4 @@
-"""`register()`: what vLLM runs in every process to learn about Ling V3 (docs/vllm-integration.md §Plugin).
+"""`register()`: what vLLM runs in every process to learn about Ling V3 (docs/vllm-seams.md §Plugin).
 
 vLLM calls each general plugin's entry point bare, without a try (0.26-0.33 `load_general_plugins`), so an
 exception here would take vLLM down: every failure is caught, logged in one line, and vLLM goes on with its

@@ -103,9 +103,11 @@ def test_without_spec_counters_there_is_no_spec(fake):
 
 
 def test_spec_counters_add_position_by_position():
-    a, b = SpecCounters(10, 30, 17, (9, 5, 3)), SpecCounters(2, 6, 1, (1,))
-    assert a + b == SpecCounters(12, 36, 18, (10, 5, 3))
-    assert SpecCounters(0, 0, 0).acceptance_rate is None and SpecCounters(0, 0, 0).mean_acceptance_length is None
+    a = SpecCounters(drafts=10, draft_tokens=30, accepted=17, per_pos=(9, 5, 3))
+    b = SpecCounters(drafts=2, draft_tokens=6, accepted=1, per_pos=(1,))
+    assert a + b == SpecCounters(drafts=12, draft_tokens=36, accepted=18, per_pos=(10, 5, 3))
+    none = SpecCounters(drafts=0, draft_tokens=0, accepted=0)
+    assert none.acceptance_rate is None and none.mean_acceptance_length is None
 
 
 def test_a_stream_without_usage_is_an_error_not_a_guess(fake):

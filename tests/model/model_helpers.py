@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
-# The CPU engine recipe (docs/vllm-integration.md §MLA): MLA as decompressed standard attention, a small
+# The CPU engine recipe (docs/vllm-seams.md §MLA): MLA as decompressed standard attention, a small
 # KV budget, the in-process engine core (so tests can hook modules), and our plugin over vLLM's in-tree model.
 CPU_ENGINE_ENV = {
     "VLLM_LING_FORCE": "1",
