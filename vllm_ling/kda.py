@@ -76,7 +76,6 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
         self.num_spec = compat.num_speculative_tokens(vllm_config)
         self.safe_gate = bool(getattr(config, "kda_safe_gate", True)) and config.kda_lower_bound is not None
         self.lower_bound = float(config.kda_lower_bound) if self.safe_gate else 0.0
-        self.eps = config.rms_norm_eps
         self.prefix = prefix
         proj = self.num_heads * self.head_dim
         local_proj = proj // self.tp_size

@@ -43,12 +43,9 @@ def run_torch(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int,
     """CPU path, our torch-native ops; MTP verification rows as vLLM's CUDA kernels treat them."""
     out = _output(qkv, rec_state, head_dim, out)
     spec_rows, plain_rows = _row_split(meta)
-    if spec_rows is not None:
-        rows = spec_rows
-        out[rows] = _verify_torch(qkv[rows], g[rows], beta[rows], conv_w, conv_state, rec_state, meta, head_dim)
-    if plain_rows is not None:
-        rows = plain_rows
-        out[rows] = _plain_torch(qkv[rows], g[rows], beta[rows], conv_w, conv_state, rec_state, meta, head_dim)
+    for rows, runner in ((spec_rows, _verify_torch), (plain_rows, _plain_torch)):
+        if rows is not None:
+            out[rows] = runner(qkv[rows], g[rows], beta[rows], conv_w, conv_state, rec_state, meta, head_dim)
     return out
 
 

@@ -8,13 +8,9 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass
 
-# Opt-in shared memory per block by compute capability (CUDA C++ Programming Guide, "Technical
-# Specifications per Compute Capability"); GB10 reported at 101,376 B (docs/ops-walls.md, "The box").
-SMEM_PER_BLOCK = {
-    (7, 0): 98_304, (7, 5): 65_536, (8, 0): 166_912, (8, 6): 101_376, (8, 7): 166_912,
-    (8, 9): 101_376, (9, 0): 232_448, (10, 0): 232_448, (10, 3): 232_448, (12, 0): 101_376,
-    (12, 1): 101_376,
-}
+# Opt-in shared memory per block by compute capability: one table, the plugin's (a torch- and vLLM-free module;
+# GB10's 101,376 B is docs/ops-walls.md, "The box").
+from vllm_ling.smem import SMEM_PER_BLOCK
 UNIFIED = {(8, 7), (12, 1)}  # Jetson Orin, GB10 (DGX Spark): the GPU's memory is host RAM
 QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,compute_cap", "--format=csv,noheader,nounits"]
 
