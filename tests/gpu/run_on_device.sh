@@ -17,7 +17,8 @@
 #   fp8_gemm    BF16 vs FP8 W8A16 vs W8A8 for every BF16 linear shape, M = 1..16                 (~2)
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
-# Results land in $OUT (at most 8 files come back).
+# Results land in $OUT. At most 8 files come back, so the per-test records (model_*.json, mtp_*.json, ...) are
+# merged at the end into one $OUT/records.json ({name: record}); split it with `python3 -c` or read it whole.
 set -uo pipefail
 : "${OUT:?run on the device: OUT is the folder that comes back}"
 : "${1:?step: model | kda | kda_core | mtp | tuning | fullsize_* | fs:NAME:ARGS | fp8_gemm | intree_check}"
@@ -44,3 +45,13 @@ case $STEP in
     *) echo "unknown step $STEP" >&2; exit 2 ;;
 esac
 done
+python3 - "$OUT" <<'PY'
+import json, pathlib, sys
+out = pathlib.Path(sys.argv[1])
+parts = sorted(p for p in out.glob("*.json") if p.name != "records.json")
+if len(parts) > 4:  # keep a few whole files as they are; many come back only merged
+    merged = {p.stem: json.loads(p.read_text()) for p in parts}
+    (out / "records.json").write_text(json.dumps(merged, indent=1))
+    for p in parts:
+        p.unlink()
+PY

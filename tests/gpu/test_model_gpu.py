@@ -9,10 +9,17 @@ one bf16 oracle per reference checkpoint score all their continuations:
   bf16_fp8 / int4_fp8   `--quantization ling_fp8`: every BF16 linear and the LM head in FP8 (vllm_ling.fp8)
   bf16_intree           vLLM's in-tree model (vLLM >= 0.28) with our config class
   int4_intree_fp8       the same on the INT4 checkpoint with FP8
-Criteria: relative logprob error <= 2e-2 over the top-20 of every prompt position (BF16 weights); >= 99% top-1
-on *decided* positions (fp32 margin >= DECIDED nats); overall agreement no worse than the reference's own bf16
-floor (BF16 weights) or than the same implementation's BF16-weight run by more than 1 point (FP8). The mean
-|Δ prompt logprob| against the oracle is recorded beside the BF16 run's.
+Criteria (BF16 weights): relative logprob error over the top-20 of every prompt position no more than
+REL_ERR_FACTOR x the reference's own bf16 error on the same sequences (measured in the same run: the bf16 oracle
+against the fp32 one); >= 99% top-1 on *decided* positions (fp32 margin >= DECIDED nats); overall agreement no
+worse than the reference's own bf16 floor.
+FP8 configurations are held to the same criteria against the reference of the model as served (oracle.py
+`fp8`: the rule written again in plain torch, FP8's rounding of weights and per-token inputs), its floor being
+that reference run in bf16. On random weights FP8's rounding amplifies bf16's noise (a value near a rounding
+boundary moves by an e4m3 step, 1/16, not a bf16 one, 1/256), so that floor sits far below bf16's (FINDINGS.md
+§0). And FP8's own cost, the engine against the plain fp32 oracle, must be no more than the reference's cost
+(the FP8 reference in bf16 against the plain fp32 oracle) plus FP8_COST_SLACK: reading FP8 bytes as BF16, a wrong
+scale or a linear left out shows there; e4m3's own 3 mantissa bits do not. Both are recorded (`*_fp8_cost`).
 
 Top-1 on random weights: bf16 itself flips near-ties. The independent reference run in bf16 against its own
 fp32 agrees on only ~96% of positions on this checkpoint (FINDINGS.md §1), so "99% of all positions" is below
@@ -20,6 +27,8 @@ bf16's floor; hence the decided-position criterion and the floor measured in the
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import pytest
 
@@ -34,9 +43,15 @@ from vllm_ling import compat  # noqa: E402
 TOKEN_BUDGET = 256
 MAX_TOKENS = 32
 FLOOR_SLACK = 0.005
-FP8_SLACK = 0.01  # FP8 may cost at most 1 point of overall agreement against the same model in BF16
+FP8_COST_SLACK = 0.02  # agreement points; ~1,550 decided positions: one standard error of a difference is ~1.4
+REL_ERR_FACTOR = 1.5  # an engine in bf16 may add half again the reference's own bf16 error, no more
+MARGIN_BANDS = (0.0, 0.2, 0.5, 1.0, 2.0, float("inf"))
 FP8 = {"quantization": "ling_fp8"}
 OURS, INTREE = {"VLLM_LING_MODEL": "vllm-ling"}, {"VLLM_LING_MODEL": "vllm"}
+FP8_KERNEL = "w8a8"  # vllm_ling.fp8's default kernel, which these runs use (VLLM_LING_FP8_KERNEL unset)
+# the oracle runs per reference checkpoint: plain fp32 and bf16, and the model as FP8 serves it in both
+ORACLES = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "fp8": {"fp8": FP8_KERNEL},
+           "fp8_bf16": {"fp8": FP8_KERNEL, "dtype": "bfloat16"}}
 MOE_FLAG = compat.has_intree_ling3()  # vLLM >= 0.28 honours --moe-backend for compressed-tensors INT4 experts
 
 
@@ -62,9 +77,18 @@ IMPLEMENTATION = {"vllm-ling": "vllm_ling.model.BailingMoeV3ForCausalLM",
                   "vllm": "vllm.model_executor.models.bailing_moe_v3.BailingMoeV3ForCausalLM"}
 
 
+@dataclass
+class Run:
+    """One engine configuration's continuations and the oracle scores of exactly those sequences."""
+
+    engine: dict
+    fp32: list  # the reference of the model as served, fp32 (with FP8's rounding for FP8 configurations)
+    bf16: list  # the same reference run in bf16: its own floor
+    plain: tuple[list, list] | None = None  # FP8 only: the plain fp32 and bf16 references (FP8's own cost)
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict[str, tuple[dict, dict, dict]]:
-    """name -> (engine run, its fp32 oracle scores, the bf16 oracle's scores of the same sequences)."""
+def runs(tmp_path_factory) -> dict[str, Run]:
     from vllm_ling.tiny import dequantize_checkpoint, ensure_tiny
 
     tmp = tmp_path_factory.mktemp("gpu-model")
@@ -89,15 +113,19 @@ def runs(tmp_path_factory) -> dict[str, tuple[dict, dict, dict]]:
         score = [p + o["token_ids"] for n in names for p, o in zip(_prompts(), engines[n]["outputs"])]
         query = [[None] + [[int(t) for t in top] for top in o["prompt_topk"][1:]]
                  for n in names for o in engines[n]["outputs"]]
-        oracle_jobs += [("oracle.py", {"model": reference, "prompts": [], "device": "cuda", "query": query,
-                                       "score": score}, f"oracle-{ckpt}"),
-                        ("oracle.py", {"model": reference, "prompts": [], "device": "cuda", "dtype": "bfloat16",
-                                       "score": score}, f"oracle-{ckpt}-bf16")]
-    scored = run_scripts(oracle_jobs, tmp)
+        job = {"model": reference, "prompts": [], "device": "cuda", "query": query, "score": score}
+        oracle_jobs += [("oracle.py", {**job, **variant}, f"oracle-{ckpt}-{tag}") for tag, variant in ORACLES.items()]
+    scored = iter(run_scripts(oracle_jobs, tmp))
     out, k = {}, len(_prompts())
-    for names, fp32, low in zip(order, scored[0::2], scored[1::2]):
+    for names in order:
+        ref = {tag: next(scored) for tag in ORACLES}
+        assert ref["fp8"]["fp8_linears"] > 0, "the FP8 oracle rounded no linear"
         for i, name in enumerate(names):
-            out[name] = (engines[name], fp32["scored"][i * k:(i + 1) * k], low["scored"][i * k:(i + 1) * k])
+            part = {tag: r["scored"][i * k:(i + 1) * k] for tag, r in ref.items()}
+            if "quantization" in CONFIGS[name][2]:
+                out[name] = Run(engines[name], part["fp8"], part["fp8_bf16"], (part["fp32"], part["bf16"]))
+            else:
+                out[name] = Run(engines[name], part["fp32"], part["bf16"])
     return out
 
 
@@ -108,42 +136,65 @@ def _agreement(pairs: list[tuple[int, int, float]]) -> tuple[float, float, int]:
             sum(a == b for a, b in decided) / max(len(decided), 1), len(decided))
 
 
+def _by_margin(pairs: list[tuple[int, int, float]]) -> dict:
+    """Top-1 agreement per band of the oracle's margin: where the disagreements sit."""
+    bands = {}
+    for lo, hi in zip(MARGIN_BANDS, MARGIN_BANDS[1:]):
+        inside = [a == b for a, b, m in pairs if lo <= m < hi]
+        bands[f"{lo}-{hi}"] = {"positions": len(inside), "top1": sum(inside) / max(len(inside), 1)}
+    return bands
+
+
+def _relative_error(pairs: list[tuple[list, list]]) -> float:
+    """sqrt(sum (lp - lp_ref)^2 / sum lp_ref^2) over (logprobs, reference logprobs) of the queried tokens."""
+    num = sum((got - want) ** 2 for top, ref in pairs for got, want in zip(top, ref))
+    return (num / sum(want**2 for _, ref in pairs for want in ref)) ** 0.5
+
+
 def _prompt_scores(engine: dict, oracle: list, floor: list) -> dict:
-    ours, ref_bf16, deltas = [], [], []
-    num = den = 0.0
+    """The engine's prompt positions against `oracle` (fp32), beside `floor` (the same reference in bf16)
+    against that oracle: how far an independent bf16 run of the same model lands."""
+    ours, ref_bf16, deltas, lp, lp_floor = [], [], [], [], []
     for n, out, ref, low in zip(PROMPT_LENGTHS, engine["outputs"], oracle, floor):
         for i in range(1, n):
             top = out["prompt_topk"][i]
             ours.append((int(max(top, key=top.get)), ref["argmax"][i], ref["margin"][i]))
             ref_bf16.append((low["argmax"][i], ref["argmax"][i], ref["margin"][i]))
             deltas.append(abs(out["prompt_logprobs"][i] - ref["logprobs"][i]))
-            for t, want in zip(top, ref["lp_at"][i]):
-                num += (top[t] - want) ** 2
-                den += want**2
+            lp.append((list(top.values()), ref["lp_at"][i]))
+            lp_floor.append((low["lp_at"][i], ref["lp_at"][i]))
     (top1, decided, n_decided), (floor_top1, floor_decided, _) = _agreement(ours), _agreement(ref_bf16)
     return {"positions": len(ours), "top1_agreement": top1, "decided_positions": n_decided,
-            "top1_agreement_decided": decided, "relative_logprob_error": (num / den) ** 0.5,
-            "mean_abs_prompt_logprob_delta": sum(deltas) / len(deltas),
-            "oracle_bf16_floor": {"top1_agreement": floor_top1, "top1_agreement_decided": floor_decided}}
+            "top1_agreement_decided": decided, "relative_logprob_error": _relative_error(lp),
+            "mean_abs_prompt_logprob_delta": sum(deltas) / len(deltas), "by_margin": _by_margin(ours),
+            "oracle_bf16_floor": {"top1_agreement": floor_top1, "top1_agreement_decided": floor_decided,
+                                  "relative_logprob_error": _relative_error(lp_floor),
+                                  "by_margin": _by_margin(ref_bf16)}}
 
 
 @pytest.fixture(scope="module")
 def scores(runs) -> dict[str, dict]:
-    out = {name: _prompt_scores(*run) for name, run in runs.items()}
-    for name, s in out.items():
-        record(f"model_{name}_vs_oracle", s)
+    """name -> scores against the reference of the model as served."""
+    out = {}
+    for name, run in runs.items():
+        out[name] = _prompt_scores(run.engine, run.fp32, run.bf16)
+        record(f"model_{name}_vs_oracle", out[name] | {"oracle": f"fp8 {FP8_KERNEL}" if run.plain else "fp32"})
+        if run.plain:  # FP8's own cost: the served engine against the plain fp32 oracle, reported not asserted
+            plain = _prompt_scores(run.engine, run.plain[0], run.bf16)  # floor: the FP8 reference's own cost
+            record(f"model_{name}_fp8_cost", plain | {"plain_bf16_floor": _prompt_scores(
+                run.engine, *run.plain)["oracle_bf16_floor"]})
     return out
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_the_requested_model_serves(runs, name):
     want = IMPLEMENTATION[CONFIGS[name][1]["VLLM_LING_MODEL"]]
-    assert runs[name][0]["implementation"] == want
+    assert runs[name].engine["implementation"] == want
 
 
 @pytest.mark.parametrize("name", [n for n in CONFIGS if n.startswith("int4")])
 def test_int4_experts_use_the_requested_kernels(runs, name):
-    engine = runs[name][0]
+    engine = runs[name].engine
     backend = CONFIGS[name][2].get("moe_backend") or CONFIGS[name][1].get("VLLM_LING_MOE_BACKEND", "marlin")
     assert engine.get("moe_method"), "engine_runner reported no MoE quant method"
     method = engine["moe_method"].lower()
@@ -152,38 +203,50 @@ def test_int4_experts_use_the_requested_kernels(runs, name):
         assert "marlin" not in method and "humming" not in method, engine["moe_method"]
 
 
+def _decided_bar(floor: float) -> float:
+    """>= 99% on decided positions, or within a point of the reference's own bf16 run where FP8's rounding
+    amplifies bf16's noise below that (a near-boundary value rounds the other way: a 1/16 step, not 1/256)."""
+    return DECIDED_AGREEMENT if floor >= DECIDED_AGREEMENT else floor - 0.01
+
+
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_teacher_forced_top1_and_logprob_error(scores, name):
-    s = scores[name]
-    fp8 = "quantization" in CONFIGS[name][2]
-    assert s["top1_agreement_decided"] >= DECIDED_AGREEMENT, \
-        f"top-1 agreement {s['top1_agreement_decided']:.4f} on {s['decided_positions']} decided positions"
-    if not fp8:
-        assert s["relative_logprob_error"] <= 2e-2, f"relative logprob error {s['relative_logprob_error']:.3e}"
-        floor = s["oracle_bf16_floor"]["top1_agreement"]
-        assert s["top1_agreement"] >= min(0.99, floor - FLOOR_SLACK), \
-            f"top-1 agreement {s['top1_agreement']:.4f}; the reference's own bf16 floor is {floor:.4f}"
-    else:
-        twin = scores[name.removesuffix("_fp8")]  # the same checkpoint and model with BF16 weights
-        assert s["top1_agreement"] >= twin["top1_agreement"] - FP8_SLACK, \
-            f"FP8 top-1 agreement {s['top1_agreement']:.4f} vs {twin['top1_agreement']:.4f} with BF16 weights"
+    s, floor = scores[name], scores[name]["oracle_bf16_floor"]
+    assert s["top1_agreement_decided"] >= _decided_bar(floor["top1_agreement_decided"]), \
+        (f"top-1 agreement {s['top1_agreement_decided']:.4f} on {s['decided_positions']} decided positions; the "
+         f"reference's own bf16 run: {floor['top1_agreement_decided']:.4f}")
+    assert s["relative_logprob_error"] <= REL_ERR_FACTOR * floor["relative_logprob_error"], \
+        (f"relative logprob error {s['relative_logprob_error']:.3e}; the reference's own bf16 error is "
+         f"{floor['relative_logprob_error']:.3e} (at most {REL_ERR_FACTOR}x)")
+    assert s["top1_agreement"] >= min(0.99, floor["top1_agreement"] - FLOOR_SLACK), \
+        f"top-1 agreement {s['top1_agreement']:.4f}; the reference's own bf16 floor is {floor['top1_agreement']:.4f}"
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIGS if "quantization" in CONFIGS[n][2]])
+def test_fp8_costs_no_more_than_the_reference_fp8(runs, name):
+    """Against the plain fp32 oracle, the FP8 engine loses no more agreement than FP8's reference does."""
+    run = runs[name]
+    cost = _prompt_scores(run.engine, run.plain[0], run.bf16)  # floor: the FP8 reference (bf16) vs plain fp32
+    ref = cost["oracle_bf16_floor"]
+    for key in ("top1_agreement", "top1_agreement_decided"):
+        assert cost[key] >= ref[key] - FP8_COST_SLACK, f"{key}: FP8 engine {cost[key]:.4f}, FP8 reference {ref[key]:.4f}"
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_concurrent_greedy_decode_agrees_with_oracle(runs, name):
-    engine, oracle, floor = runs[name]
+    run = runs[name]
     ours, ref_bf16 = [], []
-    for n, out, ref, low in zip(PROMPT_LENGTHS, engine["outputs"], oracle, floor):
+    for n, out, ref, low in zip(PROMPT_LENGTHS, run.engine["outputs"], run.fp32, run.bf16):
         for j, tok in enumerate(out["token_ids"]):
             ours.append((tok, ref["argmax"][n + j], ref["margin"][n + j]))
             ref_bf16.append((low["argmax"][n + j], ref["argmax"][n + j], ref["margin"][n + j]))
-    (agree, decided, n_decided), (floor_agree, _, _) = _agreement(ours), _agreement(ref_bf16)
+    (agree, decided, n_decided), (floor_agree, floor_decided, _) = _agreement(ours), _agreement(ref_bf16)
     record(f"model_{name}_decode", {"requests": len(PROMPT_LENGTHS), "tokens": len(ours), "agreement": agree,
                                     "decided_tokens": n_decided, "agreement_decided": decided,
-                                    "oracle_bf16_floor": floor_agree})
-    assert decided >= DECIDED_AGREEMENT, f"decode agreement {decided:.4f} on {n_decided} decided tokens"
-    if "quantization" not in CONFIGS[name][2]:
-        assert agree >= min(0.99, floor_agree - FLOOR_SLACK), f"decode agreement {agree:.4f}, floor {floor_agree:.4f}"
+                                    "oracle_bf16_floor": floor_agree, "oracle_bf16_floor_decided": floor_decided})
+    assert decided >= _decided_bar(floor_decided), \
+        f"decode agreement {decided:.4f} on {n_decided} decided tokens; reference's bf16 run {floor_decided:.4f}"
+    assert agree >= min(0.99, floor_agree - FLOOR_SLACK), f"decode agreement {agree:.4f}, floor {floor_agree:.4f}"
 
 
 def test_long_prompt_exceeds_token_budget():

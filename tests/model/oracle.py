@@ -7,6 +7,13 @@ Run as its own process (python oracle.py SPEC.json OUT.json): transformers picks
 Triton kernels when `fla` is importable (it is, as our op-test reference), and those need a GPU; hiding
 `fla` before transformers' model module is imported selects its torch path.
 It has no SwiGLU clamps, so engine runs compared against it disable ours through hf_overrides.
+
+`fp8` ("w8a8" or "w8a16") scores the model as `--quantization ling_fp8` serves it, written here from the rule
+alone (no vllm_ling code): every `nn.Linear` but MLA's kv_b_proj gets its weight rounded to e4m3 with one scale
+per output row (s = max|W_row| / 448); with "w8a8" each such linear's input is rounded to e4m3 per token too
+(s = max(max|x_row| / 448, 1 / (448 * 512)), vLLM's dynamic per-token rule). The routed experts and the router
+are no nn.Linear here, as they are no FP8 target there. Computation stays fp32: what differs from the plain
+oracle is exactly FP8's rounding, so an engine scored against it shows the implementation's error alone.
 """
 
 from __future__ import annotations
@@ -19,6 +26,28 @@ sys.modules["causal_conv1d"] = None  # type: ignore[assignment]
 
 import torch  # noqa: E402
 
+E4M3_MAX = 448.0
+FP8_KEEP = ("kv_b_proj",)  # vLLM absorbs kv_b into W_UK / W_UV; ling_fp8 keeps it BF16
+
+
+def _e4m3_rows(x: torch.Tensor, floor: float = 0.0) -> torch.Tensor:
+    """Round each row (last dim) to e4m3 under its own scale max|row| / 448, back in x's dtype."""
+    scale = (x.abs().amax(dim=-1, keepdim=True).float() / E4M3_MAX).clamp(min=max(floor, 1e-30))
+    return ((x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float() * scale).to(x.dtype)
+
+
+def apply_fp8(model: torch.nn.Module, kernel: str) -> int:
+    """Round the FP8 targets' weights (and, for w8a8, their inputs per token); returns how many linears."""
+    count = 0
+    for name, module in model.named_modules():
+        if not isinstance(module, torch.nn.Linear) or name.rsplit(".", 1)[-1] in FP8_KEEP:
+            continue
+        module.weight = torch.nn.Parameter(_e4m3_rows(module.weight.data))  # a new tensor: unties a tied head
+        if kernel == "w8a8":
+            module.register_forward_pre_hook(lambda _, args: (_e4m3_rows(args[0], 1 / (E4M3_MAX * 512)),))
+        count += 1
+    return count
+
 
 @torch.no_grad()
 def run(spec: dict) -> dict:
@@ -27,6 +56,7 @@ def run(spec: dict) -> dict:
     device = spec.get("device", "cpu")
     dtype = getattr(torch, spec.get("dtype", "float32"))
     model = BailingHybridForCausalLM.from_pretrained(spec["model"], dtype=dtype).to(device).eval()
+    fp8_linears = apply_fp8(model, spec["fp8"]) if spec.get("fp8") else 0
 
     def logprobs(seq: list[int]) -> torch.Tensor:
         """Row i: log p(· | seq[:i+1])."""
@@ -60,7 +90,7 @@ def run(spec: dict) -> dict:
         hidden = [model.model(torch.tensor([seq], device=device)).last_hidden_state[0].float().cpu()
                   for seq in spec.get("score", [])]
         torch.save(hidden, spec["hidden_path"])
-    return {"outputs": results, "scored": scored}
+    return {"outputs": results, "scored": scored, "fp8_linears": fp8_linears}
 
 
 if __name__ == "__main__":
