@@ -32,8 +32,10 @@
 #                on this GPU (backend_choice.json in TUNED_DIR, for this GPU's name), passed as --moe-backend on
 #                vLLM >= 0.28; without a verdict vLLM's own default (0.33: Humming on sm_90, Marlin on sm_121;
 #                0.26: Marlin). humming needs vLLM >= 0.28
-#   FP8          1: --quantization ling_fp8, FP8 weights for every BF16 linear and the LM head (docs/speed.md)  0
-#                (off by default: it fails our accuracy bar on the tiny checkpoint, FINDINGS.md §0)
+#   FP8          1: --quantization ling_fp8, FP8 weights for every BF16 linear and the LM head     1 on cuda,
+#                (docs/speed.md); 0: BF16 weights, the checkpoint as shipped                        0 on cpu
+#                (on a GPU it is 4.4% faster on the H200, projected ~1.6x on a GB10; it costs what e4m3
+#                rounding costs: FINDINGS.md §0)
 #   FP8_KERNEL   w8a8 | w8a16 (VLLM_LING_FP8_KERNEL)                                          w8a8
 # Which Ling V3 implementation serves: VLLM_LING_MODEL=auto|vllm-ling|vllm in the environment (README).
 #   SELFCHECK    1: once serving, run `python -m vllm_ling.selfcheck` through the watchdog (0: skip)
@@ -70,8 +72,6 @@ whole MAX_BATCHED "--max-num-batched-tokens" 8192
 whole MAX_SEQS "--max-num-seqs" 2
 whole MTP_K "MTP draft tokens, 0 = off" "1 (or 0: no MTP)"
 if [[ -n ${KV_CACHE_GIB:-} ]]; then decimal KV_CACHE_GIB "--kv-cache-memory-bytes in GiB" 4; fi
-FP8=${FP8:-0}
-[[ $FP8 == 0 || $FP8 == 1 ]] || refuse "FP8='$FP8' must be 0 (BF16 weights) or 1 (--quantization ling_fp8). Safe: FP8=0"
 if [[ -n ${FP8_KERNEL:-} ]]; then
     [[ $FP8_KERNEL == w8a8 || $FP8_KERNEL == w8a16 ]] || refuse "FP8_KERNEL='$FP8_KERNEL' must be w8a8 or w8a16. Safe: FP8_KERNEL=w8a8"
     export VLLM_LING_FP8_KERNEL=$FP8_KERNEL
@@ -79,6 +79,8 @@ fi
 if [[ $DEVICE == auto ]]; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then DEVICE=cuda; else DEVICE=cpu; fi
 fi
+FP8=${FP8:-$([[ $DEVICE == cuda ]] && echo 1 || echo 0)}  # on for a GPU; the CPU engine is the test bench
+[[ $FP8 == 0 || $FP8 == 1 ]] || refuse "FP8='$FP8' must be 0 (BF16 weights) or 1 (--quantization ling_fp8). Safe: FP8=0"
 case $DEVICE in
     cuda) VLLM_CMD=${VLLM_CMD:-vllm serve} ;;
     cpu) VLLM_CMD=${VLLM_CMD:-$PYTHON -m vllm.entrypoints.openai.api_server} ;;

@@ -154,7 +154,9 @@ def _dry(**env: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True)
 
 
-def test_fp8_is_off_by_default_and_one_setting_turns_it_on():
+def test_fp8_is_on_by_default_on_a_gpu_off_on_the_cpu_engine_and_one_setting_flips_it():
+    assert "--quantization ling_fp8" in _dry(DEVICE="cuda").stdout
+    assert "--quantization" not in _dry(DEVICE="cuda", FP8="0").stdout
     assert "--quantization" not in _dry(DEVICE="cpu").stdout
     on = _dry(DEVICE="cpu", FP8="1", FP8_KERNEL="w8a16")
     assert on.returncode == 0 and "--quantization ling_fp8" in on.stdout
