@@ -14,7 +14,8 @@ profiler, graph-replayed kernels included). With dummy weights real MTP acceptan
 the verify step's cost against `graphs`; on vLLM >= 0.33 `--acceptance-length L` has the engine accept drafts
 synthetically (its `rejection_sample_method: synthetic`) so MTP tokens/s is measured at a given acceptance.
 Which model serves: `--impl ours|vllm` (VLLM_LING_MODEL), or `vllm-bare` (vLLM as installed, no plugin at all:
-VLLM_PLUGINS=none). `--fp8 w8a16|w8a8` serves with `--quantization ling_fp8`. Runs the engine in-process, so one
+VLLM_PLUGINS=none). `--fp8 w8a16|w8a8` serves with `--quantization ling_fp8`; `--moe-backend marlin|humming|triton` picks the INT4
+expert kernels (whole-step Humming vs Marlin). Runs the engine in-process, so one
 configuration per process: vLLM does not give GPU memory back between engines.
 """
 
@@ -110,8 +111,14 @@ class _LogLines(logging.Handler):
             self.lines.append(text[:300])
 
 
-def _engine_kwargs(mode: str, fp8: str | None, acceptance_length: float | None) -> dict:
+MOE_BACKENDS = ("marlin", "humming", "triton")  # vLLM >= 0.28's --moe-backend for INT4 experts
+
+
+def _engine_kwargs(mode: str, fp8: str | None, acceptance_length: float | None,
+                   moe_backend: str | None = None) -> dict:
     kwargs = {k: (dict(v) if isinstance(v, dict) else v) for k, v in MODES[mode].items()}
+    if moe_backend:
+        kwargs["moe_backend"] = moe_backend
     if fp8:
         os.environ["VLLM_LING_FP8_KERNEL"] = fp8
         kwargs["quantization"] = "ling_fp8"
@@ -150,7 +157,7 @@ def _cudagraph_mode(llm) -> str | None:
 
 def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, util: float, chunk: int,
         impl: str = "ours", fp8: str | None = None, kernels: bool = False,
-        acceptance_length: float | None = None) -> dict:
+        acceptance_length: float | None = None, moe_backend: str | None = None) -> dict:
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # same process: its GPU memory is ours to read
     os.environ.update(IMPLS[impl])
     import torch
@@ -166,7 +173,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True,
               max_model_len=max(prefill, default=0) + decode + 64, max_num_seqs=1, max_num_batched_tokens=chunk,
               gpu_memory_utilization=util, enable_prefix_caching=False, seed=0, disable_log_stats=mode != "mtp",
-              **_engine_kwargs(mode, fp8, acceptance_length))
+              **_engine_kwargs(mode, fp8, acceptance_length, moe_backend))
     vocab = llm.llm_engine.model_config.get_vocab_size()
     rng = random.Random(0)
     served = llm.apply_model(lambda m: f"{type(m).__module__}.{type(m).__name__}")[0]
@@ -174,7 +181,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     result: dict = {"mode": mode, "model": model, "impl": impl, "served_by": served, "fp8": fp8 or "off",
                     "vllm": __import__("vllm").__version__, "prefill": {}, "decode_tokens": decode,
                     "repeats": repeats, "chunked_prefill_tokens": chunk, "cudagraph_mode": _cudagraph_mode(llm),
-                    "acceptance_length_synthetic": acceptance_length,
+                    "acceptance_length_synthetic": acceptance_length, "moe_backend_asked": moe_backend or "auto",
                     **shape}
     short = [rng.randrange(10, vocab) for _ in range(32)]
     _progress(t0, f"engine up ({mode})")
@@ -263,11 +270,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kernels", action="store_true", help="profile CUDA kernels per decode step")
     ap.add_argument("--acceptance-length", type=float,
                     help="mtp: synthetic acceptance, mean accepted length per step (1 + rate at k=1; vLLM >= 0.33)")
+    ap.add_argument("--moe-backend", choices=MOE_BACKENDS,
+                    help="INT4 expert kernels (vLLM >= 0.28's --moe-backend; default: vLLM's choice, Humming on sm_90)")
     ap.add_argument("--out", help="write the JSON result here")
     a = ap.parse_args(argv)
     prefill = [int(x) for x in a.prefill.split(",") if x]
     result = run(a.model, a.mode, prefill, a.decode, a.repeats, a.util, a.chunk, a.impl, a.fp8, a.kernels,
-                 a.acceptance_length)
+                 a.acceptance_length, a.moe_backend)
     text = json.dumps(result, indent=2)
     print(text)
     if a.out:

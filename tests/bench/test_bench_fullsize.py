@@ -39,3 +39,15 @@ def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode, extra):
     assert ("float8_e4m3fn" in r["param_gib_by_dtype"]) == bool(extra) and r["fp8"] == (extra[1] if extra else "off")
     if extra:
         assert any("FP8 weights ON" in line for line in r["log"]), r["log"]
+
+
+def test_engine_kwargs_carry_the_moe_backend_fp8_and_synthetic_acceptance(monkeypatch):
+    pytest.importorskip("vllm")
+    monkeypatch.delenv("VLLM_LING_FP8_KERNEL", raising=False)  # _engine_kwargs sets it; restored after the test
+    from ling_bench.fullsize import _engine_kwargs
+
+    kw = _engine_kwargs("mtp", "w8a8", 1.94, "humming")
+    assert kw["moe_backend"] == "humming" and kw["quantization"] == "ling_fp8"
+    assert kw["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 1,
+                                        "rejection_sample_method": "synthetic", "synthetic_acceptance_length": 1.94}
+    assert "moe_backend" not in _engine_kwargs("graphs", None, None)
