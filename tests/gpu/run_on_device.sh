@@ -5,7 +5,8 @@
 #   source .devbundle33/18/activate.sh || exit 1; bash tests/gpu/run_on_device.sh STEP [STEP ...]
 # Steps (minutes on a warm machine, measured or estimated):
 #   model       tiny model vs the oracle (+ its bf16 floor), CUDA graphs: BF16 and INT4 checkpoints, FP8 on and
-#               off, MoE backends, vLLM's in-tree model where it exists; every engine side by side   (~4, est.)
+#               off, MoE backends, vLLM's in-tree model where it exists; every engine side by side, then
+#               the oracles (fp32, bf16, FP8 reference in both)          (5.1 on 0.33, measured in session 6)
 #   kda         vLLM 0.26 KDA kernels fed our gate vs the fp32 recurrence, + kda_core   (~2)
 #   kda_core    our CUDA glue (run_cuda) vs the CPU path on decode and verify batches    (~1)
 #   mtp         MTP k=1 lossless + acceptance, for a draft built to agree (mtp_echo) and a random one
@@ -14,6 +15,7 @@
 #   tuning      ling-tune on the H200 + GB10-emulated, vLLM pickup, vs Marlin        (~7)
 #   fullsize_eager | fullsize_graphs | fullsize_mtp   124B dummy weights, batch 1   (graphs 5, mtp 4 measured)
 #   fs:NAME:ARGS  ling_bench.fullsize with ARGS (+ for spaces), e.g. fs:intree:--impl+vllm+--prefill=+--kernels
+#               (full size, prefill 4K/16K/64K, --kernels: 6.7 min on a fresh 0.33 machine, 4-6 after; FS_TIMEOUT)
 #   fp8_gemm    BF16 vs FP8 W8A16 vs W8A8 for every BF16 linear shape, M = 1..16                 (~2)
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
