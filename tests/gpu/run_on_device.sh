@@ -10,8 +10,8 @@
 #   kda         vLLM 0.26 KDA kernels fed our gate vs the fp32 recurrence, + kda_core   (~2)
 #   kda_core    our CUDA glue (run_cuda) vs the CPU path on decode and verify batches    (~1)
 #   mtp         MTP k=1 lossless + acceptance, for a draft built to agree (mtp_echo) and a random one
-#               (stable_router): the four engines side by side, then both oracles     (~5, estimated; 8 when
-#               each checkpoint's pair ran in turn)
+#               (stable_router), and the echo one with FP8 (mtp_echo_fp8): six engines side by side, then the
+#               oracles                                                     (~6, estimated; not run since FP8)
 #   tuning      ling-tune on the H200 + GB10-emulated, vLLM pickup, vs Marlin        (~7)
 #   fullsize_eager | fullsize_graphs | fullsize_mtp   124B dummy weights, batch 1   (graphs 5, mtp 4 measured)
 #   fs:NAME:ARGS  ling_bench.fullsize with ARGS (+ for spaces), e.g. fs:intree:--impl+vllm+--prefill=+--kernels
