@@ -41,7 +41,11 @@ MTP = {"method": "mtp", "num_speculative_tokens": 1}
 CHECKPOINTS = {"stable_router": ("stable_router", {}, {}), "mtp_echo": ("mtp_echo", {}, {}),
                "mtp_echo_fp8": ("mtp_echo", {"engine_kwargs": {"quantization": "ling_fp8"}}, {"fp8": "w8a8"})}
 VARIANTS = list(CHECKPOINTS)
-FP8_ACCEPTANCE_SLACK = 0.03  # the echo draft's acceptance with FP8 within 3 points of its BF16 run
+# The echo draft's acceptance with FP8 within 3 points of its BF16 run, or 3 standard errors of the difference of
+# the two rates where the drafts are too few for 3 points to be more than noise: on the CPU in bf16, 64 drafts
+# gave 85.3% (FP8) vs 95.3%, 250 drafts 93.1% vs 87.8% (FINDINGS.md §0). The trap it guards (a draft reading FP8
+# bytes as BF16) is accepted ~0%.
+FP8_ACCEPTANCE_SLACK = 0.03
 FP8_LOSSLESS_SLACK = 0.01  # FP8: MTP's decided agreement with the FP8 reference at most 1 point below plain's
 TWICE = len(PROMPT_LENGTHS) // 2  # the middle prompt (64 tokens) is sent again, as the batch's last request
 # All four engines (plain and MTP for each checkpoint) run side by side on the GPU, so each gets a fixed KV
@@ -129,8 +133,16 @@ def _fp8(name: str) -> bool:
 
 def test_fp8_echo_draft_is_accepted_as_often_as_with_bf16(reports):
     """The draft on the target's FP8 head: a draft reading FP8 bytes as BF16 would be accepted ~0%."""
-    bf16, fp8 = (spec_acceptance(reports[v][1]) for v in ("mtp_echo", "mtp_echo_fp8"))
-    assert abs(fp8 - bf16) <= FP8_ACCEPTANCE_SLACK, f"echo draft accepted {fp8:.2%} with FP8, {bf16:.2%} without"
+    (bf16, n_bf16), (fp8, n_fp8) = ((spec_acceptance(reports[v][1]), reports[v][1]["spec_decode"]["num_drafts"])
+                                    for v in ("mtp_echo", "mtp_echo_fp8"))
+    slack = acceptance_slack(bf16, n_bf16, fp8, n_fp8)
+    assert abs(fp8 - bf16) <= slack, \
+        f"echo draft accepted {fp8:.2%} of {n_fp8} drafts with FP8, {bf16:.2%} of {n_bf16} without (slack {slack:.2%})"
+
+
+def acceptance_slack(p1: float, n1: int, p2: float, n2: int) -> float:
+    """max(3 points, 3 standard errors of p1 - p2) for two binomial acceptance rates."""
+    return max(FP8_ACCEPTANCE_SLACK, 3 * (p1 * (1 - p1) / max(n1, 1) + p2 * (1 - p2) / max(n2, 1)) ** 0.5)
 
 
 def test_mtp_is_lossless(pair):
