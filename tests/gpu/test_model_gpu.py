@@ -71,6 +71,7 @@ if compat.has_intree_ling3():
     CONFIGS |= {"int4_humming": ("int4", OURS, _moe("humming")),
                 "bf16_intree": ("bf16", INTREE, {}), "int4_intree": ("int4", INTREE, _moe("marlin")),
                 "int4_intree_fp8": ("int4", INTREE, {**_moe("marlin"), **FP8})}
+CHECKPOINTS = ("bf16", "int4")  # the reference checkpoints, in the order their oracles run
 MOE_METHOD = {"marlin": "marlin", "humming": "humming", "triton": "wna16moemethod"}
 SIDE_BY_SIDE = {"gpu_memory_utilization": 0.1, "kv_cache_memory_bytes": 1 << 30}
 IMPLEMENTATION = {"vllm-ling": "vllm_ling.model.BailingMoeV3ForCausalLM",
@@ -95,6 +96,7 @@ def runs(tmp_path_factory) -> dict[str, Run]:
     models = {"bf16": str(ensure_tiny(seed=0, variant="stable_router")),
               "int4": str(ensure_tiny(seed=0, int4=True, variant="stable_router"))}
     references = {"bf16": models["bf16"], "int4": str(dequantize_checkpoint(models["int4"], tmp / "dequantized"))}
+    assert tuple(references) == CHECKPOINTS
     jobs, envs = [], {}
     for name, (ckpt, env, kwargs) in CONFIGS.items():
         jobs.append(("engine_runner.py", {
@@ -106,27 +108,36 @@ def runs(tmp_path_factory) -> dict[str, Run]:
         }, name))
         envs[name] = {**GPU_ENV, **env}
     engines = dict(zip(CONFIGS, run_scripts(jobs, tmp, envs=[envs[n] for n in CONFIGS])))
-    oracle_jobs, order = [], []
+    oracle_jobs = []
     for ckpt, reference in references.items():
         names = [n for n, (c, _, _) in CONFIGS.items() if c == ckpt]
-        order.append(names)
         score = [p + o["token_ids"] for n in names for p, o in zip(_prompts(), engines[n]["outputs"])]
         query = [[None] + [[int(t) for t in top] for top in o["prompt_topk"][1:]]
                  for n in names for o in engines[n]["outputs"]]
         job = {"model": reference, "prompts": [], "device": "cuda", "query": query, "score": score}
         oracle_jobs += [("oracle.py", {**job, **variant}, f"oracle-{ckpt}-{tag}") for tag, variant in ORACLES.items()]
-    scored = iter(run_scripts(oracle_jobs, tmp))
-    out, k = {}, len(_prompts())
-    for names in order:
+    return assemble(engines, run_scripts(oracle_jobs, tmp))
+
+
+def assemble(engines: dict[str, dict], oracle_outputs: list[dict]) -> dict[str, Run]:
+    """Each configuration's engine run with its slice of the oracle scores. `oracle_outputs`: per reference
+    checkpoint in CHECKPOINTS order, one output per ORACLES entry, each scoring that checkpoint's configurations
+    in CONFIGS order (also how tests/gpu/rescore_model.py rebuilds a recorded run)."""
+    scored, out, k = iter(oracle_outputs), {}, len(_prompts())
+    for ckpt in CHECKPOINTS:
         ref = {tag: next(scored) for tag in ORACLES}
         assert ref["fp8"]["fp8_linears"] > 0, "the FP8 oracle rounded no linear"
-        for i, name in enumerate(names):
+        for i, name in enumerate(n for n, (c, _, _) in CONFIGS.items() if c == ckpt):
             part = {tag: r["scored"][i * k:(i + 1) * k] for tag, r in ref.items()}
-            if "quantization" in CONFIGS[name][2]:
+            if _fp8(name):
                 out[name] = Run(engines[name], part["fp8"], part["fp8_bf16"], (part["fp32"], part["bf16"]))
             else:
                 out[name] = Run(engines[name], part["fp32"], part["bf16"])
     return out
+
+
+def _fp8(name: str) -> bool:
+    return "quantization" in CONFIGS[name][2]
 
 
 def _agreement(pairs: list[tuple[int, int, float]]) -> tuple[float, float, int]:
@@ -172,6 +183,13 @@ def _prompt_scores(engine: dict, oracle: list, floor: list) -> dict:
                                   "by_margin": _by_margin(ref_bf16)}}
 
 
+def fp8_cost(run: Run) -> dict:
+    """FP8's own cost: the engine against the plain fp32 oracle, beside (as its floor) the FP8 reference's in
+    bf16 against the same oracle; and the plain bf16 reference's floor for comparison."""
+    return _prompt_scores(run.engine, run.plain[0], run.bf16) | {
+        "plain_bf16_floor": _prompt_scores(run.engine, *run.plain)["oracle_bf16_floor"]}
+
+
 @pytest.fixture(scope="module")
 def scores(runs) -> dict[str, dict]:
     """name -> scores against the reference of the model as served."""
@@ -179,11 +197,39 @@ def scores(runs) -> dict[str, dict]:
     for name, run in runs.items():
         out[name] = _prompt_scores(run.engine, run.fp32, run.bf16)
         record(f"model_{name}_vs_oracle", out[name] | {"oracle": f"fp8 {FP8_KERNEL}" if run.plain else "fp32"})
-        if run.plain:  # FP8's own cost: the served engine against the plain fp32 oracle, reported not asserted
-            plain = _prompt_scores(run.engine, run.plain[0], run.bf16)  # floor: the FP8 reference's own cost
-            record(f"model_{name}_fp8_cost", plain | {"plain_bf16_floor": _prompt_scores(
-                run.engine, *run.plain)["oracle_bf16_floor"]})
     return out
+
+
+@pytest.fixture(scope="module")
+def costs(runs) -> dict[str, dict]:
+    """FP8 configuration -> fp8_cost (recorded; judged by test_fp8_costs_no_more_than_the_reference_fp8)."""
+    out = {name: fp8_cost(run) for name, run in runs.items() if run.plain}
+    for name, cost in out.items():
+        record(f"model_{name}_fp8_cost", cost)
+    return out
+
+
+def served_checks(s: dict) -> list[tuple[bool, str]]:
+    """test_teacher_forced_top1_and_logprob_error's criteria on one configuration's scores: (holds, what)."""
+    floor = s["oracle_bf16_floor"]
+    return [
+        (s["top1_agreement_decided"] >= _decided_bar(floor["top1_agreement_decided"]),
+         f"top-1 agreement {s['top1_agreement_decided']:.4f} on {s['decided_positions']} decided positions; the "
+         f"reference's own bf16 run: {floor['top1_agreement_decided']:.4f}"),
+        (s["relative_logprob_error"] <= REL_ERR_FACTOR * floor["relative_logprob_error"],
+         f"relative logprob error {s['relative_logprob_error']:.3e}; the reference's own bf16 error is "
+         f"{floor['relative_logprob_error']:.3e} (at most {REL_ERR_FACTOR}x)"),
+        (s["top1_agreement"] >= min(0.99, floor["top1_agreement"] - FLOOR_SLACK),
+         f"top-1 agreement {s['top1_agreement']:.4f}; the reference's own bf16 floor is "
+         f"{floor['top1_agreement']:.4f}"),
+    ]
+
+
+def cost_checks(cost: dict) -> list[tuple[bool, str]]:
+    """test_fp8_costs_no_more_than_the_reference_fp8's criteria on one fp8_cost: (holds, what)."""
+    ref = cost["oracle_bf16_floor"]
+    return [(cost[key] >= ref[key] - FP8_COST_SLACK, f"{key}: FP8 engine {cost[key]:.4f}, FP8 reference "
+             f"{ref[key]:.4f} (at most {FP8_COST_SLACK} below)") for key in ("top1_agreement", "top1_agreement_decided")]
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -211,25 +257,15 @@ def _decided_bar(floor: float) -> float:
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_teacher_forced_top1_and_logprob_error(scores, name):
-    s, floor = scores[name], scores[name]["oracle_bf16_floor"]
-    assert s["top1_agreement_decided"] >= _decided_bar(floor["top1_agreement_decided"]), \
-        (f"top-1 agreement {s['top1_agreement_decided']:.4f} on {s['decided_positions']} decided positions; the "
-         f"reference's own bf16 run: {floor['top1_agreement_decided']:.4f}")
-    assert s["relative_logprob_error"] <= REL_ERR_FACTOR * floor["relative_logprob_error"], \
-        (f"relative logprob error {s['relative_logprob_error']:.3e}; the reference's own bf16 error is "
-         f"{floor['relative_logprob_error']:.3e} (at most {REL_ERR_FACTOR}x)")
-    assert s["top1_agreement"] >= min(0.99, floor["top1_agreement"] - FLOOR_SLACK), \
-        f"top-1 agreement {s['top1_agreement']:.4f}; the reference's own bf16 floor is {floor['top1_agreement']:.4f}"
+    for holds, what in served_checks(scores[name]):
+        assert holds, what
 
 
-@pytest.mark.parametrize("name", [n for n in CONFIGS if "quantization" in CONFIGS[n][2]])
-def test_fp8_costs_no_more_than_the_reference_fp8(runs, name):
+@pytest.mark.parametrize("name", [n for n in CONFIGS if _fp8(n)])
+def test_fp8_costs_no_more_than_the_reference_fp8(costs, name):
     """Against the plain fp32 oracle, the FP8 engine loses no more agreement than FP8's reference does."""
-    run = runs[name]
-    cost = _prompt_scores(run.engine, run.plain[0], run.bf16)  # floor: the FP8 reference (bf16) vs plain fp32
-    ref = cost["oracle_bf16_floor"]
-    for key in ("top1_agreement", "top1_agreement_decided"):
-        assert cost[key] >= ref[key] - FP8_COST_SLACK, f"{key}: FP8 engine {cost[key]:.4f}, FP8 reference {ref[key]:.4f}"
+    for holds, what in cost_checks(costs[name]):
+        assert holds, what
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
