@@ -78,17 +78,15 @@ def selfcheck_verdict(log_dir: Path, proc: subprocess.Popen, timeout: float) -> 
     """The recipe's watchdog runs the start-up self-check once serving starts: show its lines, return its exit.
     Only this run's events count, as every reader of a reused log dir takes them: the run whose watchdog is
     `proc` (the recipe execs the watchdog, so it keeps the pid), its latest launch."""
-    from ling_watchdog.events import read_events, run_records
+    from ling_watchdog.events import read_events, run_records, summarise
 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
-        run = run_records(read_events(log_dir), pid=proc.pid)
-        launches = [i for i, e in enumerate(run) if e.get("event") == "launch"]
-        events = [e for e in run[launches[-1] if launches else len(run):] if e.get("event") == "after_serving"]
-        if any("code" in e for e in events):
-            for e in events:
-                print(f"[demo] {e['message']}")
-            return next(e["code"] for e in events if "code" in e)
+        check = summarise(run_records(read_events(log_dir), pid=proc.pid)).selfcheck  # the latest launch's
+        if check is not None and check["code"] is not None:
+            for line in [*(x["message"] for x in check["lines"]), check["message"]]:
+                print(f"[demo] {line}")
+            return check["code"]
         time.sleep(1)
     print("[demo] the watchdog reported no self-check verdict", flush=True)
     return None

@@ -66,7 +66,8 @@ class SpecCounters:
 
     @property
     def per_pos_rate(self) -> list[float] | None:
-        return [a / self.drafts for a in self.per_pos] if self.drafts and self.per_pos else None
+        """Accepted per draft at each draft position (None without drafts)."""
+        return [a / self.drafts for a in self.per_pos] if self.drafts else None
 
     def to_json(self) -> dict:
         """ling-bench's report fields (the names of vLLM's counters)."""
@@ -74,7 +75,7 @@ class SpecCounters:
             "num_drafts": self.drafts, "num_draft_tokens": self.draft_tokens, "num_accepted_tokens": self.accepted,
             "accepted_per_pos": list(self.per_pos), "acceptance_rate": self.acceptance_rate,
             "mean_acceptance_length": self.mean_acceptance_length,
-            "acceptance_rate_per_pos": [a / self.drafts for a in self.per_pos] if self.drafts else None,
+            "acceptance_rate_per_pos": self.per_pos_rate,
         }
 
 

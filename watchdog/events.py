@@ -186,7 +186,8 @@ class Summary:
     run: str | None = None
     last_event: dict[str, Any] | None = None
     preflight: list[dict[str, Any]] = field(default_factory=list)
-    selfcheck: dict[str, Any] | None = None  # the latest launch's: code (None: running), ts, lines, failed
+    selfcheck: dict[str, Any] | None = None  # the latest launch's: code (None: running), ts, lines, failed,
+    # and once it ended, its exit line (message)
 
     @property
     def relaunches_left(self) -> int | None:
@@ -196,7 +197,7 @@ class Summary:
 def _selfcheck(s: Summary, r: dict[str, Any]) -> None:
     check = s.selfcheck if s.selfcheck is not None else {"code": None, "ts": r["ts"], "lines": [], "failed": []}
     if "code" in r:
-        check.update(code=r["code"], ts=r["ts"], verdict=r.get("verdict"))
+        check.update(code=r["code"], ts=r["ts"], verdict=r.get("verdict"), message=r["message"])
     else:
         check["lines"].append({"level": r.get("level", "info"), "message": r["message"]})
         if r.get("state") == "FAILED":
