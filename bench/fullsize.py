@@ -14,9 +14,9 @@ profiler, graph-replayed kernels included). With dummy weights real MTP acceptan
 the verify step's cost against `graphs`; on vLLM >= 0.33 `--acceptance-length L` has the engine accept drafts
 synthetically (its `rejection_sample_method: synthetic`) so MTP tokens/s is measured at a given acceptance.
 Which model serves: `--impl ours|vllm` (VLLM_LING_MODEL), or `vllm-bare` (vLLM as installed, no plugin at all:
-VLLM_PLUGINS=none). `--fp8 w8a16|w8a8` serves with `--quantization ling_fp8`; `--moe-backend marlin|humming|triton` picks the INT4
-expert kernels (whole-step Humming vs Marlin). Runs the engine in-process, so one
-configuration per process: vLLM does not give GPU memory back between engines.
+VLLM_PLUGINS=none). `--fp8 w8a16|w8a8` serves with `--quantization ling_fp8`; `--moe-backend
+marlin|humming|triton` picks the INT4 expert kernels (whole-step Humming vs Marlin). Runs the engine in-process,
+so one configuration per process: vLLM does not give GPU memory back between engines.
 """
 
 from __future__ import annotations

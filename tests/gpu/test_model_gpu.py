@@ -36,7 +36,7 @@ pytest.importorskip("torch")
 pytest.importorskip("vllm")
 from criteria import DECIDED, DECIDED_AGREEMENT, PROMPT_LENGTHS, TOPK, model_prompts as _prompts  # noqa: E402
 from gpu_helpers import GPU_ENV, record, run_scripts  # noqa: E402  (skips the module without CUDA)
-from model_helpers import NO_CLAMPS  # noqa: E402  (on sys.path via gpu_helpers)
+from model_helpers import NO_CLAMPS, by_margin  # noqa: E402  (on sys.path via gpu_helpers)
 
 from vllm_ling import compat  # noqa: E402
 
@@ -45,7 +45,6 @@ MAX_TOKENS = 32
 FLOOR_SLACK = 0.005
 FP8_COST_SLACK = 0.02  # agreement points; ~1,550 decided positions, paired; session 6 measured 0.1-0.6
 REL_ERR_FACTOR = 1.5  # an engine in bf16 may add half again the reference's own bf16 error, no more
-MARGIN_BANDS = (0.0, 0.2, 0.5, 1.0, 2.0, float("inf"))
 FP8 = {"quantization": "ling_fp8"}
 OURS, INTREE = {"VLLM_LING_MODEL": "vllm-ling"}, {"VLLM_LING_MODEL": "vllm"}
 FP8_KERNEL = "w8a8"  # vllm_ling.fp8's default kernel, which these runs use (VLLM_LING_FP8_KERNEL unset)
@@ -147,15 +146,6 @@ def _agreement(pairs: list[tuple[int, int, float]]) -> tuple[float, float, int]:
             sum(a == b for a, b in decided) / max(len(decided), 1), len(decided))
 
 
-def _by_margin(pairs: list[tuple[int, int, float]]) -> dict:
-    """Top-1 agreement per band of the oracle's margin: where the disagreements sit."""
-    bands = {}
-    for lo, hi in zip(MARGIN_BANDS, MARGIN_BANDS[1:]):
-        inside = [a == b for a, b, m in pairs if lo <= m < hi]
-        bands[f"{lo}-{hi}"] = {"positions": len(inside), "top1": sum(inside) / max(len(inside), 1)}
-    return bands
-
-
 def _relative_error(pairs: list[tuple[list, list]]) -> float:
     """sqrt(sum (lp - lp_ref)^2 / sum lp_ref^2) over (logprobs, reference logprobs) of the queried tokens."""
     num = sum((got - want) ** 2 for top, ref in pairs for got, want in zip(top, ref))
@@ -177,10 +167,11 @@ def _prompt_scores(engine: dict, oracle: list, floor: list) -> dict:
     (top1, decided, n_decided), (floor_top1, floor_decided, _) = _agreement(ours), _agreement(ref_bf16)
     return {"positions": len(ours), "top1_agreement": top1, "decided_positions": n_decided,
             "top1_agreement_decided": decided, "relative_logprob_error": _relative_error(lp),
-            "mean_abs_prompt_logprob_delta": sum(deltas) / len(deltas), "by_margin": _by_margin(ours),
+            "mean_abs_prompt_logprob_delta": sum(deltas) / len(deltas),
+            "by_margin": by_margin((a == b, m) for a, b, m in ours),
             "oracle_bf16_floor": {"top1_agreement": floor_top1, "top1_agreement_decided": floor_decided,
                                   "relative_logprob_error": _relative_error(lp_floor),
-                                  "by_margin": _by_margin(ref_bf16)}}
+                                  "by_margin": by_margin((a == b, m) for a, b, m in ref_bf16)}}
 
 
 def fp8_cost(run: Run) -> dict:

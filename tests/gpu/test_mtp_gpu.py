@@ -48,7 +48,7 @@ VARIANTS = list(CHECKPOINTS)
 FP8_ACCEPTANCE_SLACK = 0.03
 FP8_LOSSLESS_SLACK = 0.01  # FP8: MTP's decided agreement with the FP8 reference at most 1 point below plain's
 TWICE = len(PROMPT_LENGTHS) // 2  # the middle prompt (64 tokens) is sent again, as the batch's last request
-# All four engines (plain and MTP for each checkpoint) run side by side on the GPU, so each gets a fixed KV
+# All six engines (plain and MTP for each variant) run side by side on the GPU, so each gets a fixed KV
 # cache: vLLM's memory profiling would count the other engines' allocations as its own.
 SIDE_BY_SIDE = {"gpu_memory_utilization": 0.12, "engine_kwargs": {"kv_cache_memory_bytes": 2 << 30}}
 

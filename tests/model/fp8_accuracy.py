@@ -19,10 +19,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from model_helpers import CPU_ENGINE_ENV, NO_CLAMPS, run_scripts  # noqa: E402
+from model_helpers import CPU_ENGINE_ENV, NO_CLAMPS, by_margin, run_scripts  # noqa: E402
 
 DECIDED = 0.2
-MARGIN_BINS = (0.0, 0.2, 0.5, 1.0, 2.0, float("inf"))
 LENGTHS = [9, 63, 130, 300]
 ALL_BUT_HEAD = "*_proj,*.dense,*.gate_up_proj,*.down_proj"
 CONFIGS = {"bf16": ({}, {}), "fp8": ({"quantization": "ling_fp8"}, {}),
@@ -38,11 +37,8 @@ def scores(engine: dict, oracle: list[dict], lengths: list[int]) -> dict:
             pairs.append((int(max(top, key=top.get)) == ref["argmax"][i], ref["margin"][i]))
             deltas.append(abs(out["prompt_logprobs"][i] - ref["logprobs"][i]))
     decided = [ok for ok, m in pairs if m >= DECIDED]
-    by_margin = {}
-    for lo, hi in zip(MARGIN_BINS, MARGIN_BINS[1:]):
-        inside = [ok for ok, m in pairs if lo <= m < hi]
-        by_margin[f"{lo}-{hi}"] = {"positions": len(inside), "top1": sum(inside) / max(len(inside), 1)}
-    return {"by_margin": by_margin, "top1": sum(ok for ok, _ in pairs) / len(pairs), "top1_decided": sum(decided) / len(decided),
+    return {"by_margin": by_margin(pairs), "top1": sum(ok for ok, _ in pairs) / len(pairs),
+            "top1_decided": sum(decided) / len(decided),
             "decided": len(decided), "positions": len(pairs), "mean_abs_logprob_delta": sum(deltas) / len(deltas)}
 
 

@@ -65,6 +65,20 @@ def spec_acceptance(run: dict) -> float:
     return c.get("num_accepted_tokens", 0.0) / max(c.get("num_draft_tokens", 0.0), 1.0)
 
 
+MARGIN_BANDS = (0.0, 0.2, 0.5, 1.0, 2.0, float("inf"))  # nats of the reference's top-1 minus top-2 logprob
+
+
+def by_margin(pairs, bands: tuple[float, ...] = MARGIN_BANDS) -> dict:
+    """Top-1 agreement per band of the reference's margin, from (agrees, margin) pairs: where the
+    disagreements sit (a rounding flips close calls; a bug flips decided ones too)."""
+    pairs = list(pairs)
+    out = {}
+    for lo, hi in zip(bands, bands[1:]):
+        inside = [ok for ok, m in pairs if lo <= m < hi]
+        out[f"{lo}-{hi}"] = {"positions": len(inside), "top1": sum(inside) / max(len(inside), 1)}
+    return out
+
+
 def first_difference(a: list[int], b: list[int]) -> int | None:
     """Index of the first token where two greedy continuations part, or None."""
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)

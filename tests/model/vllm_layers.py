@@ -7,16 +7,10 @@ sets both up. Tests of single layers (FP8 weights, the draft check, weight loade
 from __future__ import annotations
 
 import contextlib
-import socket
 from collections.abc import Iterator
 
 import torch
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from ling_watchdog.ports import free_port
 
 
 @contextlib.contextmanager
@@ -40,7 +34,7 @@ def vllm_layer_context(model_dir: str, dtype: torch.dtype = torch.bfloat16) -> I
     with set_current_vllm_config(config):
         if not parallel_state.model_parallel_is_initialized():
             parallel_state.init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                                        distributed_init_method=f"tcp://127.0.0.1:{_free_port()}")
+                                                        distributed_init_method=f"tcp://127.0.0.1:{free_port()}")
             parallel_state.initialize_model_parallel(1, 1)
         torch.set_default_dtype(dtype)
         try:
