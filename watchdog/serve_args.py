@@ -167,6 +167,10 @@ class ServeArgs:
         value = self.values.get(dest)
         return default if value is None else value
 
+    def _int(self, dest: str) -> int | None:
+        value = self._get(dest)
+        return None if value is None else int(value)
+
     @property
     def model(self) -> str | None:
         return self._get("model_tag") or self._get("model")
@@ -197,8 +201,8 @@ class ServeArgs:
     @property
     def max_model_len(self) -> int | None:
         """None when unset or 'auto'/-1 (vLLM then takes the model's own maximum)."""
-        value = self._get("max_model_len")
-        return None if value is None or int(value) == -1 else int(value)
+        value = self._int("max_model_len")
+        return None if value == -1 else value
 
     @property
     def util(self) -> float:
@@ -210,18 +214,15 @@ class ServeArgs:
 
     @property
     def kv_cache_bytes(self) -> int | None:
-        value = self._get("kv_cache_memory_bytes")
-        return None if value is None else int(value)
+        return self._int("kv_cache_memory_bytes")
 
     @property
     def max_batched_tokens(self) -> int | None:
-        value = self._get("max_num_batched_tokens")
-        return None if value is None else int(value)
+        return self._int("max_num_batched_tokens")
 
     @property
     def max_num_seqs(self) -> int | None:
-        value = self._get("max_num_seqs")
-        return None if value is None else int(value)
+        return self._int("max_num_seqs")
 
     @property
     def chunked_prefill(self) -> bool:
