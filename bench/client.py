@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import requests
+from ling_watchdog.probes import auth_headers
 
 from ling_bench.prompts import TokenCount, estimate_tokens
 
@@ -28,7 +29,7 @@ class Endpoint:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return auth_headers(self.api_key)
 
     def body(self, text: str) -> dict:
         """The request's model and text: one user message in chat mode, else a completion prompt."""
@@ -42,7 +43,7 @@ def served_models(
     """Served model ids -> max_model_len (a vLLM field), from GET /v1/models; {} if it does not answer."""
     try:
         resp = session.get(base_url.rstrip("/") + "/v1/models", timeout=30,
-                           headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+                           headers=auth_headers(api_key))
         return {m["id"]: m.get("max_model_len") for m in resp.json()["data"]} if resp.ok else {}
     except (requests.RequestException, ValueError, KeyError, TypeError):
         return {}

@@ -250,6 +250,7 @@ def _say(v: Verdict | None, message: str, as_json: bool, level: str = "info", **
 
 def main(argv: list[str] | None = None) -> int:
     from ling_watchdog.events import launch_log
+    from ling_watchdog.probes import auth_headers
     from ling_watchdog.serve_args import ServeArgs
 
     from vllm_ling.metrics import read_spec_counters
@@ -284,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         import requests
 
         key = os.environ.get("VLLM_API_KEY") or (args.api_key(env) if args is not None else None)
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        headers = auth_headers(key)
         model = a.model or requests.get(f"{a.url}/v1/models", headers=headers, timeout=5).json()["data"][0]["id"]
         before = read_spec_counters(a.url, headers) if mtp.on else None
         verdicts.append(judge_batch_agreement(probe(a.url, model, a.probe_tokens, headers)))
