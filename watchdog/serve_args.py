@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from ling_watchdog import procs, vllm_parse
+from ling_watchdog.events import MASK
 
 PARSE_TIMEOUT_S = 300  # importing vLLM on a loaded 2-core box took 19 s
 API_SERVER_MODULES = ("vllm.entrypoints.openai.api_server", "vllm.entrypoints.api_server")
 SECRET_FLAGS = ("--api-key", "--hf-token")  # vLLM masks these in its own log (api_utils._SENSITIVE_ARG_FIELDS)
-MASK = "***"
 
 
 class ServeArgsError(ValueError):
