@@ -11,8 +11,10 @@ memory, and the bytes a decode step reads (counted from config.json by `ling_ben
 this GPU's device-to-device copy bandwidth measured in the same run, the weight memory vLLM reports ("Model
 loading took"), the cudagraph mode, and with --kernels the CUDA kernels and GPU time per decode step (torch
 profiler, graph-replayed kernels included). With dummy weights real MTP acceptance is meaningless: `mtp` reports
-the verify step's cost against `graphs`; on vLLM >= 0.33 `--acceptance-length L` has the engine accept drafts
-synthetically (its `rejection_sample_method: synthetic`) so MTP tokens/s is measured at a given acceptance.
+the verify step's cost against `graphs`; on vLLM >= 0.32 `--acceptance-length L` has the engine accept drafts
+synthetically (its `rejection_sample_method: synthetic`) so MTP tokens/s is measured at a given acceptance;
+`--acceptance-length 1.94,1.70` measures each in turn on one engine (the rate is a device tensor the rejection
+sampler reads every step, refilled in place), and every result gives the verify step (one engine step).
 Which model serves: `--impl ours|vllm` (VLLM_LING_MODEL), or `vllm-bare` (vLLM as installed, no plugin at all:
 VLLM_PLUGINS=none). `--fp8 w8a16|w8a8` serves with `--quantization ling_fp8`; `--moe-backend
 marlin|humming|triton` picks the INT4 expert kernels (whole-step Humming vs Marlin). Runs the engine in-process,
@@ -155,9 +157,43 @@ def _cudagraph_mode(llm) -> str | None:
         return None
 
 
+def _spec_counters(llm) -> dict[str, float]:
+    return {m.name: getattr(m, "value", 0) for m in llm.get_metrics() if m.name.startswith("vllm:spec_decode_num_")}
+
+
+def _accepted_per_draft(counters: dict[str, float]) -> float:
+    drafts = counters.get("vllm:spec_decode_num_drafts", 0)
+    return counters.get("vllm:spec_decode_num_accepted_tokens", 0) / drafts if drafts else 0.0
+
+
+def _spec_phase(step_s: float, counters: dict[str, float], length: float | None) -> dict:
+    """One acceptance setting: seconds per generated token, and the verify step, which yields 1 + accepted tokens
+    per draft (k=1), so engine step = per-token time x (1 + accepted)."""
+    accepted = _accepted_per_draft(counters)
+    return {"synthetic_acceptance_length": length, "accepted_per_draft": accepted, "decode_step_ms": 1e3 * step_s,
+            "decode_tok_s": 1 / step_s, "verify_step_ms": 1e3 * step_s * (1 + accepted), "counters": counters}
+
+
+def _set_synthetic_length(llm, length: float) -> None:
+    """Refill the rejection sampler's synthetic rate in place (vLLM 0.33 keeps it as a device tensor of
+    conditional per-position rates and reads it every step; at k=1 the rate is length - 1)."""
+    def fill(worker) -> int:
+        rates = worker.model_runner.rejection_sampler.synthetic_conditional_rates
+        if rates is None or rates.numel() != 1:
+            raise RuntimeError(f"need synthetic rejection sampling at k=1, found rates {rates}")
+        rates.fill_(length - 1.0)
+        return rates.numel()
+
+    llm.collective_rpc(fill)
+
+
 def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, util: float, chunk: int,
         impl: str = "ours", fp8: str | None = None, kernels: bool = False,
-        acceptance_length: float | None = None, moe_backend: str | None = None) -> dict:
+        acceptance_length: float | list[float] | None = None, moe_backend: str | None = None) -> dict:
+    lengths = acceptance_length if isinstance(acceptance_length, list) else [acceptance_length]
+    acceptance_length, more_lengths = lengths[0], [x for x in lengths[1:] if x is not None]
+    if more_lengths and mode != "mtp":
+        raise ValueError(f"several acceptance lengths {lengths} need --mode mtp")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # same process: its GPU memory is ours to read
     os.environ.update(IMPLS[impl])
     import torch
@@ -204,11 +240,16 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
         _progress(t0, f"kernels: {result['kernels']['kernels_per_step']:.0f} per step")
     accepted = 0.0
     if mode == "mtp":
-        counters = {m.name: getattr(m, "value", 0) for m in llm.get_metrics()
-                    if m.name.startswith("vllm:spec_decode_num_")}
-        result["spec_decode"] = counters
-        drafts = counters.get("vllm:spec_decode_num_drafts", 0)
-        accepted = counters.get("vllm:spec_decode_num_accepted_tokens", 0) / drafts if drafts else 0.0
+        result["spec_decode"] = counters = _spec_counters(llm)
+        accepted = _accepted_per_draft(counters)
+        result["by_acceptance"] = [_spec_phase(step, counters, acceptance_length)]
+        for length in more_lengths:
+            _set_synthetic_length(llm, length)
+            before = _spec_counters(llm)
+            phase_step = _decode_step(llm, short, decode, repeats)
+            delta = {k: v - before.get(k, 0) for k, v in _spec_counters(llm).items()}
+            result["by_acceptance"].append(_spec_phase(phase_step, delta, length))
+            _progress(t0, f"synthetic acceptance {length}: {1 / phase_step:.1f} tok/s")
     if torch.cuda.is_available():
         result["peak_gpu_gib"] = torch.cuda.max_memory_reserved() / 2**30
     result["weight_gib"] = _weight_gib(log.lines)
@@ -255,6 +296,17 @@ def _decode_step(llm, prompt: list[int], decode: int, repeats: int, one: float |
     return (many - one) / decode
 
 
+def _lengths(text: str) -> list[float]:
+    try:
+        values = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected numbers, e.g. 1.94,1.70") from None
+    bad = [v for v in values if not 1.0 <= v <= 2.0]
+    if not values or bad:
+        raise argparse.ArgumentTypeError(f"{text!r}: at k=1 an acceptance length lies in [1, 2] (1 + rate)")
+    return values
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ling_bench.fullsize", description=__doc__.splitlines()[0])
     ap.add_argument("model", help="a folder with config.json (ling-make-tiny DIR --full-config)")
@@ -268,8 +320,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="which model serves: ours, vLLM's in-tree (plugin on), or vLLM as installed (no plugin)")
     ap.add_argument("--fp8", choices=("w8a16", "w8a8"), help="serve with --quantization ling_fp8 on this kernel")
     ap.add_argument("--kernels", action="store_true", help="profile CUDA kernels per decode step")
-    ap.add_argument("--acceptance-length", type=float,
-                    help="mtp: synthetic acceptance, mean accepted length per step (1 + rate at k=1; vLLM >= 0.33)")
+    ap.add_argument("--acceptance-length", type=_lengths,
+                    help="mtp: synthetic acceptance, mean accepted length per step (1 + rate at k=1; vLLM >= 0.32 on a GPU: the CPU sampler refuses it); "
+                         "comma-separated to measure several on one engine, e.g. 1.94,1.70")
     ap.add_argument("--moe-backend", choices=MOE_BACKENDS,
                     help="INT4 expert kernels (vLLM >= 0.28's --moe-backend; default: vLLM's choice, Humming on sm_90)")
     ap.add_argument("--out", help="write the JSON result here")

@@ -51,3 +51,56 @@ def test_engine_kwargs_carry_the_moe_backend_fp8_and_synthetic_acceptance(monkey
     assert kw["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 1,
                                         "rejection_sample_method": "synthetic", "synthetic_acceptance_length": 1.94}
     assert "moe_backend" not in _engine_kwargs("graphs", None, None)
+
+
+class _Worker:  # what collective_rpc hands a callable: the worker, whose model runner holds the rejection sampler
+    def __init__(self, rates):
+        from types import SimpleNamespace
+
+        self.model_runner = SimpleNamespace(rejection_sampler=SimpleNamespace(synthetic_conditional_rates=rates))
+
+
+class _LLM:
+    def __init__(self, worker):
+        self.worker = worker
+
+    def collective_rpc(self, fn):
+        return [fn(self.worker)]
+
+
+def test_synthetic_length_is_refilled_in_place_at_k1():
+    """The CPU sampler refuses synthetic acceptance, so the refill is checked on vLLM's own attribute path:
+    the same tensor object (a CUDA graph or kernel holding its pointer sees the new rate), rate = length - 1."""
+    torch = pytest.importorskip("torch")
+    from ling_bench.fullsize import _set_synthetic_length
+
+    rates = torch.tensor([0.94])
+    _set_synthetic_length(_LLM(_Worker(rates)), 1.70)
+    assert rates.item() == pytest.approx(0.70)
+    for wrong in (None, torch.tensor([0.9, 0.8])):  # not synthetic, or k=2: a length no longer names one rate
+        with pytest.raises(RuntimeError, match="k=1"):
+            _set_synthetic_length(_LLM(_Worker(wrong)), 1.70)
+
+
+def test_spec_phase_gives_the_verify_step_from_accepted_tokens():
+    from ling_bench.fullsize import _spec_phase
+
+    phase = _spec_phase(0.004, {"vllm:spec_decode_num_drafts": 100, "vllm:spec_decode_num_accepted_tokens": 94}, 1.94)
+    assert phase["accepted_per_draft"] == pytest.approx(0.94)
+    assert phase["verify_step_ms"] == pytest.approx(4.0 * 1.94) and phase["decode_tok_s"] == pytest.approx(250)
+
+
+@pytest.mark.parametrize("text", ["2.5", "0.9", "x", ""])
+def test_acceptance_lengths_outside_k1_range_are_refused(text, capsys):
+    from ling_bench.fullsize import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["/nonexistent", "--acceptance-length", text])
+    assert e.value.code == 2 and "acceptance" in capsys.readouterr().err
+
+
+def test_several_lengths_need_mtp_mode():
+    from ling_bench.fullsize import run
+
+    with pytest.raises(ValueError, match="--mode mtp"):
+        run("/nonexistent", "graphs", [], 4, 1, 0.1, 64, acceptance_length=[1.94, 1.70])
