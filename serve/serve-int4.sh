@@ -115,6 +115,7 @@ if [[ $DEVICE == cuda ]]; then
     export PYTORCH_CUDA_ALLOC_CONF=${PYTORCH_CUDA_ALLOC_CONF:-expandable_segments:False}
     MOE_BACKEND=${MOE_BACKEND:-auto}
     if [[ $MOE_BACKEND == auto ]]; then
+        MOE_BACKEND_AUTO=1
         MOE_BACKEND=$("$PYTHON" -c 'import sys; from ling_tuning.choice import recommended_backend as r
 from vllm_ling.selfcheck import gpu_name; n = gpu_name(); print(n and r(sys.argv[1], n) or "vllm")' \
             "$TUNED_DIR" 2>/dev/null || echo vllm)
@@ -123,6 +124,11 @@ from vllm_ling.selfcheck import gpu_name; n = gpu_name(); print(n and r(sys.argv
     # 0.26 ignores the flag there (always Marlin), so the plugin switches to Triton (VLLM_LING_MOE_BACKEND).
     VLLM_RELEASE=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null || echo unknown)
     NEW_MOE_FLAG=0; [[ $VLLM_RELEASE =~ ^0\.(2[89]|[3-9][0-9])\. ]] && NEW_MOE_FLAG=1
+    if [[ $MOE_BACKEND == humming && $NEW_MOE_FLAG == 0 && ${MOE_BACKEND_AUTO:-0} == 1 ]]; then
+        echo "note: ling-tune measured Humming fastest, but vLLM $VLLM_RELEASE has no Humming: vLLM's default" \
+             "(Marlin) serves; re-run ling-tune on this vLLM for a verdict that fits it" >&2
+        MOE_BACKEND=vllm
+    fi
     case $MOE_BACKEND in
         marlin) if [[ $NEW_MOE_FLAG == 1 ]]; then ARGS+=(--moe-backend marlin); fi ;;
         humming)

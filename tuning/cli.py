@@ -5,7 +5,8 @@
 
 Steps: shapes from the config -> candidates pruned by the shared-memory limit -> each checked
 against a dequantized reference and timed (resumable log, bounded budget) -> the tuned file under
-vLLM's exact name -> vLLM's own lookup proves it loads -> default vs tuned vs Marlin per M ->
+vLLM's exact name -> vLLM's own lookup proves it loads -> default vs tuned vs Marlin per M -> on vLLM >= 0.28,
+Marlin vs Humming vs tuned Triton as decode steps of one engine each (ling_tuning.engine_compare) ->
 backend_choice.json. `--smem-limit 101376` emulates GB10 on a larger GPU.
 """
 
@@ -23,6 +24,8 @@ from typing import Any
 from ling_tuning.choice import write_choice
 from ling_tuning.compare import compare
 from ling_tuning.configfile import TUNED_FOLDER_ENV, build_table, config_file_name, unsafe_lookups, write_table
+from ling_tuning.engine_compare import BACKENDS as ENGINE_BACKENDS
+from ling_tuning.engine_compare import EngineResult, compare_engines, per_layer_delta_us
 from ling_tuning.report import summary_table, tuning_table
 from ling_tuning.runner import REL_TOL, NoDevice, Runner
 from ling_tuning.shapes import MoEShape, default_batch_sizes, resolve_model
@@ -34,6 +37,8 @@ from ling_tuning.tuner import DeviceBroken, MOutcome, tune
 DEFAULT_OUT = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "vllm-ling" / "moe-configs"
 RunnerFactory = Callable[[MoEShape, argparse.Namespace], Runner]
 Prover = Callable[[Path, MoEShape, dict[int, Config]], dict[str, Any]]
+EngineCompare = Callable[..., list[EngineResult]]  # compare_engines' signature
+ENGINE_MAX_M = 1024  # decode batches an engine comparison runs (M = 1..1024; beyond it is prefill)
 
 
 def _positive_ints(text: str) -> list[int]:
@@ -67,6 +72,10 @@ def parser() -> argparse.ArgumentParser:
                    help="largest M that counts as decode for the backend choice")
     p.add_argument("--margin", type=float, default=0.05, help="speed-up Triton needs over Marlin to be chosen")
     p.add_argument("--no-marlin", action="store_true", help="skip the Marlin comparison")
+    p.add_argument("--engine-backends", default="auto",
+                   help=f"backends to race as engine decode steps, of {list(ENGINE_BACKENDS)}; 'auto': all of them "
+                        "on vLLM >= 0.28 with CUDA, else none; 'none' skips (the kernel comparison decides)")
+    p.add_argument("--engine-layers", type=int, default=8, help="MLA + MoE layers of the engine comparison's model")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--report", type=Path, help="also write the full report JSON here")
@@ -104,8 +113,40 @@ def _outcome_json(o: MOutcome) -> dict[str, Any]:
                                                       "us": default.us, "detail": default.detail}}
 
 
+def engine_backends(text: str) -> list[str]:
+    """--engine-backends resolved: 'auto' is every backend where vLLM honours --moe-backend on a GPU."""
+    if text == "none":
+        return []
+    if text == "auto":
+        import torch
+
+        from vllm_ling.compat import honours_moe_backend_flag
+
+        return list(ENGINE_BACKENDS) if torch.cuda.is_available() and honours_moe_backend_flag() else []
+    backends = [b for b in text.split(",") if b]
+    unknown = sorted(set(backends) - set(ENGINE_BACKENDS))
+    if unknown:
+        raise ValueError(f"--engine-backends {text}: unknown {unknown}; use {list(ENGINE_BACKENDS)}, auto or none")
+    return backends
+
+
+def _engine_report(args: argparse.Namespace, source: str, ms: list[int], out: Path,
+                   engine: EngineCompare) -> tuple[list[EngineResult], dict[str, Any]]:
+    backends = engine_backends(args.engine_backends)
+    ms = [m for m in ms if m <= ENGINE_MAX_M]
+    if not backends:
+        return [], {"skipped": "no backends (--engine-backends none, or vLLM < 0.28 / no CUDA under auto)"}
+    if not Path(source).is_file():
+        return [], {"skipped": f"needs a config.json, the model resolved to {source}"}
+    print(f"ling-tune: engine comparison of {backends} at M={ms} ({args.engine_layers} layers)", file=sys.stderr)
+    results = engine(Path(source), backends, ms, out / ".ling-tune", tuned_folder=out, layers=args.engine_layers)
+    return results, {"ms": ms, "layers": args.engine_layers, "results": [r.to_dict() for r in results],
+                     "per_layer_delta_us_vs_marlin": per_layer_delta_us(results, args.engine_layers)}
+
+
 def run(args: argparse.Namespace, runner_factory: RunnerFactory = cuda_runner,
-        prover: Prover | None = vllm_prover, clock: Callable[[], float] | None = None) -> dict[str, Any]:
+        prover: Prover | None = vllm_prover, clock: Callable[[], float] | None = None,
+        engine: EngineCompare = compare_engines) -> dict[str, Any]:
     """The whole flow; returns the report (also written to <out>/tune-report.json)."""
     shape, source = resolve_model(args.model, args.tp)
     max_tokens = args.max_num_batched_tokens
@@ -155,9 +196,12 @@ def run(args: argparse.Namespace, runner_factory: RunnerFactory = cuda_runner,
             report["vllm_check"] = {"loaded": False, "error": f"{type(e).__name__}: {e}"}
     rows = compare(shape, args.bench_batch_sizes or ms, runner, out, table, with_marlin=not args.no_marlin)
     report["comparison"] = [r.to_dict() for r in rows]
+    engine_results, report["engine_comparison"] = _engine_report(args, source, args.bench_batch_sizes or ms, out,
+                                                                 engine)
     report["choice"] = write_choice(out, dev.name, rows, args.decode_max_m, args.margin,
                                     extra={"shape": shape.to_dict(), "tuned_file": str(path),
-                                           "vllm_version": dev.vllm_version, "triton_version": dev.triton_version})
+                                           "vllm_version": dev.vllm_version, "triton_version": dev.triton_version},
+                                    engine=engine_results)
     report["timing_mode"] = getattr(runner, "timing_mode", None)
     report["summary_md"] = summary_table(rows, shape.expert_bytes, dev.copy_gbs)
     report["tuning_md"] = tuning_table(outcomes)
@@ -165,14 +209,20 @@ def run(args: argparse.Namespace, runner_factory: RunnerFactory = cuda_runner,
 
 
 def main(argv: list[str] | None = None, runner_factory: RunnerFactory = cuda_runner,
-         prover: Prover | None = vllm_prover, clock: Callable[[], float] | None = None) -> int:
+         prover: Prover | None = vllm_prover, clock: Callable[[], float] | None = None,
+         engine: EngineCompare = compare_engines) -> int:
     args = parser().parse_args(argv)
-    for flag in ("tp", "budget", "smem_limit", "max_candidates", "max_num_batched_tokens"):
+    for flag in ("tp", "budget", "smem_limit", "max_candidates", "max_num_batched_tokens", "engine_layers"):
         value = getattr(args, flag)
         if value is not None and value <= 0:
             parser().error(f"--{flag.replace('_', '-')} {value}: must be positive")
+    if args.engine_backends != "auto":  # bad input is refused before an hour of tuning, not after
+        try:
+            engine_backends(args.engine_backends)
+        except ValueError as e:
+            parser().error(str(e))
     try:
-        report = run(args, runner_factory, prover, clock)
+        report = run(args, runner_factory, prover, clock, engine)
     except (FileNotFoundError, ValueError, KeyError, NoDevice) as e:
         print(f"ling-tune: {e}", file=sys.stderr)
         return 2

