@@ -40,13 +40,15 @@ MODES = {
 }
 
 
-def _timed(llm, prompt: list[int], max_tokens: int) -> float:
+def _timed(llm, prompt: list[int] | list[list[int]], max_tokens: int) -> float:
+    """Seconds to generate `max_tokens` greedily for one prompt, or for a batch of prompts decoding together."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
+    prompts = prompt if prompt and isinstance(prompt[0], list) else [prompt]
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
     start = time.perf_counter()
-    llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)
+    llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
     return time.perf_counter() - start
 
 
@@ -263,9 +265,10 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     return result
 
 
-def kernels_per_step(llm, prompt: list[int], decode: int) -> dict:
+def kernels_per_step(llm, prompt: list[int] | list[list[int]], decode: int) -> dict:
     """CUDA kernels and their summed GPU time per decode step: a (1 + decode)-token request minus a 1-token one,
-    so the prefill cancels out (torch profiler over CUPTI; kernels replayed from CUDA graphs are counted)."""
+    so the prefill cancels out (torch profiler over CUPTI; kernels replayed from CUDA graphs are counted). A list
+    of prompts is one batch decoding together (ling_tuning.engine_compare's batch-M step)."""
     import collections
 
     import torch

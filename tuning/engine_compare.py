@@ -6,8 +6,9 @@ so the fair race of all of them is one engine per backend (`--moe-backend`), ali
 
 * a short model with the real MoE shape: the model's config cut to `layers` MLA + MoE layers (no KDA, whose
   Triton JIT would dominate the run; no MTP) and a small vocabulary (so the LM head does not hide the MoE),
-  dummy weights, CUDA graphs captured at exactly the measured batch sizes;
-* at each M, M requests decoding together: µs per decode step = (time of 1 + D tokens − time of 1) / D.
+  dummy weights, eager (the MoE kernels are the ones CUDA graphs replay; no compile or capture to wait for);
+* at each M, M requests decoding together: GPU kernel µs per decode step, from the torch profiler over
+  (1 + D tokens) − (1 token), so the prefill and the host's overhead (which rules a short model's step) drop out.
 
 Steps differ between backends only in their MoE, so (step_b − step_marlin) / layers is the per-layer
 difference. Each engine runs in its own process (vLLM does not give GPU memory back between engines), and
@@ -23,11 +24,9 @@ import argparse
 import json
 import os
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -147,37 +146,30 @@ def per_layer_delta_us(results: list[EngineResult], layers: int, baseline: str =
 
 # --- the worker: one engine, in its own process ---------------------------------------------------------------
 
-def measure(model: str, backend: str, ms: list[int], decode: int = 16, repeats: int = 3, prompt_len: int = 8,
-            util: float = 0.35) -> dict[str, Any]:
-    """µs per decode step at each M for one backend (CUDA graphs at exactly these M)."""
+def measure(model: str, backend: str, ms: list[int], decode: int = 8, prompt_len: int = 8,
+            util: float = 0.3) -> dict[str, Any]:
+    """GPU µs per decode step at each M for one backend: the kernels' own time (torch profiler, as
+    `ling_bench.fullsize --kernels`), so host overhead, which dominates a short model's step, drops out and
+    eager mode (no compile, no graph capture: a quick start) times the same MoE kernels graphs would replay."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from ling_bench.fullsize import kernels_per_step
+    from vllm import LLM
 
     top = max(ms)
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True, moe_backend=backend, seed=0,
-              max_model_len=prompt_len + decode + 8, max_num_seqs=top,
+              max_model_len=prompt_len + decode + 8, max_num_seqs=top, enforce_eager=True,
               max_num_batched_tokens=max(8192, prompt_len * top), gpu_memory_utilization=util,
-              enable_prefix_caching=False, compilation_config={"cudagraph_capture_sizes": sorted(ms)})
+              enable_prefix_caching=False)
     vocab = llm.llm_engine.model_config.get_vocab_size()
     rng = random.Random(0)
-
-    def timed(m: int, tokens: int) -> float:
-        prompts = [TokensPrompt(prompt_token_ids=[rng.randrange(10, vocab) for _ in range(prompt_len)])
-                   for _ in range(m)]
-        params = SamplingParams(max_tokens=tokens, temperature=0.0, ignore_eos=True, detokenize=False)
-        start = time.perf_counter()
-        llm.generate(prompts, params, use_tqdm=False)
-        return time.perf_counter() - start
-
-    steps = {}
-    for m in ms:
-        timed(m, decode + 1)  # warm-up at this M
-        one = statistics.median(timed(m, 1) for _ in range(repeats))
-        many = statistics.median(timed(m, decode + 1) for _ in range(repeats))
-        steps[m] = 1e6 * (many - one) / decode
-        print(f"[engine_compare] {backend} M={m}: {steps[m]:.1f} us/step", file=sys.stderr, flush=True)
-    return {"backend": backend, "step_us": steps, "vllm": __import__("vllm").__version__}
+    steps, kernels = {}, {}
+    for m in ms:  # distinct prompts: identical ones would route every sequence to the same experts
+        prompts = [[rng.randrange(10, vocab) for _ in range(prompt_len)] for _ in range(m)]
+        got = kernels_per_step(llm, prompts, decode)
+        steps[m], kernels[m] = got["gpu_us_per_step"], got["kernels_per_step"]
+        print(f"[engine_compare] {backend} M={m}: {steps[m]:.1f} GPU us/step, {kernels[m]:.0f} kernels",
+              file=sys.stderr, flush=True)
+    return {"backend": backend, "step_us": steps, "kernels_per_step": kernels, "vllm": __import__("vllm").__version__}
 
 
 def _ints(text: str) -> list[int]:
@@ -203,8 +195,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--worker", metavar="MODEL_DIR", help=argparse.SUPPRESS)  # one engine (internal)
     a = ap.parse_args(argv)
     backends = [b for b in a.backends.split(",") if b]
-    if a.worker:
+    if a.worker:  # write, then leave at once: an in-process engine's teardown was seen to hang past the timeout
         doc = measure(a.worker, backends[0], a.ms)
+        if a.out:
+            a.out.write_text(json.dumps(doc, indent=2) + "\n")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
     else:
         from ling_tuning.shapes import resolve_model
 

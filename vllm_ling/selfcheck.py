@@ -130,13 +130,16 @@ def _tuned_verdict(log: str, folder: str | None) -> Verdict:
 
 
 def served_int4_backend(log: str) -> tuple[str, str] | None:
-    """(backend, as logged) of the INT4 MoE experts from vLLM's start-up log, or None: 0.33 names its backend
-    ('HUMMING', 'MARLIN', 'TRITON', ...); 0.26 names the method class (Marlin or not)."""
-    found = re.search(r"Using '(\w+)' WNA16 MoE backend|Using (CompressedTensorsWNA16\w*MoEMethod)", log)
-    if not found:
+    """(backend, as logged) of the INT4 MoE experts from vLLM's start-up log, or None. 0.33 names its backend
+    ('HUMMING', 'MARLIN', 'TRITON', ...) after a line naming the one method class all of them share
+    (CompressedTensorsWNA16MoEMethod), so the backend line wins; 0.26 names only the class (Marlin or not)."""
+    named = re.search(r"Using '(\w+)' WNA16 MoE backend", log)  # 0.33 also logs the method class, earlier
+    if named:
+        return named.group(1).lower(), named.group(1)
+    method = re.search(r"Using (CompressedTensorsWNA16\w*MoEMethod)", log)
+    if not method:
         return None
-    logged = next(g for g in found.groups() if g)
-    return (logged.lower() if found.group(1) else ("marlin" if "marlin" in logged.lower() else "triton")), logged
+    return ("marlin" if "marlin" in method.group(1).lower() else "triton"), method.group(1)
 
 
 def _int4_verdict(log: str, choice: dict | None) -> Verdict:
