@@ -53,24 +53,17 @@ def _timed(llm, prompt: list[int] | list[list[int]], max_tokens: int) -> float:
 
 
 def copy_bandwidth_gbs(gib: float = 1.0, repeats: int = 10) -> float | None:
-    """Device-to-device copy, read + write bytes per second (the roofline a decode step is held to)."""
+    """Device-to-device copy, read + write bytes per second (the roofline a decode step is held to): ling-tune's
+    measurement of it, or None without CUDA."""
     import torch
 
     if not torch.cuda.is_available():
         return None
-    src = torch.empty(int(gib * 2**30), dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(repeats):
-        dst.copy_(src)
-    end.record()
-    torch.cuda.synchronize()
-    seconds = start.elapsed_time(end) / 1e3 / repeats
-    del src, dst
+    from ling_tuning.gpu_bench import copy_bandwidth_gbs as measured
+
+    gbs = measured(int(gib * 2**30), repeats)
     torch.cuda.empty_cache()
-    return 2 * gib * 2**30 / seconds / 1e9
+    return gbs
 
 
 def roofline(model: str, mode: str, context: int, step_s: float, copy_gbs: float | None,

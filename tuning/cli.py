@@ -28,7 +28,7 @@ from ling_tuning.engine_compare import BACKENDS as ENGINE_BACKENDS
 from ling_tuning.engine_compare import EngineResult, compare_engines, per_layer_delta_us
 from ling_tuning.report import summary_table, tuning_table
 from ling_tuning.runner import REL_TOL, NoDevice, Runner
-from ling_tuning.shapes import MoEShape, default_batch_sizes, resolve_model
+from ling_tuning.shapes import MoEShape, default_batch_sizes, positive_ints, resolve_model
 from ling_tuning.smem import triton_wna16_smem
 from ling_tuning.space import SPACES, Config, uses_cuda_kernel
 from ling_tuning.store import ResultStore
@@ -41,16 +41,6 @@ EngineCompare = Callable[..., list[EngineResult]]  # compare_engines' signature
 ENGINE_MAX_M = 1024  # decode batches an engine comparison runs (M = 1..1024; beyond it is prefill)
 
 
-def _positive_ints(text: str) -> list[int]:
-    try:
-        values = sorted({int(v) for v in text.split(",") if v.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 1,2,4,8") from None
-    if not values or values[0] < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: batch sizes must be integers >= 1")
-    return values
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ling-tune", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -58,8 +48,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size (N = moe_intermediate_size / tp)")
     p.add_argument("--max-num-batched-tokens", type=int, default=8192,
                    help="largest MoE batch served (vLLM --max-num-batched-tokens); sets the default M grid")
-    p.add_argument("--batch-sizes", type=_positive_ints, help="M values to tune (default: vLLM's grid up to the max)")
-    p.add_argument("--bench-batch-sizes", type=_positive_ints,
+    p.add_argument("--batch-sizes", type=positive_ints, help="M values to tune (default: vLLM's grid up to the max)")
+    p.add_argument("--bench-batch-sizes", type=positive_ints,
                    help="M values for the default/tuned/Marlin comparison (default: the tuned ones)")
     p.add_argument("--space", choices=sorted(SPACES), default="quick", help="Triton search space (M > 6E/top_k)")
     p.add_argument("--smem-limit", type=int,

@@ -32,6 +32,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ling_tuning.shapes import positive_ints, resolve_model
+
 BACKENDS = ("marlin", "humming", "triton")
 Spawn = Callable[[list[str], dict[str, str], float], tuple[int, str]]
 
@@ -95,9 +97,11 @@ def _subprocess(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[in
 
 def compare_engines(config_path: Path, backends: list[str], ms: list[int], workdir: Path,
                     tuned_folder: Path | None = None, layers: int = 8, timeout: float = 600.0,
-                    spawn: Spawn = _subprocess) -> list[EngineResult]:
+                    spawn: Spawn = _subprocess,
+                    done: Callable[[list[EngineResult]], None] | None = None) -> list[EngineResult]:
     """One engine process per backend on the short model; triton reads the tuned tiles in `tuned_folder`
-    (vLLM's default wna16 tiles crash at M <= 2 for Ling's shape)."""
+    (vLLM's default wna16 tiles crash at M <= 2 for Ling's shape). `done` sees the results so far after each
+    engine, so a run cut short keeps the backends it finished."""
     unknown = sorted(set(backends) - set(BACKENDS))
     if unknown:
         raise ValueError(f"unknown MoE backends {unknown}; choose from {list(BACKENDS)}")
@@ -120,6 +124,8 @@ def compare_engines(config_path: Path, backends: list[str], ms: list[int], workd
         results.append(_result(backend, rc, log, out))
         print(f"ling-tune: engine {backend}: served {results[-1].served}, "
               f"{results[-1].error or f'{len(results[-1].step_us)} batch sizes timed'}", file=sys.stderr)
+        if done is not None:
+            done(results)
     return results
 
 
@@ -172,21 +178,11 @@ def measure(model: str, backend: str, ms: list[int], decode: int = 8, prompt_len
     return {"backend": backend, "step_us": steps, "kernels_per_step": kernels, "vllm": __import__("vllm").__version__}
 
 
-def _ints(text: str) -> list[int]:
-    try:
-        values = sorted({int(v) for v in text.split(",") if v.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 1,2,4") from None
-    if not values or values[0] < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: batch sizes must be integers >= 1")
-    return values
-
-
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, spawn: Spawn = _subprocess) -> int:
     ap = argparse.ArgumentParser(prog="python -m ling_tuning.engine_compare", description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="ling-3.0-flash", help="preset, checkpoint folder or config.json")
     ap.add_argument("--backends", default="marlin,humming", help=f"comma-separated, of {list(BACKENDS)}")
-    ap.add_argument("--ms", type=_ints, default=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024])
+    ap.add_argument("--ms", type=positive_ints, default=[1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024])
     ap.add_argument("--layers", type=int, default=8, help="MLA + MoE layers of the short model")
     ap.add_argument("--tuned-folder", type=Path, help="ling-tune's --out, for --backends triton")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds per engine (start-up included)")
@@ -202,25 +198,25 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-    else:
-        from ling_tuning.shapes import resolve_model
+    _, source = resolve_model(a.model)
+    if not Path(source).is_file():
+        ap.error(f"--model {a.model}: the engine comparison needs a config.json, got {source}")
 
-        _, source = resolve_model(a.model)
-        if not Path(source).is_file():
-            ap.error(f"--model {a.model}: the engine comparison needs a config.json, got {source}")
-        with tempfile.TemporaryDirectory(prefix="ling-engine-") as tmp:
-            try:
-                results = compare_engines(Path(source), backends, a.ms, a.workdir or Path(tmp), a.tuned_folder,
-                                          a.layers, a.timeout)
-            except ValueError as e:
-                ap.error(str(e))
+    def report(results: list[EngineResult]) -> dict[str, Any]:
         doc = {"ms": a.ms, "layers": a.layers, "results": [r.to_dict() for r in results],
                "per_layer_delta_us_vs_marlin": per_layer_delta_us(results, a.layers)}
-        print(json.dumps(doc, indent=2))
-    if a.out:
-        a.out.write_text(json.dumps(doc, indent=2) + "\n")
-    return 0
+        if a.out:  # after every engine: a run cut short keeps what it finished
+            a.out.write_text(json.dumps(doc, indent=2) + "\n")
+        return doc
 
+    with tempfile.TemporaryDirectory(prefix="ling-engine-") as tmp:
+        try:
+            results = compare_engines(Path(source), backends, a.ms, a.workdir or Path(tmp), a.tuned_folder,
+                                      a.layers, a.timeout, spawn, done=report)
+        except ValueError as e:
+            ap.error(str(e))
+    print(json.dumps(report(results), indent=2))
+    return 0
 
 if __name__ == "__main__":
     raise SystemExit(main())

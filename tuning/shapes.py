@@ -8,6 +8,8 @@ M·top_k / E <= 6 (`should_moe_wna16_use_cuda`), and the Triton `fused_moe_kerne
 
 from __future__ import annotations
 
+import argparse
+
 import importlib.util
 import json
 from dataclasses import asdict, dataclass
@@ -141,6 +143,17 @@ def resolve_model(model: str, tp: int = 1) -> tuple[MoEShape, str]:
             f"use a path or one of the presets {sorted(PRESETS)}"
         )
     return shape_from_config(json.loads(path.read_text()), tp), str(path)
+
+
+def positive_ints(text: str) -> list[int]:
+    """A comma-separated list of batch sizes, sorted and deduplicated (an argparse type: bad input names the rule)."""
+    try:
+        values = sorted({int(v) for v in text.split(",") if v.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected comma-separated integers, e.g. 1,2,4,8") from None
+    if not values or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: batch sizes must be integers >= 1")
+    return values
 
 
 def default_batch_sizes(max_tokens: int) -> list[int]:

@@ -216,6 +216,7 @@ def test_the_probe_presents_the_servers_key(keyed_server, tmp_path, monkeypatch,
 
 V033_LOG = """INFO Initializing a V1 LLM engine (v0.33.0) with config: model='/m', quantization=ling_fp8, speculative_config=None, device_config=cuda, compilation_config={'cudagraph_mode': <CUDAGraphMode.FULL_AND_PIECEWISE: (2, 1)>}
 INFO [plugin.py:70] vllm-ling: BailingMoeV3ForCausalLM and its MTP draft are served by vllm-ling on vLLM 0.33.0 (VLLM_LING_MODEL=vllm-ling; VLLM_LING_MODEL=vllm-ling|vllm picks).
+INFO [compressed_tensors_moe.py:139] Using CompressedTensorsWNA16MoEMethod
 INFO [int_wna16.py:356] Using 'HUMMING' WNA16 MoE backend.
 INFO [fp8.py:190] vllm-ling: FP8 weights ON (279 linears + LM head), w8a8
 INFO [gpu_model_runner.py:6517] Graph capturing finished in 81 secs, took 0.55 GiB
@@ -249,6 +250,7 @@ def test_which_model_serves_and_why_is_a_line_of_its_own():
 
 def test_a_0_33_backend_name_is_held_to_ling_tunes_choice_as_named():
     choice = {"moe_backend": "humming", "device_name": "NVIDIA H200", "reason": "measured"}
+    # 0.33 names the shared method class first, then the backend; the backend line is the one that counts
     assert _by_name(inspect_log(V033_LOG, Requested(), choice))["INT4 experts"].on
     marlin = _by_name(inspect_log(V033_LOG, Requested(), {**choice, "moe_backend": "marlin"}))["INT4 experts"]
     assert marlin.failed and "HUMMING" in marlin.why  # Humming is not Triton, and not what was measured

@@ -103,3 +103,22 @@ def test_the_engine_verdict_rules_the_written_choice_and_the_recipe_reads_hummin
     assert recommended_backend(tmp_path, "NVIDIA H200") == "humming"
     undecided = write_choice(tmp_path, "NVIDIA H200", kernel_rows, engine=[r("marlin", {}, "boom")])
     assert undecided["moe_backend"] == "triton" and "engine comparison undecided" in undecided["reason"]
+
+
+def test_the_cli_writes_its_report_after_every_engine(tmp_path):
+    """A device call cut short by its time limit must keep the backends that finished (session 7 lost Marlin's)."""
+    from ling_tuning import engine_compare
+
+    out, seen = tmp_path / "r.json", []
+    fake = FakeEngines({"marlin": {1: 100.0}, "humming": {1: 90.0}})
+
+    def spawn(cmd, env, timeout):
+        seen.append(json.loads(out.read_text())["results"] if out.exists() else [])
+        return fake(cmd, env, timeout)
+
+    assert engine_compare.main(["--backends", "marlin,humming", "--ms", "1", "--out", str(out),
+                                "--workdir", str(tmp_path / "w")], spawn=spawn) == 0
+    assert [len(s) for s in seen] == [0, 1] and seen[1][0]["backend"] == "marlin"  # written before humming started
+    doc = json.loads(out.read_text())
+    assert doc["per_layer_delta_us_vs_marlin"] == {"humming": {"1": -1.25}}
+    assert (tmp_path / "w" / "engine-humming.log").read_text().count("HUMMING") == 1

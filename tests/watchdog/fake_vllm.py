@@ -111,6 +111,7 @@ def engine(args: argparse.Namespace, argv: list[str]) -> None:
     threading.Thread(target=watch_worker, args=(worker,), daemon=True).start()
     who, n = "EngineCore", args.fake_shards
     say(who, "INFO", "Initializing a V1 LLM engine (v0.26.0) with config: model='fake', ...")
+    say(who, "INFO", "Using CompressedTensorsWNA16MoEMethod")  # real vLLM 0.33 logs the method class first
     say(who, "INFO", "Using 'MARLIN' WNA16 MoE backend.")
     say(who, "INFO", "Filesystem type for checkpoints: ext4. Checkpoint size: 71.70 GiB. Available RAM: 115.00 GiB.")
     for k in range(n + 1):
