@@ -305,16 +305,15 @@ def check_memory(args: ServeArgs, cfg: Config, dev: Device, host: Host, ctx: int
     if discrete:
         return _ok(rule, f"fits on the GPU: {how} = {gib(demand)} covers {fp}", **values)
     if demand > supply:
-        return _refuse(rule, _short_of_memory(fp, cfg, host, demand, how, total, kv_bytes, ceiling), values)
+        return _refuse(rule, _short_of_memory(fp, host, reserve, demand, how, total, kv_bytes, ceiling), values)
     return _ok(rule, f"fits: {how} = {gib(demand)} covers {fp}; MemAvailable {gib(host.available)} keeps "
                f"{gib(host.available - demand)} for the host", **values)
 
 
-def _short_of_memory(fp: Footprint, cfg: Config, host: Host, demand: int, how: str, total: int,
+def _short_of_memory(fp: Footprint, host: Host, reserve: int, demand: int, how: str, total: int,
                      kv_bytes: int | None, ceiling: float | None) -> str:
-    """The model fits the machine but not what is free now: a smaller reservation, or other processes'
-    memory back (their share: total - MemAvailable)."""
-    reserve = int(cfg.host_reserve_gib * GiB)
+    """The model fits the machine but not what is free now (MemAvailable less the host reserve): a smaller
+    reservation, or other processes' memory back (their share: total - MemAvailable)."""
     supply = host.available - reserve
     what = (f"vLLM would take {how} = {gib(demand)}; with the host reserve {gib(reserve)} that is "
             f"{gib(demand + reserve)}, more than MemAvailable {gib(host.available)}")
