@@ -18,14 +18,17 @@
 #               (full size, prefill 4K/16K/64K, --kernels: 6.7 min on a fresh 0.33 machine, 4-6 after; FS_TIMEOUT)
 #   engine_moe  INT4 MoE backends raced as decode steps, one engine each (ling_tuning.engine_compare), M = 1..1024,
 #               ENGINE_BACKENDS (marlin,humming); engine logs tailed into engine_moe.log       (~5, estimated)
+#   engine_race the same race as a test: served backend = asked, timed at M = 1, 8, 64 (2 layers)      (~4)
 #   fp8_gemm    BF16 vs FP8 W8A16 vs W8A8 for every BF16 linear shape, M = 1..16                 (~2)
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
+# A machine idle for 30 s goes back (and the bundle must be stashed again: ~2.2 min for 0.33): issue the stash
+# calls and every working call in one batch of tool calls, and fix code between sessions, not between calls.
 # Results land in $OUT. At most 8 files come back, so the per-test records (model_*.json, mtp_*.json, ...) are
 # merged at the end into one $OUT/records.json ({name: record}); split it with `python3 -c` or read it whole.
 set -uo pipefail
 : "${OUT:?run on the device: OUT is the folder that comes back}"
-: "${1:?step: model | kda | kda_core | mtp | tuning | engine_moe | fullsize_* | fs:NAME:ARGS | fp8_gemm | intree_check}"
+: "${1:?step: model | kda | kda_core | mtp | tuning | engine_race | engine_moe | fullsize_* | fs:NAME:ARGS | fp8_gemm | intree_check}"
 SITE=$HOME/vllm-site; [[ $(python3 -c 'import vllm; print(vllm.__version__)') == 0.33* ]] && SITE=$HOME/v33-site
 rm -rf /tmp/vllm-ling-src && mkdir /tmp/vllm-ling-src && tar --exclude=./.devbundle --exclude=./.devbundle33 --exclude=./.git -cf - . | tar -xf - -C /tmp/vllm-ling-src
 python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --target "$SITE" /tmp/vllm-ling-src \
@@ -44,6 +47,7 @@ case $STEP in
     fullsize_*) run 560 python3 -m ling_bench.fullsize /tmp/flash --mode "${STEP#fullsize_}" --out "$OUT/$STEP.json" ;;
     fs:*) name=${STEP#fs:}; name=${name%%:*}; args=${STEP#fs:*:}
         run "${FS_TIMEOUT:-560}" python3 -m ling_bench.fullsize /tmp/flash ${args//+/ } --out "$OUT/fs_$name.json" ;;
+    engine_race) run 500 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_engine_compare_gpu.py ;;
     engine_moe) run "${ENGINE_TIMEOUT:-560}" python3 -m ling_tuning.engine_compare --model /tmp/flash \
             --backends "${ENGINE_BACKENDS:-marlin,humming}" --timeout 270 --workdir /tmp/engine_moe --out "$OUT/engine_moe.json"
         for f in /tmp/engine_moe/engine-*.log; do echo "--- $f"; grep -v "^\s*$" "$f" | tail -25; done >> "$OUT/engine_moe.log" ;;

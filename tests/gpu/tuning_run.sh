@@ -3,7 +3,8 @@
 #   source .devbundle/N/activate.sh || exit 1; bash tests/gpu/tuning_run.sh
 # (carry [".devbundle/N"]; the other chunks stashed first, see ../shared/device/README.md).
 # It imports ling_tuning from this checkout (a symlink shim on PYTHONPATH), so no install is needed
-# and a stale installed copy cannot shadow it. Knobs: LING_TUNE_BUDGET_MIN (2.0), LING_TUNE_MAX_CANDIDATES (16).
+# and a stale installed copy cannot shadow it. Knobs: LING_TUNE_BUDGET_MIN (2.0), LING_TUNE_MAX_CANDIDATES (16),
+# LING_TUNE_ENGINE_BACKENDS (none; e.g. marlin,humming,triton races them in the engine after tuning, ~2-3 min each).
 #
 # $OUT gets at most 8 files, each written as soon as its step ends:
 #   log.txt          everything printed
@@ -22,6 +23,7 @@ SHIM="$(mktemp -d)"
 trap 'rm -rf "$SHIM"' EXIT
 ln -s "$REPO/tuning" "$SHIM/ling_tuning"
 ln -s "$REPO/vllm_ling" "$SHIM/vllm_ling"
+ln -s "$REPO/bench" "$SHIM/ling_bench"  # the engine race profiles with ling_bench.fullsize
 export PYTHONPATH="$SHIM${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 TRITON_PRINT_AUTOTUNING=0
 exec > >(tee -a "$OUT/log.txt") 2>&1
 cd "$REPO"

@@ -86,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="minutes for the native tuning loop (the emulated run gets half)")
     p.add_argument("--max-candidates", type=int, default=int(os.environ.get("LING_TUNE_MAX_CANDIDATES", "16")))
     p.add_argument("--kda-seq-len", type=int, default=2048)
+    p.add_argument("--engine-backends", default=os.environ.get("LING_TUNE_ENGINE_BACKENDS", "none"),
+                   help="ling-tune's engine race on the native run (e.g. marlin,humming,triton: ~2-3 min an "
+                        "engine); none keeps the step within its ~7 min")
     p.add_argument("--skip-kda", action="store_true")
     args = p.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -106,14 +109,16 @@ def main(argv: list[str] | None = None) -> int:
     if runner is not None:
         status["device"] = vars(runner.device)
         native, emu = args.work / "tuned-h200", args.work / "tuned-gb10emu"
+        engine = ["--engine-backends", args.engine_backends]  # the race reads the tuned file just written
         docs["h200"] = _step("tune_h200", status, lambda: _tune(
-            runner, native, args.out / "tune_h200.json", [], args.budget, args.ms, args.max_candidates))
+            runner, native, args.out / "tune_h200.json", engine, args.budget, args.ms, args.max_candidates))
         flush()
 
         def emulated() -> dict[str, Any]:
             if (native / ".ling-tune").is_dir():  # same device and shape: reuse every measurement
                 shutil.copytree(native / ".ling-tune", emu / ".ling-tune", dirs_exist_ok=True)
-            return _tune(runner, emu, args.out / "tune_gb10emu.json", ["--smem-limit", str(GB10_SMEM_PER_BLOCK)],
+            return _tune(runner, emu, args.out / "tune_gb10emu.json",  # no engine race under emulation
+                         ["--smem-limit", str(GB10_SMEM_PER_BLOCK), "--engine-backends", "none"],
                          args.budget / 2, args.ms, args.max_candidates)
         docs["gb10emu"] = _step("tune_gb10emu", status, emulated)
         flush()
