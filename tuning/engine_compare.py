@@ -40,12 +40,14 @@ Spawn = Callable[[list[str], dict[str, str], float], tuple[int, str]]
 
 @dataclass(frozen=True)
 class EngineResult:
-    """One backend: µs per decode step at each M, what vLLM's log says served, or why it has no timings."""
+    """One backend: GPU kernel µs per decode step at each M (and kernels per step), what vLLM's log says served,
+    or why it has no timings."""
 
     backend: str
     step_us: dict[int, float] = field(default_factory=dict)
     served: str | None = None
     error: str | None = None
+    kernels: dict[int, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -137,8 +139,9 @@ def _result(backend: str, rc: int, log: str, out: Path) -> EngineResult:
     if served != backend:
         return EngineResult(backend, served=served,
                             error=f"asked for {backend}, vLLM's log names {served or 'no INT4 MoE backend'}")
-    steps = json.loads(out.read_text())["step_us"]
-    return EngineResult(backend, step_us={int(m): float(us) for m, us in steps.items()}, served=served)
+    doc = json.loads(out.read_text())
+    return EngineResult(backend, step_us={int(m): float(us) for m, us in doc["step_us"].items()}, served=served,
+                        kernels={int(m): float(n) for m, n in doc.get("kernels_per_step", {}).items()})
 
 
 def per_layer_delta_us(results: list[EngineResult], layers: int, baseline: str = "marlin") -> dict[str, dict[int, float]]:

@@ -39,7 +39,8 @@ class FakeEngines:
         assert cmd[:3] == [sys.executable, "-m", "ling_tuning.engine_compare"] and "--worker" in cmd
         if self.rc == 0:
             with open(out, "w") as f:
-                json.dump({"step_us": {str(m): us for m, us in self.steps[backend].items()}}, f)
+                json.dump({"step_us": {str(m): us for m, us in self.steps[backend].items()},
+                           "kernels_per_step": {str(m): 400 for m in self.steps[backend]}}, f)
         return self.rc, "loading...\n" + LOG[self.serves.get(backend, backend)] + "\nCUDA error: boom\n"
 
 
@@ -50,6 +51,7 @@ def test_each_backend_gets_its_own_engine_and_triton_reads_the_tuned_tiles(tmp_p
     assert [(r.backend, r.step_us, r.error) for r in results] == [
         ("marlin", {1: 100.0, 2: 110.0}, None), ("humming", {1: 90.0, 2: 95.0}, None),
         ("triton", {1: 120.0, 2: 99.0}, None)]
+    assert results[0].kernels == {1: 400.0, 2: 400.0}
     envs = {cmd[cmd.index("--backends") + 1]: env for cmd, env in fake.calls}
     assert envs["triton"]["VLLM_TUNED_CONFIG_FOLDER"] == str(tmp_path / "t")
     model = json.loads((tmp_path / "short-model" / "config.json").read_text())
