@@ -33,6 +33,8 @@ import statistics
 import sys
 import time
 
+from ling_tuning.engine_compare import BACKENDS as MOE_BACKENDS  # vLLM >= 0.28's --moe-backend for INT4 experts
+
 MODES = {
     "eager": {"enforce_eager": True},
     "graphs": {"enforce_eager": False},
@@ -108,9 +110,6 @@ class _LogLines(logging.Handler):
             self.lines.append(text[:300])
 
 
-MOE_BACKENDS = ("marlin", "humming", "triton")  # vLLM >= 0.28's --moe-backend for INT4 experts
-
-
 def _engine_kwargs(mode: str, fp8: str | None, acceptance_length: float | None,
                    moe_backend: str | None = None) -> dict:
     kwargs = {k: (dict(v) if isinstance(v, dict) else v) for k, v in MODES[mode].items()}
@@ -172,23 +171,22 @@ def _spec_phase(step_s: float, counters: dict[str, float], length: float | None)
 def _set_synthetic_length(llm, length: float) -> None:
     """Refill the rejection sampler's synthetic rate in place (vLLM 0.33 keeps it as a device tensor of
     conditional per-position rates and reads it every step; at k=1 the rate is length - 1)."""
-    def fill(worker) -> int:
+    def fill(worker) -> None:
         rates = worker.model_runner.rejection_sampler.synthetic_conditional_rates
         if rates is None or rates.numel() != 1:
             raise RuntimeError(f"need synthetic rejection sampling at k=1, found rates {rates}")
         rates.fill_(length - 1.0)
-        return rates.numel()
 
     llm.collective_rpc(fill)
 
 
 def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, util: float, chunk: int,
         impl: str = "ours", fp8: str | None = None, kernels: bool = False,
-        acceptance_length: float | list[float] | None = None, moe_backend: str | None = None) -> dict:
-    lengths = acceptance_length if isinstance(acceptance_length, list) else [acceptance_length]
-    acceptance_length, more_lengths = lengths[0], [x for x in lengths[1:] if x is not None]
+        acceptance_lengths: list[float] | None = None, moe_backend: str | None = None) -> dict:
+    acceptance_length, more_lengths = (acceptance_lengths[0], acceptance_lengths[1:]) if acceptance_lengths \
+        else (None, [])
     if more_lengths and mode != "mtp":
-        raise ValueError(f"several acceptance lengths {lengths} need --mode mtp")
+        raise ValueError(f"several acceptance lengths {acceptance_lengths} need --mode mtp")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # same process: its GPU memory is ours to read
     os.environ.update(IMPLS[impl])
     import torch

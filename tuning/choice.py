@@ -19,10 +19,9 @@ from typing import Any
 
 from ling_tuning.compare import Row
 from ling_tuning.configfile import TUNED_FOLDER_ENV, device_name_as_file_name
-from ling_tuning.engine_compare import EngineResult
+from ling_tuning.engine_compare import BACKENDS, EngineResult
 
-CHOICE_FILE = "backend_choice.json"
-BACKENDS = ("marlin", "triton", "humming")
+CHOICE_FILE = "backend_choice.json"  # its moe_backend is one of BACKENDS
 
 
 def decide(rows: list[Row], decode_max_m: int = 64, margin: float = 0.05) -> tuple[str | None, str]:

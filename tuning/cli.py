@@ -25,7 +25,8 @@ from ling_tuning.choice import write_choice
 from ling_tuning.compare import compare
 from ling_tuning.configfile import TUNED_FOLDER_ENV, build_table, config_file_name, unsafe_lookups, write_table
 from ling_tuning.engine_compare import BACKENDS as ENGINE_BACKENDS
-from ling_tuning.engine_compare import EngineResult, compare_engines, per_layer_delta_us
+from ling_tuning.engine_compare import EngineResult, check_backends, compare_engines
+from ling_tuning.engine_compare import report as engine_report
 from ling_tuning.report import summary_table, tuning_table
 from ling_tuning.runner import REL_TOL, NoDevice, Runner
 from ling_tuning.shapes import MoEShape, default_batch_sizes, positive_ints, resolve_model
@@ -113,11 +114,10 @@ def engine_backends(text: str) -> list[str]:
         from vllm_ling.compat import honours_moe_backend_flag
 
         return list(ENGINE_BACKENDS) if torch.cuda.is_available() and honours_moe_backend_flag() else []
-    backends = [b for b in text.split(",") if b]
-    unknown = sorted(set(backends) - set(ENGINE_BACKENDS))
-    if unknown:
-        raise ValueError(f"--engine-backends {text}: unknown {unknown}; use {list(ENGINE_BACKENDS)}, auto or none")
-    return backends
+    try:
+        return check_backends([b for b in text.split(",") if b])
+    except ValueError as e:
+        raise ValueError(f"--engine-backends {text}: {e}, auto or none") from None
 
 
 def _engine_report(args: argparse.Namespace, source: str, ms: list[int], out: Path,
@@ -130,8 +130,7 @@ def _engine_report(args: argparse.Namespace, source: str, ms: list[int], out: Pa
         return [], {"skipped": f"needs a config.json, the model resolved to {source}"}
     print(f"ling-tune: engine comparison of {backends} at M={ms} ({args.engine_layers} layers)", file=sys.stderr)
     results = engine(Path(source), backends, ms, out / ".ling-tune", tuned_folder=out, layers=args.engine_layers)
-    return results, {"ms": ms, "layers": args.engine_layers, "results": [r.to_dict() for r in results],
-                     "per_layer_delta_us_vs_marlin": per_layer_delta_us(results, args.engine_layers)}
+    return results, engine_report(results, ms, args.engine_layers)
 
 
 def run(args: argparse.Namespace, runner_factory: RunnerFactory = cuda_runner,

@@ -97,6 +97,14 @@ def _subprocess(cmd: list[str], env: dict[str, str], timeout: float) -> tuple[in
     return proc.returncode, out or ""
 
 
+def check_backends(backends: list[str]) -> list[str]:
+    """The backends, if each is one the race can ask vLLM for; else ValueError naming the others."""
+    unknown = sorted(set(backends) - set(BACKENDS))
+    if unknown:
+        raise ValueError(f"unknown MoE backends {unknown}; choose from {list(BACKENDS)}")
+    return backends
+
+
 def compare_engines(config_path: Path, backends: list[str], ms: list[int], workdir: Path,
                     tuned_folder: Path | None = None, layers: int = 8, timeout: float = 600.0,
                     spawn: Spawn = _subprocess,
@@ -104,9 +112,7 @@ def compare_engines(config_path: Path, backends: list[str], ms: list[int], workd
     """One engine process per backend on the short model; triton reads the tuned tiles in `tuned_folder`
     (vLLM's default wna16 tiles crash at M <= 2 for Ling's shape). `done` sees the results so far after each
     engine, so a run cut short keeps the backends it finished."""
-    unknown = sorted(set(backends) - set(BACKENDS))
-    if unknown:
-        raise ValueError(f"unknown MoE backends {unknown}; choose from {list(BACKENDS)}")
+    check_backends(backends)
     model = write_short_model(config_path, workdir / "short-model", layers)
     results = []
     for backend in backends:
@@ -151,6 +157,12 @@ def per_layer_delta_us(results: list[EngineResult], layers: int, baseline: str =
         return {}
     return {r.backend: {m: (us - base.step_us[m]) / layers for m, us in r.step_us.items() if m in base.step_us}
             for r in results if r.step_us and r.backend != baseline}
+
+
+def report(results: list[EngineResult], ms: list[int], layers: int) -> dict[str, Any]:
+    """The race's JSON document (ling-tune's `engine_comparison`, this module's --out)."""
+    return {"ms": ms, "layers": layers, "results": [r.to_dict() for r in results],
+            "per_layer_delta_us_vs_marlin": per_layer_delta_us(results, layers)}
 
 
 # --- the worker: one engine, in its own process ---------------------------------------------------------------
@@ -205,9 +217,8 @@ def main(argv: list[str] | None = None, spawn: Spawn = _subprocess) -> int:
     if not Path(source).is_file():
         ap.error(f"--model {a.model}: the engine comparison needs a config.json, got {source}")
 
-    def report(results: list[EngineResult]) -> dict[str, Any]:
-        doc = {"ms": a.ms, "layers": a.layers, "results": [r.to_dict() for r in results],
-               "per_layer_delta_us_vs_marlin": per_layer_delta_us(results, a.layers)}
+    def written(results: list[EngineResult]) -> dict[str, Any]:
+        doc = report(results, a.ms, a.layers)
         if a.out:  # after every engine: a run cut short keeps what it finished
             a.out.write_text(json.dumps(doc, indent=2) + "\n")
         return doc
@@ -215,10 +226,10 @@ def main(argv: list[str] | None = None, spawn: Spawn = _subprocess) -> int:
     with tempfile.TemporaryDirectory(prefix="ling-engine-") as tmp:
         try:
             results = compare_engines(Path(source), backends, a.ms, a.workdir or Path(tmp), a.tuned_folder,
-                                      a.layers, a.timeout, spawn, done=report)
+                                      a.layers, a.timeout, spawn, done=written)
         except ValueError as e:
             ap.error(str(e))
-    print(json.dumps(report(results), indent=2))
+    print(json.dumps(written(results), indent=2))
     return 0
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ M·top_k / E <= 6 (`should_moe_wna16_use_cuda`), and the Triton `fused_moe_kerne
 from __future__ import annotations
 
 import argparse
-
 import importlib.util
 import json
 from dataclasses import asdict, dataclass

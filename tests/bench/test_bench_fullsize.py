@@ -103,4 +103,4 @@ def test_several_lengths_need_mtp_mode():
     from ling_bench.fullsize import run
 
     with pytest.raises(ValueError, match="--mode mtp"):
-        run("/nonexistent", "graphs", [], 4, 1, 0.1, 64, acceptance_length=[1.94, 1.70])
+        run("/nonexistent", "graphs", [], 4, 1, 0.1, 64, acceptance_lengths=[1.94, 1.70])

@@ -9,14 +9,14 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from gpu_helpers import record  # noqa: F401  (skips the module without CUDA)
+from gpu_helpers import record  # importing gpu_helpers skips the module without CUDA
 
 from vllm_ling.compat import honours_moe_backend_flag
 
 if not honours_moe_backend_flag():
     pytest.skip("vLLM < 0.28 ignores --moe-backend for compressed-tensors experts", allow_module_level=True)
 
-from ling_tuning.engine_compare import compare_engines, per_layer_delta_us  # noqa: E402
+from ling_tuning.engine_compare import compare_engines, report  # noqa: E402
 from ling_tuning.shapes import bundled_config_path  # noqa: E402
 
 MS = [1, 8, 64]
@@ -26,8 +26,7 @@ MS = [1, 8, 64]
 def race(tmp_path_factory):
     work = tmp_path_factory.mktemp("race")
     results = compare_engines(bundled_config_path(), ["marlin", "humming"], MS, work, layers=2, timeout=400)
-    record("engine_race", {"ms": MS, "results": [r.to_dict() for r in results],
-                           "per_layer_delta_us_vs_marlin": per_layer_delta_us(results, 2)})
+    record("engine_race", report(results, MS, 2))
     return results, Path(work)
 
 
