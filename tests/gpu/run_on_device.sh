@@ -11,7 +11,7 @@
 #   kda_core    our CUDA glue (run_cuda) vs the CPU path on decode and verify batches    (~1)
 #   mtp         MTP k=1 lossless + acceptance, for a draft built to agree (mtp_echo) and a random one
 #               (stable_router), and the echo one with FP8 (mtp_echo_fp8): six engines side by side, then the
-#               oracles                                                     (~6, estimated; not run since FP8)
+#               oracles                                        (4.6 on 0.33, measured in session 7: 273 s)
 #   tuning      ling-tune on the H200 + GB10-emulated, vLLM pickup, vs Marlin        (~7)
 #   fullsize_eager | fullsize_graphs | fullsize_mtp   124B dummy weights, batch 1   (graphs 5, mtp 4 measured)
 #   fs:NAME:ARGS  ling_bench.fullsize with ARGS (+ for spaces), e.g. fs:intree:--impl+vllm+--prefill=+--kernels
