@@ -34,6 +34,7 @@ import sys
 import time
 
 from ling_tuning.engine_compare import BACKENDS as MOE_BACKENDS  # vLLM >= 0.28's --moe-backend for INT4 experts
+from vllm_ling.ops.routing import ROUTER_ENV, ROUTERS  # our MoE router or vLLM's (--router)
 
 MODES = {
     "eager": {"enforce_eager": True},
@@ -182,13 +183,16 @@ def _set_synthetic_length(llm, length: float) -> None:
 
 def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, util: float, chunk: int,
         impl: str = "ours", fp8: str | None = None, kernels: bool = False,
-        acceptance_lengths: list[float] | None = None, moe_backend: str | None = None) -> dict:
+        acceptance_lengths: list[float] | None = None, moe_backend: str | None = None,
+        router: str | None = None) -> dict:
     acceptance_length, more_lengths = (acceptance_lengths[0], acceptance_lengths[1:]) if acceptance_lengths \
         else (None, [])
     if more_lengths and mode != "mtp":
         raise ValueError(f"several acceptance lengths {acceptance_lengths} need --mode mtp")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # same process: its GPU memory is ours to read
     os.environ.update(IMPLS[impl])
+    if router:
+        os.environ[ROUTER_ENV] = router
     import torch
     from vllm import LLM
 
@@ -211,7 +215,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
                     "vllm": __import__("vllm").__version__, "prefill": {}, "decode_tokens": decode,
                     "repeats": repeats, "chunked_prefill_tokens": chunk, "cudagraph_mode": _cudagraph_mode(llm),
                     "acceptance_length_synthetic": acceptance_length, "moe_backend_asked": moe_backend or "auto",
-                    **shape}
+                    "router": os.environ.get(ROUTER_ENV, "ours") if impl == "ours" else "vllm", **shape}
     short = [rng.randrange(10, vocab) for _ in range(32)]
     _progress(t0, f"engine up ({mode})")
     _timed(llm, short, decode)  # warm-up: JIT and first-request costs are not speed
@@ -319,11 +323,13 @@ def main(argv: list[str] | None = None) -> int:
                          "comma-separated to measure several on one engine, e.g. 1.94,1.70")
     ap.add_argument("--moe-backend", choices=MOE_BACKENDS,
                     help="INT4 expert kernels (vLLM >= 0.28's --moe-backend; default: vLLM's choice, Humming on sm_90)")
+    ap.add_argument("--router", choices=ROUTERS,
+                    help="our model's MoE routing: our one-kernel router (default) or vLLM's grouped_topk")
     ap.add_argument("--out", help="write the JSON result here")
     a = ap.parse_args(argv)
     prefill = [int(x) for x in a.prefill.split(",") if x]
     result = run(a.model, a.mode, prefill, a.decode, a.repeats, a.util, a.chunk, a.impl, a.fp8, a.kernels,
-                 a.acceptance_length, a.moe_backend)
+                 a.acceptance_length, a.moe_backend, a.router)
     text = json.dumps(result, indent=2)
     print(text)
     if a.out:

@@ -14,10 +14,11 @@ import logging
 import re
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from vllm.distributed import get_tensor_model_parallel_rank, tensor_model_parallel_all_reduce
+from vllm.model_executor.custom_op import CustomOp
+from vllm.model_executor.layers.activation import SiluAndMul, SwigluStepAndMul
 from vllm.model_executor.layers.fused_moe import GateLinear
 from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from vllm.utils.torch_utils import direct_register_custom_op
@@ -25,16 +26,37 @@ from vllm.utils.torch_utils import direct_register_custom_op
 from vllm_ling import compat
 from vllm_ling.config import swiglu_limit
 from vllm_ling.ops.moe import dequantize_pack_quantized, grouped_topk, routed_experts
+from vllm_ling.ops.routing import check_routing_shape, ling_grouped_topk, router_choice
 
 logger = logging.getLogger("vllm_ling")
 
+class ClampedSiluAndMul(SwigluStepAndMul):
+    """[..., 2I] -> [..., I]: min(SiLU(g), L)·clamp(u, ±L), vLLM's SwigluStepAndMul, compiled where it is off.
 
-def clamped_swiglu(gate_up: torch.Tensor, limit: float | None) -> torch.Tensor:
-    """[..., 2I] -> [..., I]: SiLU(g)·u, or min(SiLU(g), L)·clamp(u, ±L) when L is set."""
-    g, u = gate_up.chunk(2, dim=-1)
-    if limit is None:
-        return F.silu(g) * u
-    return F.silu(g).clamp(max=limit) * u.clamp(-limit, limit)
+    The shared expert runs inside FusedMoE's opaque op, where inductor never sees it: vLLM's SiluAndMul then
+    compiles its native form on its own (one kernel), SwigluStepAndMul does not (silu, two clamps and a
+    multiply: four kernels per clamped layer). This asks for SiluAndMul's treatment.
+    """
+
+    def __init__(self, limit: float) -> None:
+        CustomOp.__init__(self, compile_native=True)
+        self.limit = limit
+
+
+def swiglu(limit: float | None) -> nn.Module:
+    """SiLU(g)·u (vLLM's SiluAndMul), or its clamped form when the layer has a SwiGLU limit L."""
+    return SiluAndMul() if limit is None else ClampedSiluAndMul(limit)
+
+
+def ling_routing_function(bias: torch.Tensor, n_group: int, topk_group: int, scale: float):
+    """FusedMoE's `custom_routing_function(hidden_states, gating_output, topk, renormalize)`, bound to a layer.
+
+    vLLM's custom-routing router applies no routed_scaling_factor, so the scale is applied here.
+    """
+    def route(hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: int, renormalize: bool):
+        return ling_grouped_topk(gating_output, bias, n_group, topk_group, topk, renormalize, scale)
+
+    return route
 
 
 class BailingMoeV3MLP(nn.Module):
@@ -46,7 +68,7 @@ class BailingMoeV3MLP(nn.Module):
     def __init__(self, config, intermediate_size: int, quant_config, prefix: str, limit: float | None = None,
                  reduce_results: bool = True):
         super().__init__()
-        self.limit = limit
+        self.act_fn = swiglu(limit)
         self.gate_up_proj = MergedColumnParallelLinear(
             config.hidden_size, [intermediate_size] * 2, bias=False,
             quant_config=quant_config, prefix=f"{prefix}.gate_up_proj",
@@ -57,7 +79,7 @@ class BailingMoeV3MLP(nn.Module):
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(clamped_swiglu(self.gate_up_proj(x)[0], self.limit))[0]
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)[0]))[0]
 
 
 class TorchRoutedExperts(nn.Module):
@@ -165,18 +187,24 @@ class BailingMoeV3MoE(nn.Module):
             hidden_size=config.hidden_size,
             intermediate_size=config.moe_intermediate_size,
             renormalize=config.norm_topk_prob,
-            use_grouped_topk=True,
-            num_expert_group=config.n_group,
-            topk_group=config.topk_group,
             quant_config=quant_config,
             prefix=f"{prefix}.experts",
             scoring_func="sigmoid",
-            routed_scaling_factor=config.routed_scaling_factor,
-            e_score_correction_bias=self.gate.expert_bias,
             swiglu_limit=self.routed_limit,
+            **self._routing(config),
             router_logits_dtype=torch.float32,
             activation="silu",
         )
+
+    def _routing(self, config) -> dict:
+        """FusedMoE's routing arguments: our one-kernel router, or vLLM's grouped top-k (VLLM_LING_ROUTER)."""
+        if router_choice() == "vllm":
+            return dict(use_grouped_topk=True, num_expert_group=config.n_group, topk_group=config.topk_group,
+                        routed_scaling_factor=config.routed_scaling_factor,
+                        e_score_correction_bias=self.gate.expert_bias)
+        check_routing_shape(config.num_experts, config.n_group, config.topk_group, config.num_experts_per_tok)
+        return dict(custom_routing_function=ling_routing_function(
+            self.gate.expert_bias, config.n_group, config.topk_group, config.routed_scaling_factor))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         router_logits, _ = self.gate(x)  # fp32 logits

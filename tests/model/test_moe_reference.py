@@ -15,7 +15,9 @@ import torch
 import torch.nn.functional as F
 from references import checkpoint_tensors as _tensors, moe_reference
 
-from vllm_ling.moe import clamped_swiglu
+from vllm.config import VllmConfig, set_current_vllm_config
+
+from vllm_ling.moe import ClampedSiluAndMul, swiglu
 
 pytestmark = pytest.mark.engine
 
@@ -23,12 +25,19 @@ LAYERS = [3, 4, 5]  # clamps in the tiny config: routed L=1.0 at 4, 5; shared L=
 REL_TOL = 1e-4
 
 
-def test_clamped_swiglu_hand_computed():
-    """min(SiLU(g), L) · clamp(u, −L, L), by hand for L = 1: SiLU(3) = 2.8577 -> 1; u = −2 -> −1."""
+def test_shared_expert_swiglu_hand_computed():
+    """min(SiLU(g), L) · clamp(u, −L, L), by hand for L = 1: SiLU(3) = 2.8577 -> 1; u = −2 -> −1.
+
+    The clamped form is vLLM's SwigluStepAndMul asked to compile its native form (one kernel inside the
+    FusedMoE op); without a limit it is vLLM's SiluAndMul.
+    """
     gate_up = torch.tensor([[3.0, 0.5, -2.0, 0.5]])  # g = [3, 0.5], u = [-2, 0.5]
     silu_half = 0.5 / (1 + torch.exp(torch.tensor(-0.5)))
-    torch.testing.assert_close(clamped_swiglu(gate_up, 1.0), torch.tensor([[-1.0, silu_half * 0.5]]))
-    torch.testing.assert_close(clamped_swiglu(gate_up, None), F.silu(gate_up[:, :2]) * gate_up[:, 2:])
+    with set_current_vllm_config(VllmConfig()):
+        clamped, plain = swiglu(1.0), swiglu(None)
+    assert isinstance(clamped, ClampedSiluAndMul) and clamped.limit == 1.0
+    torch.testing.assert_close(clamped(gate_up), torch.tensor([[-1.0, silu_half * 0.5]]))
+    torch.testing.assert_close(plain(gate_up), F.silu(gate_up[:, :2]) * gate_up[:, 2:])
 
 
 @pytest.fixture(scope="module")
