@@ -215,7 +215,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
                     "vllm": __import__("vllm").__version__, "prefill": {}, "decode_tokens": decode,
                     "repeats": repeats, "chunked_prefill_tokens": chunk, "cudagraph_mode": _cudagraph_mode(llm),
                     "acceptance_length_synthetic": acceptance_length, "moe_backend_asked": moe_backend or "auto",
-                    "router": os.environ.get(ROUTER_ENV, "ours") if impl == "ours" else "vllm", **shape}
+                    "router_asked": os.environ.get(ROUTER_ENV, "ours") if impl == "ours" else None, **shape}
     short = [rng.randrange(10, vocab) for _ in range(32)]
     _progress(t0, f"engine up ({mode})")
     _timed(llm, short, decode)  # warm-up: JIT and first-request costs are not speed

@@ -10,7 +10,7 @@ import pytest
 pytestmark = pytest.mark.engine
 
 
-@pytest.mark.parametrize("mode, extra", [("eager", []), ("mtp", []), ("eager", ["--fp8", "w8a8"])])
+@pytest.mark.parametrize("mode, extra", [("eager", []), ("mtp", []), ("eager", ["--fp8", "w8a8", "--router", "vllm"])])
 def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode, extra):
     pytest.importorskip("vllm")
     from vllm_ling.tiny import ensure_tiny
@@ -37,6 +37,7 @@ def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode, extra):
     # what the engine really built: the tiny config's KDA width (4 heads x 128) and, with --fp8, FP8 weights
     assert r["served_by"] == "vllm_ling.model.BailingMoeV3ForCausalLM" and r["kda_projection_width"] == 512
     assert ("float8_e4m3fn" in r["param_gib_by_dtype"]) == bool(extra) and r["fp8"] == (extra[1] if extra else "off")
+    assert r["router_asked"] == ("vllm" if extra else "ours")  # the CPU engine routes in torch either way
     if extra:
         assert any("FP8 weights ON" in line for line in r["log"]), r["log"]
 

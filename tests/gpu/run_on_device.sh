@@ -6,7 +6,7 @@
 # Steps (minutes on a warm machine, measured or estimated):
 #   model       tiny model vs the oracle (+ its bf16 floor), CUDA graphs: BF16 and INT4 checkpoints, FP8 on and
 #               off, MoE backends, vLLM's in-tree model where it exists; every engine side by side, then
-#               the oracles (fp32, bf16, FP8 reference in both)          (5.1 on 0.33, measured in session 6)
+#               the oracles (fp32, bf16, FP8 reference in both)          (6.2 on 0.33, measured in session 8)
 #   kda         vLLM 0.26 KDA kernels fed our gate vs the fp32 recurrence, + kda_core   (~2)
 #   kda_core    our CUDA glue (run_cuda) vs the CPU path on decode and verify batches    (~1)
 #   mtp         MTP k=1 lossless + acceptance, for a draft built to agree (mtp_echo) and a random one
@@ -17,9 +17,9 @@
 #   fs:NAME:ARGS  ling_bench.fullsize with ARGS (+ for spaces), e.g. fs:intree:--impl+vllm+--prefill=+--kernels
 #               (full size, prefill 4K/16K/64K, --kernels: 6.7 min on a fresh 0.33 machine, 4-6 after; FS_TIMEOUT)
 #   engine_moe  INT4 MoE backends raced as decode steps, one engine each (ling_tuning.engine_compare), M = 1..1024,
-#               ENGINE_BACKENDS (marlin,humming); engine logs tailed into engine_moe.log       (~5, estimated)
+#               ENGINE_BACKENDS (marlin,humming); engine logs tailed into engine_moe.log  (3.9 measured in session 8)
 #   engine_race the same race as a test: served backend = asked, timed at M = 1, 8, 64 (2 layers)      (~4)
-#   routing     our one-kernel MoE router vs the torch reference and vLLM's grouped_topk, + µs per call   (~1)
+#   routing     our one-kernel MoE router vs the torch reference and vLLM's grouped_topk, + µs per call (1.3 measured)
 #   fp8_gemm    BF16 vs FP8 W8A16 vs W8A8 for every BF16 linear shape, M = 1..16                 (~2)
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
