@@ -133,8 +133,11 @@ def model_shape(model) -> dict:
     by_dtype: Counter = Counter()
     for t in [*model.parameters(), *model.buffers()]:
         by_dtype[str(t.dtype).removeprefix("torch.")] += t.numel() * t.element_size()
-    kda = next((m for n, m in model.named_modules() if n.endswith("self_attn") and hasattr(m, "f_proj")), None)
-    width = getattr(getattr(kda, "f_proj", None), "output_size", None)
+    kda = next((m for n, m in model.named_modules()
+                if n.endswith("self_attn") and (hasattr(m, "in_proj") or hasattr(m, "f_proj"))), None)
+    # ours: the q part of in_proj; vLLM's in-tree model: its f_proj
+    width = kda.in_proj.output_sizes[0] if hasattr(kda, "in_proj") else \
+        getattr(getattr(kda, "f_proj", None), "output_size", None)
     return {"kda_projection_width": width, "param_gib_by_dtype": {k: v / 2**30 for k, v in by_dtype.items()}}
 
 

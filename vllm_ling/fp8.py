@@ -129,7 +129,7 @@ class LingFp8Config(QuantizationConfig):
         self.fp8_layers: list[str] = []
 
     # vLLM writes the model's packed_modules_mapping onto the config; the checkpoint's config matches fused
-    # modules (qkvb_proj = q|k|v|b) against its ignore list through it.
+    # modules (KDA's in_proj = q|k|v|b|f|g) against its ignore list through it.
     @property
     def packed_modules_mapping(self) -> dict[str, list[str]]:
         return self._packed

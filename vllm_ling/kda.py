@@ -20,7 +20,7 @@ from vllm.config import get_current_vllm_config
 from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.layernorm import RMSNormGated
-from vllm.model_executor.layers.linear import ColumnParallelLinear, MergedColumnParallelLinear, RowParallelLinear
+from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from vllm.model_executor.layers.mamba.abstract import MambaBase
 from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
 from vllm.model_executor.utils import set_weight_attrs
@@ -80,16 +80,12 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
         proj = self.num_heads * self.head_dim
         local_proj = proj // self.tp_size
 
-        # q | k | v | β-logits in one GEMM; TP shards every part by heads.
-        self.qkvb_proj = MergedColumnParallelLinear(
-            config.hidden_size, [proj, proj, proj, self.num_heads], bias=False,
-            quant_config=quant_config, prefix=f"{prefix}.qkvb_proj",
-        )
-        self.f_proj = ColumnParallelLinear(
-            config.hidden_size, proj, bias=False, quant_config=quant_config, prefix=f"{prefix}.f_proj"
-        )
-        self.g_proj = ColumnParallelLinear(
-            config.hidden_size, proj, bias=False, quant_config=quant_config, prefix=f"{prefix}.g_proj"
+        # Every projection of x in one GEMM: q | k | v | β-logits | f (forget gate) | g (output gate). They read the
+        # same input, so one launch replaces three at the same bytes (docs/speed.md §Kernels); TP shards every
+        # part by heads.
+        self.in_proj = MergedColumnParallelLinear(
+            config.hidden_size, [proj, proj, proj, self.num_heads, proj, proj], bias=False,
+            quant_config=quant_config, prefix=f"{prefix}.in_proj",
         )
         self.o_proj = RowParallelLinear(
             proj, config.hidden_size, bias=False, quant_config=quant_config, prefix=f"{prefix}.o_proj"
@@ -134,15 +130,13 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
         return kda_softplus_gate(f, self.A_log, self.dt_bias)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        n = hidden_states.shape[0]
-        qkvb, _ = self.qkvb_proj(hidden_states)
-        qkv, b = qkvb.split([3 * self.local_heads * self.head_dim, self.local_heads], dim=-1)
+        n, p = hidden_states.shape[0], self.local_heads * self.head_dim
+        qkv, b, f, gate = self.in_proj(hidden_states)[0].split([3 * p, self.local_heads, p, p], dim=-1)  # views
         beta = b.float().sigmoid()  # fp32 write strength
-        g = self.gate(self.f_proj(hidden_states)[0])
+        g = self.gate(f)
         out = torch.zeros(n, self.local_heads, self.head_dim, dtype=hidden_states.dtype, device=hidden_states.device)
         torch.ops.vllm.vllm_ling_kda(qkv, g, beta, out, self.prefix)
-        gate = self.g_proj(hidden_states)[0].view(n, self.local_heads, self.head_dim)
-        o = self.o_norm(out, gate)  # sigmoid gate, not SiLU
+        o = self.o_norm(out, gate.view(n, self.local_heads, self.head_dim))  # sigmoid gate, not SiLU
         return self.o_proj(o.view(n, -1))[0]
 
     def core(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, out: torch.Tensor) -> None:

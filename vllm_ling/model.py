@@ -101,9 +101,10 @@ HF_TO_VLLM = WeightsMapper(
     orig_to_new_prefix={"model.word_embeddings.": "model.embed_tokens."},
 )
 # (fused vLLM module, checkpoint module, shard id); tried only where the fused module exists, which
-# tells KDA's q_proj (part of qkvb_proj) from MLA's q_proj (its own module).
+# tells KDA's q_proj and g_proj (parts of in_proj) from MLA's (modules of their own).
 STACKED = [
-    (".qkvb_proj", ".q_proj", 0), (".qkvb_proj", ".k_proj", 1), (".qkvb_proj", ".v_proj", 2), (".qkvb_proj", ".b_proj", 3),
+    (".in_proj", ".q_proj", 0), (".in_proj", ".k_proj", 1), (".in_proj", ".v_proj", 2), (".in_proj", ".b_proj", 3),
+    (".in_proj", ".f_proj", 4), (".in_proj", ".g_proj", 5),
     (".fused_qkv_a_proj", ".q_a_proj", 0), (".fused_qkv_a_proj", ".kv_a_proj_with_mqa", 1),
     (".gate_up_proj", ".gate_proj", 0), (".gate_up_proj", ".up_proj", 1),
     (".conv1d", ".q_conv1d.weight", 0), (".conv1d", ".k_conv1d.weight", 1), (".conv1d", ".v_conv1d.weight", 2),
@@ -175,7 +176,7 @@ def kda_state_shape(vllm_config: VllmConfig):
 class BailingMoeV3ForCausalLM(nn.Module, HasInnerState, IsHybrid):
     hf_to_vllm_mapper = HF_TO_VLLM
     packed_modules_mapping = {
-        "qkvb_proj": ["q_proj", "k_proj", "v_proj", "b_proj"],
+        "in_proj": ["q_proj", "k_proj", "v_proj", "b_proj", "f_proj", "g_proj"],
         "fused_qkv_a_proj": ["q_a_proj", "kv_a_proj_with_mqa"],
         "gate_up_proj": ["gate_proj", "up_proj"],
     }

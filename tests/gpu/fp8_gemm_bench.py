@@ -7,7 +7,8 @@ the engine builds it (vLLM's ReplicatedLinear with `vllm_ling.fp8.LingFp8Config`
 config for BF16) and timed inside a CUDA graph that calls enough copies of it (different weights) to stream more
 than 4x the L2 cache, so each call reads its weight from HBM as a decode step does; median of 5 replays. The
 per-step column weights each shape by how often one decode step runs it (35 KDA, 7 MLA, 40 shared experts,
-2 dense MLPs, 1 LM head). Also reports each kernel's max relative error against the BF16 product.
+2 dense MLPs, 1 LM head). Also reports each kernel's max relative error against the BF16 product, and KDA's
+merged in_proj (q|k|v|β|f|g, one GEMM) against the three GEMMs it replaced (q|k|v|β, f, g), per KDA layer.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def shapes(c: dict) -> dict[str, tuple[int, int, int]]:
     moe = c["num_hidden_layers"] - c["first_k_dense_replace"]
     shared = c["moe_shared_expert_intermediate_size"] * c["num_shared_experts"]
     return {
-        "kda.qkvb_proj": (3 * p + heads, h, kda), "kda.f_proj|g_proj": (p, h, 2 * kda), "kda.o_proj": (h, p, kda),
+        "kda.in_proj": (5 * p + heads, h, kda), "kda.o_proj": (h, p, kda),
         "mla.q_proj": (heads * qk, h, mla), "mla.kv_a_proj": (c["kv_lora_rank"] + c["qk_rope_head_dim"], h, mla),
         "mla.g_proj": (heads, h, mla), "mla.dense": (h, heads * c["v_head_dim"], mla),
         "shared.gate_up_proj": (2 * shared, h, moe), "shared.down_proj": (h, shared, moe),
@@ -40,6 +41,12 @@ def shapes(c: dict) -> dict[str, tuple[int, int, int]]:
         "dense.down_proj": (h, c["intermediate_size"], c["first_k_dense_replace"]),
         "lm_head": (c["vocab_size"], h, 1),
     }
+
+
+def kda_split(c: dict) -> list[tuple[int, int]]:
+    """The (out, in) shapes KDA's in_proj replaced: q|k|v|β, f, g."""
+    h, p = c["hidden_size"], c["num_attention_heads"] * c["head_dim"]
+    return [(3 * p + c["num_attention_heads"], h), (p, h), (p, h)]
 
 
 def build(out_f: int, in_f: int, kernel: str | None, copies: int, device: str = "cuda") -> list[torch.nn.Module]:
@@ -137,6 +144,20 @@ def main() -> int:
             result["layers"][name] = row
             print(name, {k: {m: round(v[m]["us"], 1) for m in map(str, ms)} if "error" not in v else v["error"]
                          for k, v in row.items() if k in ("bf16", "w8a16", "w8a8")}, flush=True)
+    split = {}  # µs per KDA layer for the three GEMMs in_proj replaced, to set beside its own row
+    for kernel in ("bf16", "w8a8"):
+        split[kernel] = {str(m): 0.0 for m in ms}
+        for out_f, in_f in kda_split(config):
+            layers = build(out_f, in_f, None if kernel == "bf16" else kernel,
+                           min(16, max(1, math.ceil(4 * L2_BYTES / (out_f * in_f * 2)))))
+            for m in ms:
+                split[kernel][str(m)] += time_graph(layers, m)[0]
+            del layers
+            torch.cuda.empty_cache()
+    result["kda_in_proj_merged_vs_split_us"] = {
+        k: {m: {"merged": result["layers"]["kda.in_proj"][k][m]["us"], "split": split[k][m]} for m in split[k]}
+        for k in split if "error" not in result["layers"]["kda.in_proj"][k]}
+    print("kda in_proj merged vs split:", json.dumps(result["kda_in_proj_merged_vs_split_us"]), flush=True)
     for kernel in ("bf16", "w8a16", "w8a8"):
         result["per_step_us"][kernel] = {
             str(m): sum(r[kernel][str(m)]["us"] * r["calls_per_step"] for r in result["layers"].values()

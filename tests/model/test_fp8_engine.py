@@ -16,7 +16,7 @@ KDA, MLA = (0, 1, 3, 4), (2, 5)
 
 
 def expected_fp8() -> set[str]:
-    names = {f"model.layers.{i}.self_attn.{p}" for i in KDA for p in ("qkvb_proj", "f_proj", "g_proj", "o_proj")}
+    names = {f"model.layers.{i}.self_attn.{p}" for i in KDA for p in ("in_proj", "o_proj")}
     names |= {f"model.layers.{i}.self_attn.{p}" for i in MLA
               for p in ("q_proj", "kv_a_proj_with_mqa", "g_proj", "dense")}
     names |= {f"model.layers.0.mlp.{p}" for p in ("gate_up_proj", "down_proj")}

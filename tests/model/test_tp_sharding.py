@@ -35,13 +35,12 @@ Pieces = Callable[[object], list[int]] | None
 SHARDING: list[tuple[str, int | None, Pieces]] = [
     (r"(embed_tokens|lm_head)\.weight$", 0, None),  # vocab-parallel
     # KDA
-    (r"self_attn\.qkvb_proj\.weight$", 0, lambda c: [_kda_proj(c)] * 3 + [c.num_attention_heads]),
-    (r"self_attn\.f_proj\.weight$", 0, None),
+    (r"self_attn\.in_proj\.weight$", 0, lambda c: [_kda_proj(c)] * 3 + [c.num_attention_heads] + [_kda_proj(c)] * 2),
     (r"self_attn\.o_proj\.weight$", 1, None),
     (r"self_attn\.(A_log|dt_bias)$", 0, None),
     (r"self_attn\.conv1d$", 0, lambda c: [_kda_proj(c)] * 3),  # q | k | v conv kernels, fused
     (r"self_attn\.o_norm\.weight$", None, None),  # one RMSNorm weight shared by all heads
-    # MLA (g_proj: KDA's and MLA's both column-parallel by heads)
+    # MLA
     (r"self_attn\.(q_proj|q_b_proj|kv_b_proj|g_proj)\.weight$", 0, None),
     (r"self_attn\.dense\.weight$", 1, None),
     (r"self_attn\.(kv_a_proj_with_mqa|fused_qkv_a_proj)\.weight$", None, None),  # the latent: every rank needs it
