@@ -16,7 +16,7 @@ synthetically (its `rejection_sample_method: synthetic`) so MTP tokens/s is meas
 `--acceptance-length 1.94,1.70` measures each in turn on one engine (the rate is a device tensor the rejection
 sampler reads every step, refilled in place), and every result gives the verify step (one engine step).
 Which model serves: `--impl ours|vllm` (VLLM_LING_MODEL), or `vllm-bare` (vLLM as installed, no plugin at all:
-VLLM_PLUGINS=none). `--fp8 w8a16|w8a8` serves with `--quantization ling_fp8`; `--moe-backend
+VLLM_PLUGINS=none). `--fp8 w8a16|w8a8|gemv` serves with `--quantization ling_fp8`; `--moe-backend
 marlin|humming|triton` picks the INT4 expert kernels (whole-step Humming vs Marlin). Runs the engine in-process,
 so one configuration per process: vLLM does not give GPU memory back between engines.
 """
@@ -34,6 +34,7 @@ import sys
 import time
 
 from ling_tuning.engine_compare import BACKENDS as MOE_BACKENDS  # vLLM >= 0.28's --moe-backend for INT4 experts
+from vllm_ling.fp8 import KERNELS as FP8_KERNELS
 from vllm_ling.ops.routing import ROUTER_ENV, ROUTERS  # our MoE router or vLLM's (--router)
 
 MODES = {
@@ -319,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--chunk", type=int, default=8192, help="max_num_batched_tokens (the serve recipe's chunk)")
     ap.add_argument("--impl", choices=sorted(IMPLS), default="ours",
                     help="which model serves: ours, vLLM's in-tree (plugin on), or vLLM as installed (no plugin)")
-    ap.add_argument("--fp8", choices=("w8a16", "w8a8"), help="serve with --quantization ling_fp8 on this kernel")
+    ap.add_argument("--fp8", choices=FP8_KERNELS, help="serve with --quantization ling_fp8 on this kernel")
     ap.add_argument("--kernels", action="store_true", help="profile CUDA kernels per decode step")
     ap.add_argument("--acceptance-length", type=_lengths,
                     help="mtp: synthetic acceptance, mean accepted length per step (1 + rate at k=1; vLLM >= 0.32 on a GPU: the CPU sampler refuses it); "

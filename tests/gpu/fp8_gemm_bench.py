@@ -1,4 +1,4 @@
-"""BF16 vs FP8 W8A16 (Marlin) vs FP8 W8A8 (per-token, vLLM's scaled-mm) for every BF16 linear of Ling-3.0-flash.
+"""BF16 vs FP8 W8A16 (Marlin) vs W8A8 (per-token, vLLM's scaled-mm) vs our GEMV, for every BF16 linear of Ling-3.0-flash.
 
     python3 tests/gpu/fp8_gemm_bench.py MODEL_DIR OUT.json [--m 1,2,4,8,16]
 
@@ -129,7 +129,7 @@ def main() -> int:
         for name, (out_f, in_f, calls) in shapes(config).items():
             copies = min(16, max(1, math.ceil(4 * L2_BYTES / (out_f * in_f * 2))))
             row = {"out": out_f, "in": in_f, "calls_per_step": calls, "copies": copies}
-            for kernel in ("bf16", "w8a16", "w8a8"):
+            for kernel in ("bf16", "w8a16", "w8a8", "gemv"):
                 try:
                     layers = build(out_f, in_f, None if kernel == "bf16" else kernel, copies)
                     row[kernel] = {"kernel": type(getattr(layers[0].quant_method, "fp8_linear",
@@ -143,9 +143,9 @@ def main() -> int:
                     row[kernel] = {"error": f"{type(e).__name__}: {e}"[:300]}
             result["layers"][name] = row
             print(name, {k: {m: round(v[m]["us"], 1) for m in map(str, ms)} if "error" not in v else v["error"]
-                         for k, v in row.items() if k in ("bf16", "w8a16", "w8a8")}, flush=True)
+                         for k, v in row.items() if k in ("bf16", "w8a16", "w8a8", "gemv")}, flush=True)
     split = {}  # µs per KDA layer for the three GEMMs in_proj replaced, to set beside its own row
-    for kernel in ("bf16", "w8a8"):
+    for kernel in ("bf16", "w8a8", "gemv"):
         split[kernel] = {str(m): 0.0 for m in ms}
         for out_f, in_f in kda_split(config):
             layers = build(out_f, in_f, None if kernel == "bf16" else kernel,
@@ -158,7 +158,7 @@ def main() -> int:
         k: {m: {"merged": result["layers"]["kda.in_proj"][k][m]["us"], "split": split[k][m]} for m in split[k]}
         for k in split if "error" not in result["layers"]["kda.in_proj"][k]}
     print("kda in_proj merged vs split:", json.dumps(result["kda_in_proj_merged_vs_split_us"]), flush=True)
-    for kernel in ("bf16", "w8a16", "w8a8"):
+    for kernel in ("bf16", "w8a16", "w8a8", "gemv"):
         result["per_step_us"][kernel] = {
             str(m): sum(r[kernel][str(m)]["us"] * r["calls_per_step"] for r in result["layers"].values()
                         if "error" not in r[kernel]) for m in ms}
