@@ -21,6 +21,17 @@ import torch
 from vllm.triton_utils import tl, triton
 
 GEMV_MAX_M = 16  # tokens; above this a GEMM kernel is the right tool
+STAGES = 3
+
+
+def tiles(n: int, k: int) -> tuple[int, int]:
+    """(BLOCK_N, BLOCK_K): wide rows of K in flight per program (bandwidth wants ~36 KB in flight per H200 SM),
+    enough programs to fill the GPU (N / BLOCK_N; 16 rows give 160 programs for N = 2560), and a shared-memory
+    footprint that fits a GB10 block (101,376 B): STAGES x (x tile 16 x BLOCK_K BF16 + w tile BLOCK_N x BLOCK_K
+    e4m3) = 72 KB at (16, 512), 48 KB at (32, 256). A heuristic, not yet timed against the alternatives."""
+    if n >= 8192:
+        return 32, 256
+    return 16, 512 if k >= 2048 else 256
 
 
 @triton.jit
@@ -67,11 +78,11 @@ def fp8_gemv(x: torch.Tensor, weight_kn: torch.Tensor, scale: torch.Tensor, bias
     n = out_features or w.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m:
-        block_n = 32 if n >= 8192 else 16
+        block_n, block_k = tiles(n, k)
         _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
             x2, w.view(torch.uint8), scale.reshape(-1), bias if bias is not None else scale, y,
             m, n, k, x2.stride(0), w.stride(0), y.stride(0),
-            HAS_BIAS=bias is not None, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=256, DOT_BF16=x.is_cuda,
-            num_warps=4, num_stages=4,
+            HAS_BIAS=bias is not None, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, DOT_BF16=x.is_cuda,
+            num_warps=4, num_stages=STAGES,
         )
     return y.view(*x.shape[:-1], n)

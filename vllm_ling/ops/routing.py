@@ -59,7 +59,7 @@ def _ling_route_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, stride_t, sca
     ids = tl.zeros([BLOCK_K], dtype=tl.int32)
     weights = tl.zeros([BLOCK_K], dtype=tl.float32)
     for i in tl.static_range(TOP_K):
-        best = tl.argmax(cand, axis=0)
+        best = tl.minimum(tl.argmax(cand, axis=0), N_GROUP * PER_GROUP - 1)  # NaN scores: still a real expert
         ids = tl.where(k == i, best.to(tl.int32), ids)
         weights = tl.where(k == i, tl.sum(tl.where(flat == best, unbiased, 0.0), axis=0), weights)
         cand = tl.where(flat == best, float("-inf"), cand)
