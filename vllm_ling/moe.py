@@ -3,6 +3,8 @@
 Router, fp32: s = σ(W_r x); experts are *selected* by s + b (b = expert_bias, noaux_tc) among the
 top-4 of 8 groups scored by the sum of their top-2 biased scores, top-8 overall; the *weights* are the
 unbiased s renormalised over the top-8, times 2.5. One shared expert is added unweighted.
+The router runs as one Triton kernel of ours on a GPU (vllm_ling/ops/routing.py; VLLM_LING_ROUTER=vllm for
+vLLM's grouped_topk) and as the torch reference (vllm_ling/ops/moe.py) on the CPU engine.
 Per-layer SwiGLU clamps L (trained in; 0 means none):
   shared expert  min(SiLU(g), L) ⊙ clamp(u, −L, L)
   routed experts SiLU(min(g, L)) ⊙ clamp(u, −L, L)   (vLLM's fused-MoE clamp, as the vendor's vLLM fork)
@@ -29,6 +31,7 @@ from vllm_ling.ops.moe import dequantize_pack_quantized, grouped_topk, routed_ex
 from vllm_ling.ops.routing import check_routing_shape, ling_grouped_topk, router_choice
 
 logger = logging.getLogger("vllm_ling")
+
 
 class ClampedSiluAndMul(SwigluStepAndMul):
     """[..., 2I] -> [..., I]: min(SiLU(g), L)·clamp(u, ±L), vLLM's SwigluStepAndMul, compiled where it is off.
