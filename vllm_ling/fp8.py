@@ -108,10 +108,11 @@ def _gemv_class(ptpc: type) -> type:
             layer.requires_unquantized_input = True  # vLLM's fusion pass must hand this layer BF16 x
             self.key = len(_GEMV_LAYERS)
             _GEMV_LAYERS.append(weakref.ref(layer))
+            # the kernel may pad the stored weight's N; the layer's own width is what callers get
+            self.out_features = getattr(self.fp8_linear, "logical_output_size", None) or layer.weight.shape[1]
 
         def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-            out = getattr(self.fp8_linear, "logical_output_size", None) or layer.weight.shape[1]
-            return torch.ops.vllm.vllm_ling_fp8_linear(x, bias, self.key, out)
+            return torch.ops.vllm.vllm_ling_fp8_linear(x, bias, self.key, self.out_features)
 
     return Fp8GemvLinearMethod
 

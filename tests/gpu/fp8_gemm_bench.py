@@ -49,6 +49,11 @@ def kda_split(c: dict) -> list[tuple[int, int]]:
     return [(3 * p + c["num_attention_heads"], h), (p, h), (p, h)]
 
 
+def copies_for(out_f: int, in_f: int) -> int:
+    """How many copies of an [out_f, in_f] layer stream > 4x the L2 cache in BF16 (at most 16)."""
+    return min(16, max(1, math.ceil(4 * L2_BYTES / (out_f * in_f * 2))))
+
+
 def build(out_f: int, in_f: int, kernel: str | None, copies: int, device: str = "cuda") -> list[torch.nn.Module]:
     """`copies` layers as the engine builds them (under the target device, online FP8 quantized when loaded)."""
     from vllm.model_executor.layers.linear import ReplicatedLinear
@@ -127,7 +132,7 @@ def main() -> int:
                 print(kernel, type(getattr(layer.quant_method, "fp8_linear", layer.quant_method)).__name__, err)
             return 0
         for name, (out_f, in_f, calls) in shapes(config).items():
-            copies = min(16, max(1, math.ceil(4 * L2_BYTES / (out_f * in_f * 2))))
+            copies = copies_for(out_f, in_f)
             row = {"out": out_f, "in": in_f, "calls_per_step": calls, "copies": copies}
             for kernel in ("bf16", "w8a16", "w8a8", "gemv"):
                 try:
@@ -149,8 +154,7 @@ def main() -> int:
             try:
                 times = {str(m): 0.0 for m in ms}
                 for out_f, in_f in kda_split(config):
-                    layers = build(out_f, in_f, None if kernel == "bf16" else kernel,
-                                   min(16, max(1, math.ceil(4 * L2_BYTES / (out_f * in_f * 2)))))
+                    layers = build(out_f, in_f, None if kernel == "bf16" else kernel, copies_for(out_f, in_f))
                     for m in ms:
                         times[str(m)] += time_graph(layers, m)[0]
                     del layers

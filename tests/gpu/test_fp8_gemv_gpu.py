@@ -7,19 +7,11 @@ Run: pytest tests/gpu/test_fp8_gemv_gpu.py -q
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
+import gpu_helpers  # noqa: F401  importing gpu_helpers skips the module without CUDA
 import pytest
+import torch
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("needs CUDA (the GEMV's tensor-core path)", allow_module_level=True)
-try:
-    import vllm_ling  # noqa: F401
-except ImportError:  # a bare checkout on the GPU host
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from vllm_ling.ops.fp8_gemv import fp8_gemv  # noqa: E402
+from vllm_ling.ops.fp8_gemv import fp8_gemv
 
 # (N, K): KDA in_proj, KDA o_proj, a shared expert's gate_up, MLA q_proj, an LM-head slice
 SHAPES = [(20512, 2560), (2560, 4096), (1536, 2560), (6144, 2560), (16384, 2560)]

@@ -7,23 +7,13 @@ Run: pytest tests/gpu/test_routing_gpu.py -q
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
+import torch
+from gpu_helpers import record  # importing gpu_helpers skips the module without CUDA
+from vllm import _custom_ops as ops
 
-torch = pytest.importorskip("torch")
-if not torch.cuda.is_available():
-    pytest.skip("needs CUDA (the router kernel is compiled Triton)", allow_module_level=True)
-try:
-    import vllm_ling  # noqa: F401
-except ImportError:  # a bare checkout on the GPU host
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from gpu_helpers import record  # noqa: E402
-from vllm import _custom_ops as ops  # noqa: E402
-
-from vllm_ling.ops.moe import grouped_topk  # noqa: E402
-from vllm_ling.ops.routing import ling_grouped_topk  # noqa: E402
+from vllm_ling.ops.moe import grouped_topk
+from vllm_ling.ops.routing import ling_grouped_topk
 
 E, G, TG, K, SCALE = 512, 8, 4, 8, 2.5
 MS = (1, 2, 8, 64, 512, 8192)

@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
+import os
+import subprocess
+import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -46,6 +51,28 @@ def fla_gate() -> types.SimpleNamespace:
     namespace = {"torch": torch, "F": F}
     exec(compile(tree, "fla/ops/kda/gate.py", "exec"), namespace)  # noqa: S102 (FLA's own reference code)
     return types.SimpleNamespace(**{name: namespace[name] for name in names})
+
+
+# Our Triton kernels on a CPU: Triton's interpreter must be chosen before anything compiles, and vLLM's
+# `triton_utils` hides Triton on a CPU host, so the child process hands the real module to it first.
+_INTERPRETER_PRELUDE = """
+import triton, triton.language as tl
+import vllm.triton_utils as tu
+tu.triton, tu.tl = triton, tl
+"""
+
+
+@pytest.fixture(scope="session")
+def interpret() -> Callable[..., object]:
+    """`interpret(code, *argv, timeout=300)`: run `code` (which prints one JSON line last) in a child process
+    under Triton's interpreter (TRITON_INTERPRET=1), and return that JSON."""
+    def run(code: str, *argv: str, timeout: float = 300) -> object:
+        done = subprocess.run([sys.executable, "-c", _INTERPRETER_PRELUDE + code, *argv], capture_output=True,
+                              text=True, timeout=timeout, env={**os.environ, "TRITON_INTERPRET": "1"})
+        assert done.returncode == 0, done.stderr[-3000:]
+        return json.loads(done.stdout.strip().splitlines()[-1])
+
+    return run
 
 
 @pytest.fixture(autouse=True)

@@ -10,18 +10,13 @@ above that vLLM's W8A8 kernel (x quantized too), the same numbers as the `w8a8` 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 CHILD = r"""
 import json, sys
-import torch, triton, triton.language as tl
-import vllm.triton_utils as tu
-tu.triton, tu.tl = triton, tl
+import torch
 from vllm_ling.ops.fp8_gemv import fp8_gemv
 
 out = {"kernel": [], "method": {}}
@@ -72,17 +67,13 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def results() -> dict:
+def results(interpret) -> dict:
     pytest.importorskip("vllm")
     from vllm_ling.tiny import ensure_tiny
 
     tiny_bf16 = ensure_tiny(seed=0)  # a model folder for vLLM's config; its weights are not read
     tests_model = Path(__file__).resolve().parents[1] / "model"
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(CASES), str(tests_model), str(tiny_bf16)],
-                          env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return interpret(CHILD, json.dumps(CASES), str(tests_model), str(tiny_bf16), timeout=600)
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[f"M{c[0]}-N{c[1]}-K{c[2]}-{c[5]}" for c in CASES])

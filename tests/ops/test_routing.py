@@ -1,16 +1,12 @@
 """Our one-kernel router (vllm_ling.ops.routing) against the torch reference router (vllm_ling.ops.moe).
 
-The kernel runs in Triton's interpreter (TRITON_INTERPRET=1, numpy on the CPU) in a child process: the
-interpreter must be chosen before Triton compiles anything, and vLLM's `triton_utils` hides Triton on a CPU
-host, so the child hands the real module to it first. The same source runs compiled on the GPU.
+The kernel runs in Triton's interpreter (TRITON_INTERPRET=1, numpy on the CPU) in a child process (the
+`interpret` fixture, tests/ops/conftest.py). The same source runs compiled on the GPU.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -18,9 +14,7 @@ from vllm_ling.ops.routing import ROUTER_ENV, check_routing_shape, router_choice
 
 CHILD = r"""
 import json, sys
-import torch, triton, triton.language as tl
-import vllm.triton_utils as tu
-tu.triton, tu.tl = triton, tl
+import torch
 from vllm_ling.ops.moe import grouped_topk
 from vllm_ling.ops.routing import ling_grouped_topk
 
@@ -50,12 +44,8 @@ CASES = [
 
 
 @pytest.fixture(scope="module")
-def results() -> list[dict]:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(CASES)], env=env, capture_output=True,
-                          text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+def results(interpret) -> list[dict]:
+    return interpret(CHILD, json.dumps(CASES))
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[f"T{c[0]}-E{c[1]}-G{c[2]}" for c in CASES])
