@@ -17,18 +17,19 @@ import pytest
 CHILD = r"""
 import json, sys
 import torch
-from vllm_ling.ops.fp8_gemv import fp8_gemv
+from vllm_ling.ops.fp8_gemv import Tile, fp8_gemv
 
 out = {"kernel": [], "method": {}}
 gen = torch.Generator().manual_seed(0)
-for m, n, k, pad, bias, dtype in json.loads(sys.argv[1]):
+for m, n, k, pad, bias, dtype, tile in json.loads(sys.argv[1]):
     w = torch.randn(n, k, generator=gen)
     s = w.abs().amax(-1, keepdim=True) / 448
     w8 = (w / s).to(torch.float8_e4m3fn)
     padded = torch.nn.functional.pad(w8.view(torch.uint8), (0, pad, 0, pad)).view(torch.float8_e4m3fn)
     x = torch.randn(m, k, generator=gen).to(getattr(torch, dtype))
     b = torch.randn(n, generator=gen).to(x.dtype) if bias else None
-    y = fp8_gemv(x, padded.t(), torch.nn.functional.pad(s, (0, 0, 0, pad), value=1.0), b, out_features=n)
+    y = fp8_gemv(x, padded.t(), torch.nn.functional.pad(s, (0, 0, 0, pad), value=1.0), b, out_features=n,
+                 tile=Tile(*tile) if tile else None)
     ref = x.float() @ (w8.float() * s).t() + (b.float() if bias else 0)
     out["kernel"].append({"shape": list(y.shape), "dtype": str(y.dtype),
                           "rel_err": ((y.float() - ref).abs().max() / ref.abs().max()).item()})
@@ -57,12 +58,14 @@ with vllm_layer_context(sys.argv[3]):
 print(json.dumps(out))
 """
 
-# tokens, outputs, inputs, zero padding of the stored weight (as vLLM's CUTLASS layout pads to 16), bias, x dtype
+# tokens, outputs, inputs, zero padding of the stored weight (as vLLM's CUTLASS layout pads to 16), bias, x dtype,
+# a launch configuration other than the heuristic's (BLOCK_N, BLOCK_K, warps, stages, dot)
 CASES = [
-    (1, 48, 300, 0, False, "float32"),  # K not a multiple of the tile
-    (5, 40, 512, 16, True, "float32"),  # padded weight and scale, bias
-    (16, 8200, 64, 0, False, "float32"),  # the wide tile (N >= 8192), M at the limit
-    (2, 96, 256, 0, True, "bfloat16"),  # BF16 activations and output
+    (1, 48, 300, 0, False, "float32", None),  # K not a multiple of the tile
+    (5, 40, 512, 16, True, "float32", None),  # padded weight and scale, bias
+    (16, 8200, 64, 0, False, "float32", None),  # the wide tile (N >= 8192), M at the limit
+    (2, 96, 256, 0, True, "bfloat16", None),  # BF16 activations and output
+    (3, 42, 300, 0, True, "float32", (4, 128, 4, 3, False)),  # narrow FMA tile: N and K ragged, M padded to 4
 ]
 
 
@@ -76,9 +79,9 @@ def results(interpret) -> dict:
     return interpret(CHILD, json.dumps(CASES), str(tests_model), str(tiny_bf16), timeout=600)
 
 
-@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"M{c[0]}-N{c[1]}-K{c[2]}-{c[5]}" for c in CASES])
+@pytest.mark.parametrize("case", range(len(CASES)), ids=[f"M{c[0]}-N{c[1]}-K{c[2]}-{c[5]}" + ("-tile" if c[6] else "") for c in CASES])
 def test_gemv_equals_the_dequantized_product(results, case):
-    r, (m, n, *_, dtype) = results["kernel"][case], CASES[case]
+    r, (m, n, *_, dtype, _tile) = results["kernel"][case], CASES[case]
     assert r["shape"] == [m, n] and r["dtype"] == f"torch.{dtype}"
     assert r["rel_err"] <= (1e-5 if dtype == "float32" else 2 ** -7)  # of the largest output: fp32 sums, or BF16
 

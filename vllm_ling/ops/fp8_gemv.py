@@ -16,22 +16,36 @@ and scaling are the same code.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 
 from vllm.triton_utils import tl, triton
 
 GEMV_MAX_M = 16  # tokens; above this a GEMM kernel is the right tool
-STAGES = 3
 
 
-def tiles(n: int, k: int) -> tuple[int, int]:
-    """(BLOCK_N, BLOCK_K): wide rows of K in flight per program (bandwidth wants ~36 KB in flight per H200 SM),
-    enough programs to fill the GPU (N / BLOCK_N; 16 rows give 160 programs for N = 2560), and a shared-memory
-    footprint that fits a GB10 block (101,376 B): STAGES x (x tile 16 x BLOCK_K BF16 + w tile BLOCK_N x BLOCK_K
-    e4m3) = 72 KB at (16, 512), 48 KB at (32, 256). A heuristic, not yet timed against the alternatives."""
+class Tile(NamedTuple):
+    """One launch configuration: BLOCK_N output channels x BLOCK_K inputs per step of a program, warps,
+    pipeline stages, and whether the product runs on the tensor cores (`dot`: M padded to 16, BLOCK_N >= 16)
+    or as fp32 multiply-adds (`fma`: M padded to a power of two only, any BLOCK_N; cheaper for one token)."""
+
+    n: int
+    k: int
+    warps: int = 4
+    stages: int = 3
+    dot: bool = True
+
+
+def tiles(n: int, k: int) -> Tile:
+    """Wide rows of K in flight per program (bandwidth wants ~36 KB in flight per H200 SM), enough programs to
+    fill the GPU (N / BLOCK_N; 16 rows give 160 programs for N = 2560), and a shared-memory footprint that fits a
+    GB10 block (101,376 B): stages x (x tile 16 x BLOCK_K BF16 + w tile BLOCK_N x BLOCK_K e4m3) = 72 KB at
+    (16, 512), 48 KB at (32, 256). A heuristic, not yet timed against the alternatives (the GPU benchmark
+    tests/gpu/fp8_gemm_bench.py sweeps them)."""
     if n >= 8192:
-        return 32, 256
-    return 16, 512 if k >= 2048 else 256
+        return Tile(32, 256)
+    return Tile(16, 512 if k >= 2048 else 256)
 
 
 @triton.jit
@@ -59,10 +73,11 @@ def _fp8_gemv_kernel(x_ptr, w_ptr, s_ptr, b_ptr, y_ptr, M, N, K, stride_xm, stri
 
 
 def fp8_gemv(x: torch.Tensor, weight_kn: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None,
-             out_features: int | None = None) -> torch.Tensor:
+             out_features: int | None = None, tile: Tile | None = None) -> torch.Tensor:
     """x [..., K] (M = tokens <= GEMV_MAX_M) · FP8 weight -> [..., out_features] in x's dtype.
 
-    weight_kn: vLLM's [K(+pad), N(+pad)] column-major e4m3 view; scale: [N(+pad)] or [N(+pad), 1] fp32.
+    weight_kn: vLLM's [K(+pad), N(+pad)] column-major e4m3 view; scale: [N(+pad)] or [N(+pad), 1] fp32;
+    tile: a launch configuration other than `tiles(N, K)` (the benchmark's sweep).
     """
     k = x.shape[-1]
     x2 = x.reshape(-1, k)
@@ -78,11 +93,12 @@ def fp8_gemv(x: torch.Tensor, weight_kn: torch.Tensor, scale: torch.Tensor, bias
     n = out_features or w.shape[0]
     y = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m:
-        block_n, block_k = tiles(n, k)
-        _fp8_gemv_kernel[(triton.cdiv(n, block_n),)](
+        t = tile or tiles(n, k)
+        dot = t.dot and x.is_cuda
+        _fp8_gemv_kernel[(triton.cdiv(n, t.n),)](
             x2, w.view(torch.uint8), scale.reshape(-1), bias if bias is not None else scale, y,
             m, n, k, x2.stride(0), w.stride(0), y.stride(0),
-            HAS_BIAS=bias is not None, BLOCK_M=16, BLOCK_N=block_n, BLOCK_K=block_k, DOT_BF16=x.is_cuda,
-            num_warps=4, num_stages=STAGES,
+            HAS_BIAS=bias is not None, BLOCK_M=16 if dot else triton.next_power_of_2(m), BLOCK_N=t.n,
+            BLOCK_K=t.k, DOT_BF16=dot, num_warps=t.warps, num_stages=t.stages,
         )
     return y.view(*x.shape[:-1], n)
