@@ -87,6 +87,12 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
             config.hidden_size, [proj, proj, proj, self.num_heads, proj, proj], bias=False,
             quant_config=quant_config, prefix=f"{prefix}.in_proj",
         )
+        # The output gate g is the one slice of in_proj's output that outlives the KDA op: it crosses a boundary
+        # of vLLM's piecewise graph, where the next piece checks its strides against the traced ones. The GPU
+        # compile may pad the GEMM's rows to an aligned width (Inductor's pad_mm: BF16 N to a multiple of 8; seen
+        # on the H200 as row stride 2,568 for a 2,564-wide output), so at an unaligned width g is copied first.
+        # Ling-3.0-flash's width (20,512; 10,256 per rank at TP = 2) is a multiple of 16 and serves with no copy.
+        self.gate_copy = (5 * local_proj + self.local_heads) % 16 != 0
         self.o_proj = RowParallelLinear(
             proj, config.hidden_size, bias=False, quant_config=quant_config, prefix=f"{prefix}.o_proj"
         )
@@ -135,6 +141,8 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
         beta = b.float().sigmoid()  # fp32 write strength
         g = self.gate(f)
         out = torch.zeros(n, self.local_heads, self.head_dim, dtype=hidden_states.dtype, device=hidden_states.device)
+        if self.gate_copy:  # before the op, in the same graph piece as the GEMM (see __init__)
+            gate = gate.contiguous()
         torch.ops.vllm.vllm_ling_kda(qkv, g, beta, out, self.prefix)
         o = self.o_norm(out, gate.view(n, self.local_heads, self.head_dim))  # sigmoid gate, not SiLU
         return self.o_proj(o.view(n, -1))[0]
