@@ -16,7 +16,7 @@ synthetically (its `rejection_sample_method: synthetic`) so MTP tokens/s is meas
 `--acceptance-length 1.94,1.70` measures each in turn on one engine (the rate is a device tensor the rejection
 sampler reads every step, refilled in place), and every result gives the verify step (one engine step).
 Which model serves: `--impl ours|vllm` (VLLM_LING_MODEL), or `vllm-bare` (vLLM as installed, no plugin at all:
-VLLM_PLUGINS=none). `--fp8 w8a16|w8a8|gemv` serves with `--quantization ling_fp8`; `--moe-backend
+VLLM_PLUGINS=none). `--fp8 w8a16|w8a8` serves with `--quantization ling_fp8`; `--moe-backend
 marlin|humming|triton` picks the INT4 expert kernels (whole-step Humming vs Marlin). Runs the engine in-process,
 so one configuration per process: vLLM does not give GPU memory back between engines.
 """

@@ -36,7 +36,7 @@
 #                (docs/speed.md); 0: BF16 weights, the checkpoint as shipped                        0 on cpu
 #                (on a GPU it is 4.4% faster on the H200, projected ~1.6x on a GB10; it costs what e4m3
 #                rounding costs: FINDINGS.md §0)
-#   FP8_KERNEL   w8a8 | w8a16 | gemv (VLLM_LING_FP8_KERNEL)                                   w8a8
+#   FP8_KERNEL   w8a8 | w8a16 (VLLM_LING_FP8_KERNEL)                                          w8a8
 # Which Ling V3 implementation serves: VLLM_LING_MODEL=auto|vllm-ling|vllm in the environment (README).
 #   SELFCHECK    1: once serving, run `python -m vllm_ling.selfcheck` through the watchdog (0: skip)
 # An API key: VLLM_API_KEY in the environment (vLLM reads it; so do the watchdog's probes and the self-check),
@@ -73,8 +73,8 @@ whole MAX_SEQS "--max-num-seqs" 2
 whole MTP_K "MTP draft tokens, 0 = off" "1 (or 0: no MTP)"
 if [[ -n ${KV_CACHE_GIB:-} ]]; then decimal KV_CACHE_GIB "--kv-cache-memory-bytes in GiB" 4; fi
 if [[ -n ${FP8_KERNEL:-} ]]; then
-    [[ $FP8_KERNEL == w8a8 || $FP8_KERNEL == w8a16 || $FP8_KERNEL == gemv ]] || \
-        refuse "FP8_KERNEL='$FP8_KERNEL' must be w8a8, w8a16 or gemv. Safe: FP8_KERNEL=w8a8"
+    [[ $FP8_KERNEL == w8a8 || $FP8_KERNEL == w8a16 ]] || \
+        refuse "FP8_KERNEL='$FP8_KERNEL' must be w8a8 or w8a16. Safe: FP8_KERNEL=w8a8"
     export VLLM_LING_FP8_KERNEL=$FP8_KERNEL
 fi
 if [[ $DEVICE == auto ]]; then

@@ -14,9 +14,6 @@ Two kernels, chosen by `VLLM_LING_FP8_KERNEL` (docs/speed.md §FP8 has the measu
   On the H200 it took the step's BF16 linears from 2.68 to 2.29 ms (M = 1).
 - `w8a16`: FP8-Marlin, weight-only (activations stay BF16). Slower than BF16 on the H200 at decode sizes
   (3.08 ms), kept for GPUs without FP8 tensor cores.
-- `gemv`: the `w8a8` method, except that at decode sizes (<= 16 tokens) our weight-only FP8 GEMV
-  (`vllm_ling/ops/fp8_gemv.py`) multiplies BF16 activations instead: no activation quantization, fewer kernels,
-  a kernel written to stream the weight. Not measured on a GPU yet, so not the default.
 Kept BF16: MLA's kv_b_proj (vLLM splits it into W_UK/W_UV and absorbs it), the MTP draft's eh_proj, and
 anything else the checkpoint quantizes (its method wins). Router and norms are fp32 and no linears of this
 config's (the router's ReplicatedLinear gets no quant config).
@@ -40,14 +37,14 @@ logger = logging.getLogger("vllm_ling")
 NAME = "ling_fp8"
 KERNEL_ENV = "VLLM_LING_FP8_KERNEL"
 KEEP_ENV = "VLLM_LING_FP8_KEEP"  # more module patterns to keep BF16, comma-separated (e.g. "lm_head,*.o_proj")
-KERNELS = ("w8a16", "w8a8", "gemv")
+KERNELS = ("w8a16", "w8a8")
 DEFAULT_KERNEL = "w8a8"
 # Module name patterns (the vLLM-side prefix) that stay BF16 whatever the kernel.
 KEEP_BF16 = ("*.kv_b_proj", "*.eh_proj")
 
 
 def requested_kernel() -> str:
-    """`w8a8` (per-token dynamic activations), `w8a16` (FP8-Marlin) or `gemv`, from VLLM_LING_FP8_KERNEL."""
+    """`w8a8` (per-token dynamic activations) or `w8a16` (FP8-Marlin), from VLLM_LING_FP8_KERNEL."""
     kernel = os.environ.get(KERNEL_ENV, DEFAULT_KERNEL).strip().lower() or DEFAULT_KERNEL
     if kernel not in KERNELS:
         raise ValueError(f"{KERNEL_ENV}={kernel!r} is not a vllm-ling FP8 kernel: use one of {', '.join(KERNELS)} "
@@ -67,54 +64,7 @@ def fp8_method(kernel: str) -> QuantizeMethodBase:
 
     if kernel == "w8a8":
         return Fp8PtpcOnlineLinearMethod()
-    if kernel == "gemv":
-        return _gemv_class(Fp8PtpcOnlineLinearMethod)()
     return _w8a16_class(Fp8PtpcOnlineLinearMethod)()
-
-
-_GEMV_LAYERS: list = []  # weak references to the layers served by `gemv`; the custom op gets an index
-
-
-def _fp8_linear_op(x: torch.Tensor, bias: torch.Tensor | None, key: int, out_features: int) -> torch.Tensor:
-    """Opaque to torch.compile, so the size test runs at every call: vLLM compiles one graph for all batch
-    sizes, and a branch on the size in traced code would be fixed at the size it was traced with."""
-    from vllm_ling.ops.fp8_gemv import GEMV_MAX_M, fp8_gemv
-
-    layer = _GEMV_LAYERS[key]()
-    if x.numel() <= GEMV_MAX_M * x.shape[-1]:
-        return fp8_gemv(x, layer.weight, layer.weight_scale, bias, out_features)
-    return layer.quant_method.fp8_linear.apply_weights(layer, x, bias)
-
-
-def _fp8_linear_fake(x: torch.Tensor, bias: torch.Tensor | None, key: int, out_features: int) -> torch.Tensor:
-    return x.new_empty(*x.shape[:-1], out_features)
-
-
-def _gemv_class(ptpc: type) -> type:
-    import weakref
-
-    if not hasattr(torch.ops.vllm, "vllm_ling_fp8_linear"):
-        from vllm.utils.torch_utils import direct_register_custom_op
-
-        direct_register_custom_op(op_name="vllm_ling_fp8_linear", op_func=_fp8_linear_op, mutates_args=[],
-                                  fake_impl=_fp8_linear_fake)
-
-    class Fp8GemvLinearMethod(ptpc):
-        """vLLM's per-channel online FP8 (the `w8a8` method: same quantization, layout and large-M kernel); at
-        decode sizes our weight-only FP8 GEMV takes the call, with the activations left in BF16."""
-
-        def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
-            super().process_weights_after_loading(layer)
-            layer.requires_unquantized_input = True  # vLLM's fusion pass must hand this layer BF16 x
-            self.key = len(_GEMV_LAYERS)
-            _GEMV_LAYERS.append(weakref.ref(layer))
-            # the kernel may pad the stored weight's N; the layer's own width is what callers get
-            self.out_features = getattr(self.fp8_linear, "logical_output_size", None) or layer.weight.shape[1]
-
-        def apply(self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-            return torch.ops.vllm.vllm_ling_fp8_linear(x, bias, self.key, self.out_features)
-
-    return Fp8GemvLinearMethod
 
 
 def _w8a16_class(ptpc: type) -> type:

@@ -1,4 +1,4 @@
-"""BF16 vs FP8 W8A16 (Marlin) vs W8A8 (per-token, vLLM's scaled-mm) vs our GEMV, for every BF16 linear of Ling-3.0-flash.
+"""BF16 vs FP8 W8A16 (Marlin) vs W8A8 (per-token, vLLM's scaled-mm), for every BF16 linear of Ling-3.0-flash.
 
     python3 tests/gpu/fp8_gemm_bench.py MODEL_DIR OUT.json [--m 1,2,4,8,16]
 
@@ -8,9 +8,7 @@ config for BF16) and timed inside a CUDA graph that calls enough copies of it (d
 than 4x the L2 cache, so each call reads its weight from HBM as a decode step does; median of 5 replays. The
 per-step column weights each shape by how often one decode step runs it (35 KDA, 7 MLA, 40 shared experts,
 2 dense MLPs, 1 LM head). Also reports each kernel's max relative error against the BF16 product, and KDA's
-merged in_proj (q|k|v|β|f|g, one GEMM) against the three GEMMs it replaced (q|k|v|β, f, g), per KDA layer,
-and sweeps the GEMV's launch configurations (`SWEEP`) per shape, to set `vllm_ling.ops.fp8_gemv.tiles` by
-measurement.
+merged in_proj (q|k|v|β|f|g, one GEMM) against the three GEMMs it replaced (q|k|v|β, f, g), per KDA layer.
 """
 
 from __future__ import annotations
@@ -23,6 +21,7 @@ import statistics
 import torch
 
 L2_BYTES = 60 * 2**20
+KERNELS = ("bf16", "w8a16", "w8a8")
 
 
 def shapes(c: dict) -> dict[str, tuple[int, int, int]]:
@@ -76,23 +75,21 @@ def build(out_f: int, in_f: int, kernel: str | None, copies: int, device: str = 
     return layers
 
 
-def time_graph(layers: list[torch.nn.Module], m: int, call=None) -> tuple[float, float]:
-    """(microseconds per call, max relative error vs the layer's BF16 weight); `call(layer, x)` replaces
-    `layer(x)[0]` (the GEMV sweep calls the kernel itself)."""
-    call = call or (lambda layer, x: layer(x)[0])
+def time_graph(layers: list[torch.nn.Module], m: int) -> tuple[float, float]:
+    """(microseconds per call, max relative error vs the layer's BF16 weight)."""
     xs = [torch.randn(m, layers[0].input_size, dtype=torch.bfloat16, device="cuda") for _ in layers]
-    outs = [call(layer, x) for layer, x in zip(layers, xs)]  # warm-up, JIT
+    outs = [layer(x)[0] for layer, x in zip(layers, xs)]  # warm-up, JIT
     err = max(((o.float() - x.float() @ layer.reference.float().t()).abs().max()
                / (x.float() @ layer.reference.float().t()).abs().max()).item() for o, x, layer in zip(outs, xs, layers))
     graph = torch.cuda.CUDAGraph()
     stream = torch.cuda.Stream()
     with torch.cuda.stream(stream):
         for layer, x in zip(layers, xs):
-            call(layer, x)
+            layer(x)
         torch.cuda.synchronize()
         with torch.cuda.graph(graph, stream=stream):
             for layer, x in zip(layers, xs):
-                call(layer, x)
+                layer(x)
     times = []
     for _ in range(5):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -105,51 +102,12 @@ def time_graph(layers: list[torch.nn.Module], m: int, call=None) -> tuple[float,
     return statistics.median(times), err
 
 
-def sweep(config: dict, ms: list[int]) -> dict:
-    """{shape: {tile: {m: µs}}} for every launch configuration in SWEEP on each distinct (out, in) shape; the
-    current heuristic's pick is marked, and the fastest per m is named."""
-    from vllm_ling.ops.fp8_gemv import Tile, fp8_gemv, tiles
-
-    result = {}
-    for out_f, in_f in sorted({(o, i) for o, i, _ in shapes(config).values()}):
-        layers = build(out_f, in_f, "gemv", copies_for(out_f, in_f))
-        row = {"heuristic": str(tuple(tiles(out_f, in_f)))}
-        for tile in SWEEP:
-            t = Tile(*tile)
-            cell = {}
-            for m in ms:
-                if not t.dot and m > 4:
-                    continue  # fp32 multiply-adds hold M x BLOCK_N x BLOCK_K products in registers
-                try:
-                    cell[str(m)] = time_graph(layers, m, lambda layer, x, t=t: fp8_gemv(
-                        x, layer.weight, layer.weight_scale, None, layer.quant_method.out_features, t))[0]
-                except Exception as e:  # noqa: BLE001 - a configuration that cannot compile is a result
-                    cell[str(m)] = f"{type(e).__name__}: {e}"[:160]
-            row[str(tuple(t))] = cell
-        row["best"] = {str(m): min(((k, v[str(m)]) for k, v in row.items() if isinstance(v, dict)
-                                    and isinstance(v.get(str(m)), float)), key=lambda kv: kv[1], default=None)
-                       for m in ms}
-        result[f"{out_f}x{in_f}"] = row
-        print("sweep", out_f, in_f, row["heuristic"], row["best"], flush=True)
-        del layers
-        torch.cuda.empty_cache()
-    return result
-
-
-# (BLOCK_N, BLOCK_K, warps, stages, dot): the heuristic's two picks, wider and deeper tiles, and fp32 FMA tiles
-# with fewer output channels per program (more programs for the narrow shapes: N = 2560 is 160 programs at 16)
-SWEEP = [(16, 256, 4, 3, True), (16, 512, 4, 3, True), (32, 256, 4, 3, True), (32, 512, 8, 3, True),
-         (64, 256, 8, 3, True), (16, 1024, 8, 2, True), (16, 512, 4, 4, True),
-         (4, 512, 4, 3, False), (8, 512, 4, 3, False), (8, 1024, 8, 2, False), (2, 1024, 4, 3, False)]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
     ap.add_argument("out")
     ap.add_argument("--m", default="1,2,4,8,16")
     ap.add_argument("--cpu-smoke", action="store_true", help="build each layer once on the CPU and run it (no timing)")
-    ap.add_argument("--sweep-m", default="1,4,16", help="token counts of the GEMV tile sweep ('' skips it)")
     a = ap.parse_args()
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
@@ -177,7 +135,7 @@ def main() -> int:
         for name, (out_f, in_f, calls) in shapes(config).items():
             copies = copies_for(out_f, in_f)
             row = {"out": out_f, "in": in_f, "calls_per_step": calls, "copies": copies}
-            for kernel in ("bf16", "w8a16", "w8a8", "gemv"):
+            for kernel in KERNELS:
                 try:
                     layers = build(out_f, in_f, None if kernel == "bf16" else kernel, copies)
                     row[kernel] = {"kernel": type(getattr(layers[0].quant_method, "fp8_linear",
@@ -191,9 +149,9 @@ def main() -> int:
                     row[kernel] = {"error": f"{type(e).__name__}: {e}"[:300]}
             result["layers"][name] = row
             print(name, {k: {m: round(v[m]["us"], 1) for m in map(str, ms)} if "error" not in v else v["error"]
-                         for k, v in row.items() if k in ("bf16", "w8a16", "w8a8", "gemv")}, flush=True)
+                         for k, v in row.items() if k in KERNELS}, flush=True)
         split = {}  # µs per KDA layer for the three GEMMs in_proj replaced, to set beside its own row
-        for kernel in ("bf16", "w8a8", "gemv"):
+        for kernel in ("bf16", "w8a8"):
             try:
                 times = {str(m): 0.0 for m in ms}
                 for out_f, in_f in kda_split(config):
@@ -210,10 +168,7 @@ def main() -> int:
             k: {m: {"merged": merged[k][m]["us"], "split": t} for m, t in times.items()}
             for k, times in split.items() if "error" not in merged[k]}
         print("kda in_proj merged vs split:", json.dumps(result["kda_in_proj_merged_vs_split_us"]), flush=True)
-        json.dump(result, open(a.out, "w"), indent=1)  # the sweep comes last: what is measured so far is kept
-        if a.sweep_m:
-            result["gemv_sweep"] = sweep(config, [int(x) for x in a.sweep_m.split(",")])
-    for kernel in ("bf16", "w8a16", "w8a8", "gemv"):
+    for kernel in KERNELS:
         result["per_step_us"][kernel] = {
             str(m): sum(r[kernel][str(m)]["us"] * r["calls_per_step"] for r in result["layers"].values()
                         if "error" not in r[kernel]) for m in ms}

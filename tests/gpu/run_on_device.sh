@@ -20,8 +20,7 @@
 #               ENGINE_BACKENDS (marlin,humming); engine logs tailed into engine_moe.log  (3.9 measured in session 8)
 #   engine_race the same race as a test: served backend = asked, timed at M = 1, 8, 64 (2 layers)      (~4)
 #   routing     our one-kernel MoE router vs the torch reference and vLLM's grouped_topk, + µs per call (1.3 measured)
-#   fp8_gemv    our FP8 GEMV (VLLM_LING_FP8_KERNEL=gemv) vs the dequantized product at Ling's shapes      (~1)
-#   fp8_gemm    BF16 vs FP8 W8A16 vs W8A8 vs GEMV for every BF16 linear shape, M = 1..16, + GEMV tile sweep  (~4)
+#   fp8_gemm    BF16 vs FP8 W8A16 vs W8A8 for every BF16 linear shape, M = 1..16, + KDA in_proj merged vs split (~1.5)
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
 # A machine idle for 30 s goes back (and the bundle must be stashed again: ~2.2 min for 0.33): issue the stash
@@ -30,7 +29,7 @@
 # merged at the end into one $OUT/records.json ({name: record}); split it with `python3 -c` or read it whole.
 set -uo pipefail
 : "${OUT:?run on the device: OUT is the folder that comes back}"
-: "${1:?step: model | kda | kda_core | mtp | routing | fp8_gemv | tuning | engine_race | engine_moe | fullsize_* | fs:NAME:ARGS | fp8_gemm | intree_check}"
+: "${1:?step: model | kda | kda_core | mtp | routing | tuning | engine_race | engine_moe | fullsize_* | fs:NAME:ARGS | fp8_gemm | intree_check}"
 SITE=$HOME/vllm-site; [[ $(python3 -c 'import vllm; print(vllm.__version__)') == 0.33* ]] && SITE=$HOME/v33-site
 rm -rf /tmp/vllm-ling-src && mkdir /tmp/vllm-ling-src && tar --exclude=./.devbundle --exclude=./.devbundle33 --exclude=./.git -cf - . | tar -xf - -C /tmp/vllm-ling-src
 python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --target "$SITE" /tmp/vllm-ling-src \
@@ -54,8 +53,7 @@ case $STEP in
             --backends "${ENGINE_BACKENDS:-marlin,humming}" --timeout 270 --workdir /tmp/engine_moe --out "$OUT/engine_moe.json"
         for f in /tmp/engine_moe/engine-*.log; do echo "--- $f"; grep -v "^\s*$" "$f" | tail -25; done >> "$OUT/engine_moe.log" ;;
     routing) run 200 python3 -m pytest -q -p no:cacheprovider -s tests/gpu/test_routing_gpu.py ;;
-    fp8_gemv) run 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_fp8_gemv_gpu.py ;;
-    fp8_gemm) run 480 python3 tests/gpu/fp8_gemm_bench.py /tmp/flash "$OUT/fp8_gemm.json" ;;
+    fp8_gemm) run 300 python3 tests/gpu/fp8_gemm_bench.py /tmp/flash "$OUT/fp8_gemm.json" ;;
     intree_check) run 400 python3 tests/gpu/intree_check.py "$OUT/intree_check.json" ;;
     *) echo "unknown step $STEP" >&2; exit 2 ;;
 esac

@@ -7,7 +7,6 @@ reference checkpoint (ORACLES: fp32, bf16, and the FP8 reference in both) score 
                         compressed-tensors
   int4_triton           the same through vLLM's Triton/CUDA wna16 MoE kernels (what ling-tune tunes)
   bf16_fp8 / int4_fp8   `--quantization ling_fp8`: every BF16 linear and the LM head in FP8 (vllm_ling.fp8)
-  int4_fp8_gemv         the same on the `gemv` FP8 kernel (our FP8 GEMV up to 16 tokens)
   bf16_intree           vLLM's in-tree model (vLLM >= 0.28) with our config class
   int4_intree_fp8       the same on the INT4 checkpoint with FP8
 Criteria (BF16 weights): relative logprob error over the top-20 of every prompt position no more than
@@ -48,7 +47,7 @@ FP8_COST_SLACK = 0.02  # agreement points; ~1,550 decided positions, paired; ses
 REL_ERR_FACTOR = 1.5  # an engine in bf16 may add half again the reference's own bf16 error, no more
 FP8 = {"quantization": "ling_fp8"}
 OURS, INTREE = {"VLLM_LING_MODEL": "vllm-ling"}, {"VLLM_LING_MODEL": "vllm"}
-FP8_KERNEL = "w8a8"  # the FP8 reference's kernel: vllm_ling.fp8's default, which the FP8 runs use but int4_fp8_gemv
+FP8_KERNEL = "w8a8"  # the FP8 reference's kernel: vllm_ling.fp8's default, which the FP8 runs use
 # the oracle runs per reference checkpoint: plain fp32 and bf16, and the model as FP8 serves it in both
 ORACLES = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "fp8": {"fp8": FP8_KERNEL},
            "fp8_bf16": {"fp8": FP8_KERNEL, "dtype": "bfloat16"}}
@@ -66,10 +65,6 @@ CONFIGS = {
     "int4_triton": ("int4", {**OURS, "VLLM_LING_MOE_BACKEND": "triton"}, _moe("triton")),
     "bf16_fp8": ("bf16", OURS, FP8),
     "int4_fp8": ("int4", OURS, {**_moe("marlin"), **FP8}),
-    # our FP8 GEMV at decode sizes (weight-only), vLLM's W8A8 in prefill: scored against the W8A8 reference, which
-    # fits its prompt positions (prefill chunks > 16 tokens); its decode tokens are the GEMV's, checked by the
-    # greedy-decode agreement against that reference
-    "int4_fp8_gemv": ("int4", {**OURS, "VLLM_LING_FP8_KERNEL": "gemv"}, {**_moe("marlin"), **FP8}),
 }
 if compat.has_intree_ling3():
     CONFIGS |= {"int4_humming": ("int4", OURS, _moe("humming")),
