@@ -165,12 +165,37 @@ def _accepted_per_draft(counters: dict[str, float]) -> float:
     return counters.get("vllm:spec_decode_num_accepted_tokens", 0) / drafts if drafts else 0.0
 
 
-def _spec_phase(step_s: float, counters: dict[str, float], length: float | None) -> dict:
-    """One acceptance setting: seconds per generated token, and the verify step, which yields 1 + accepted tokens
-    per draft (k=1), so engine step = per-token time x (1 + accepted)."""
-    accepted = _accepted_per_draft(counters)
-    return {"synthetic_acceptance_length": length, "accepted_per_draft": accepted, "decode_step_ms": 1e3 * step_s,
-            "decode_tok_s": 1 / step_s, "verify_step_ms": 1e3 * step_s * (1 + accepted), "counters": counters}
+DRAFTS = "vllm:spec_decode_num_drafts"
+
+
+def _counted(llm, prompt: list[int], max_tokens: int) -> tuple[float, dict[str, float]]:
+    """(seconds, the spec-decode counters' increase) for one request."""
+    before = _spec_counters(llm)
+    seconds = _timed(llm, prompt, max_tokens)
+    return seconds, {k: v - before.get(k, 0) for k, v in _spec_counters(llm).items()}
+
+
+def _mtp_phase(llm, prompt: list[int], decode: int, repeats: int, length: float | None) -> dict:
+    """One acceptance setting, timed as `_decode_step` times a plain step, with each request's drafts counted."""
+    ones = [_counted(llm, prompt, 1) for _ in range(repeats)]
+    manys = [_counted(llm, prompt, decode + 1) for _ in range(repeats)]
+    return _spec_phase(ones, manys, decode, length)
+
+
+def _spec_phase(ones: list[tuple[float, dict]], manys: list[tuple[float, dict]], decode: int,
+                length: float | None) -> dict:
+    """Per generated token: the extra time of `decode` more tokens over a 1-token request (medians). Per verify
+    step (one target pass over 1 + k tokens and the draft's pass; k = 1): that extra time over the extra drafts
+    the longer requests verified, one per step. Counted per request, so no earlier request's drafts enter, and
+    the step does not lean on the acceptance rate."""
+    extra_s = statistics.median(t for t, _ in manys) - statistics.median(t for t, _ in ones)
+    steps = statistics.mean(c.get(DRAFTS, 0) for _, c in manys) - statistics.mean(c.get(DRAFTS, 0) for _, c in ones)
+    counters = {k: sum(c.get(k, 0) for _, c in manys) for k in manys[0][1]}
+    step_s = extra_s / decode
+    return {"synthetic_acceptance_length": length, "accepted_per_draft": _accepted_per_draft(counters),
+            "decode_step_ms": 1e3 * step_s, "decode_tok_s": 1 / step_s,
+            "verify_step_ms": 1e3 * extra_s / steps if steps > 0 else None, "verify_steps_per_request": steps,
+            "counters": counters}
 
 
 def _set_synthetic_length(llm, length: float) -> None:
@@ -233,7 +258,8 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
         _progress(t0, f"prefill {n}: {n / t:.0f} tok/s")
         at_context[n] = _decode_step(llm, prompt, decode, repeats, t)
         _progress(t0, f"decode after {n}: {1e3 * at_context[n]:.2f} ms/step")
-    step = _decode_step(llm, short, decode, repeats)
+    phases = [_mtp_phase(llm, short, decode, repeats, acceptance_length)] if mode == "mtp" else []
+    step = phases[0]["decode_step_ms"] / 1e3 if phases else _decode_step(llm, short, decode, repeats)
     result |= {"decode_step_ms": 1e3 * step, "decode_tok_s": 1 / step}
     _progress(t0, f"decode: {1 / step:.1f} tok/s")
     if kernels:
@@ -241,16 +267,13 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
         _progress(t0, f"kernels: {result['kernels']['kernels_per_step']:.0f} per step")
     accepted = 0.0
     if mode == "mtp":
-        result["spec_decode"] = counters = _spec_counters(llm)
-        accepted = _accepted_per_draft(counters)
-        result["by_acceptance"] = [_spec_phase(step, counters, acceptance_length)]
+        result["spec_decode"] = _spec_counters(llm)  # the whole run's, warm-up included
+        accepted = phases[0]["accepted_per_draft"]
         for length in more_lengths:
             _set_synthetic_length(llm, length)
-            before = _spec_counters(llm)
-            phase_step = _decode_step(llm, short, decode, repeats)
-            delta = {k: v - before.get(k, 0) for k, v in _spec_counters(llm).items()}
-            result["by_acceptance"].append(_spec_phase(phase_step, delta, length))
-            _progress(t0, f"synthetic acceptance {length}: {1 / phase_step:.1f} tok/s")
+            phases.append(_mtp_phase(llm, short, decode, repeats, length))
+            _progress(t0, f"synthetic acceptance {length}: {phases[-1]['decode_tok_s']:.1f} tok/s")
+        result["by_acceptance"] = phases
     if torch.cuda.is_available():
         result["peak_gpu_gib"] = torch.cuda.max_memory_reserved() / 2**30
     result["weight_gib"] = _weight_gib(log.lines)

@@ -34,6 +34,8 @@ def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode, extra):
     assert long["96"]["bytes_per_step_gb"] > long["32"]["bytes_per_step_gb"] > roof["bytes_per_step_gb"] - 1e-9
     if mode == "mtp":
         assert r["spec_decode"]["vllm:spec_decode_num_drafts"] > 0, "MTP never drafted"
+        phase = r["by_acceptance"][0]  # a verify step yields 1 or 2 tokens at k = 1: it costs 1-2 tokens' time
+        assert 0 < phase["verify_steps_per_request"] <= 4 and phase["verify_step_ms"] >= phase["decode_step_ms"]
     # what the engine really built: the tiny config's KDA width (4 heads x 128) and, with --fp8, FP8 weights
     assert r["served_by"] == "vllm_ling.model.BailingMoeV3ForCausalLM" and r["kda_projection_width"] == 512
     assert ("float8_e4m3fn" in r["param_gib_by_dtype"]) == bool(extra) and r["fp8"] == (extra[1] if extra else "off")
@@ -83,12 +85,25 @@ def test_synthetic_length_is_refilled_in_place_at_k1():
             _set_synthetic_length(_LLM(_Worker(wrong)), 1.70)
 
 
-def test_spec_phase_gives_the_verify_step_from_accepted_tokens():
+def test_spec_phase_counts_verify_steps_per_request():
+    """128 more tokens took 0.4 s more and 66 more verified drafts (steps): 3.125 ms per token, 0.4 / 66 s per
+    verify step, whatever the acceptance counters say; the 1-token requests' own drafts are subtracted."""
     from ling_bench.fullsize import _spec_phase
 
-    phase = _spec_phase(0.004, {"vllm:spec_decode_num_drafts": 100, "vllm:spec_decode_num_accepted_tokens": 94}, 1.94)
-    assert phase["accepted_per_draft"] == pytest.approx(0.94)
-    assert phase["verify_step_ms"] == pytest.approx(4.0 * 1.94) and phase["decode_tok_s"] == pytest.approx(250)
+    drafts, accepted = "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens"
+    ones = [(0.010, {drafts: 1, accepted: 1})] * 3
+    manys = [(0.409, {drafts: 67, accepted: 62}), (0.410, {drafts: 67, accepted: 62}), (0.415, {drafts: 67, accepted: 62})]
+    phase = _spec_phase(ones, manys, 128, 1.94)
+    assert phase["decode_step_ms"] == pytest.approx(400 / 128) and phase["decode_tok_s"] == pytest.approx(320)
+    assert phase["verify_step_ms"] == pytest.approx(400 / 66) and phase["verify_steps_per_request"] == 66
+    assert phase["accepted_per_draft"] == pytest.approx(62 / 67) and phase["counters"][drafts] == 201
+
+
+def test_spec_phase_without_drafts_has_no_verify_step():
+    from ling_bench.fullsize import _spec_phase
+
+    phase = _spec_phase([(0.01, {})], [(0.3, {})], 100, None)
+    assert phase["verify_step_ms"] is None and phase["decode_step_ms"] == pytest.approx(2.9)
 
 
 @pytest.mark.parametrize("text", ["2.5", "0.9", "x", ""])

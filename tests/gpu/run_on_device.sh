@@ -23,6 +23,8 @@
 #   fp8_gemm    BF16 vs FP8 W8A16 vs W8A8 for every BF16 linear shape, M = 1..16, + KDA in_proj merged vs split (~1.5)
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
+# On one machine, 0.26 steps come first: activating the 0.33 bundle uninstalls the image's torchvision, which
+# 0.26 imports at engine start-up (session 9 lost its 0.26 model run that way; the check below says so at once).
 # A machine idle for 30 s goes back (and the bundle must be stashed again: ~2.2 min for 0.33): issue the stash
 # calls and every working call in one batch of tool calls, and fix code between sessions, not between calls.
 # Results land in $OUT. At most 8 files come back, so the per-test records (model_*.json, mtp_*.json, ...) are
@@ -31,6 +33,11 @@ set -uo pipefail
 : "${OUT:?run on the device: OUT is the folder that comes back}"
 : "${1:?step: model | kda | kda_core | mtp | routing | tuning | engine_race | engine_moe | fullsize_* | fs:NAME:ARGS | fp8_gemm | intree_check}"
 SITE=$HOME/vllm-site; [[ $(python3 -c 'import vllm; print(vllm.__version__)') == 0.33* ]] && SITE=$HOME/v33-site
+if [[ $SITE == "$HOME/vllm-site" ]] && ! python3 -c "import torchvision" 2>/dev/null; then
+    echo "vLLM 0.26 needs the image's torchvision (its kernel warm-up imports minimax_m3, which imports it), and the" \
+         "0.33 bundle's activation uninstalls it: on one machine, run every 0.26 step before the first 0.33 one" >&2
+    exit 2
+fi
 rm -rf /tmp/vllm-ling-src && mkdir /tmp/vllm-ling-src && tar --exclude=./.devbundle --exclude=./.devbundle33 --exclude=./.git -cf - . | tar -xf - -C /tmp/vllm-ling-src
 python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --target "$SITE" /tmp/vllm-ling-src \
     2>&1 | grep -v "already exists" || true
