@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 
 import torch
 
@@ -77,29 +76,17 @@ def build(out_f: int, in_f: int, kernel: str | None, copies: int, device: str = 
 
 def time_graph(layers: list[torch.nn.Module], m: int) -> tuple[float, float]:
     """(microseconds per call, max relative error vs the layer's BF16 weight)."""
+    from gpu_helpers import graph_us  # beside this script; a CUDA-only import (--cpu-smoke never gets here)
+
     xs = [torch.randn(m, layers[0].input_size, dtype=torch.bfloat16, device="cuda") for _ in layers]
     outs = [layer(x)[0] for layer, x in zip(layers, xs)]  # warm-up, JIT
     err = max(((o.float() - x.float() @ layer.reference.float().t()).abs().max()
                / (x.float() @ layer.reference.float().t()).abs().max()).item() for o, x, layer in zip(outs, xs, layers))
-    graph = torch.cuda.CUDAGraph()
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
+
+    def calls():
         for layer, x in zip(layers, xs):
             layer(x)
-        torch.cuda.synchronize()
-        with torch.cuda.graph(graph, stream=stream):
-            for layer, x in zip(layers, xs):
-                layer(x)
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(10):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / 10 / len(layers))
-    return statistics.median(times), err
+    return graph_us(calls, len(layers)), err
 
 
 def main() -> int:

@@ -27,3 +27,28 @@ def record(name: str, data: dict) -> None:
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / f"{name}.json").write_text(json.dumps(data, indent=2))
+
+
+def graph_us(calls, n_calls: int, replays: int = 10, repeats: int = 5) -> float:
+    """Microseconds per call of `calls()` (which makes `n_calls` calls), as the engine launches kernels: captured
+    once in a CUDA graph on a side stream after a warm-up, replayed `replays` times per timing, median of `repeats`."""
+    import statistics
+
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        calls()  # warm-up: JIT, workspaces
+        torch.cuda.synchronize()
+        with torch.cuda.graph(graph, stream=stream):
+            calls()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / (replays * n_calls))
+    return statistics.median(times)

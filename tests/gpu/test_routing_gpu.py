@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from gpu_helpers import record  # importing gpu_helpers skips the module without CUDA
+from gpu_helpers import graph_us, record  # importing gpu_helpers skips the module without CUDA
 from vllm import _custom_ops as ops
 
 from vllm_ling.ops.moe import grouped_topk
@@ -41,22 +41,11 @@ def _same_choice(a: tuple, b: tuple) -> tuple[bool, float]:
 
 
 def _us_per_call(fn, logits, bias) -> float:
-    """Mean time per call: REPLAYS calls captured in one CUDA graph (as the engine launches them), replayed 5 times."""
-    fn(logits, bias)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    """Mean time per call: REPLAYS calls captured in one CUDA graph (as the engine launches them)."""
+    def calls():
         for _ in range(REPLAYS):
             fn(logits, bias)
-    graph.replay()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(5):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / (5 * REPLAYS)
+    return graph_us(calls, REPLAYS)
 
 
 @pytest.mark.parametrize("m", MS)
