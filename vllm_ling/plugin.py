@@ -62,6 +62,7 @@ def _register() -> str:
     serving, why = compat.serving_model()
     compat.register_config_class(BailingMoeV3Config)
     smem_guard.install_once()  # GB10: KDA autotuners within 101,376 B, whichever model serves
+    _install_moe_align()
     ours = serving == compat.OURS
     if ours:
         ModelRegistry.register_model(ARCH, "vllm_ling.model:BailingMoeV3ForCausalLM")
@@ -75,3 +76,14 @@ def _register() -> str:
     logger.info("vllm-ling: %s and its MTP draft are served by %s on vLLM %s (%s; %s=vllm-ling|vllm picks).",
                 ARCH, who, compat.vllm_version(), why, compat.MODEL_ENV)
     return serving
+
+
+def _install_moe_align() -> None:
+    """Our MoE token alignment, if asked (VLLM_LING_MOE_ALIGN=ours), whichever model serves. A value we do not
+    know is logged as an error and vLLM's own op stays: a speed option must not stop a server from starting."""
+    from vllm_ling.ops import moe_align
+
+    try:
+        moe_align.install()
+    except ValueError as e:
+        logger.error("%s; serving with vLLM's MoE alignment op", e)

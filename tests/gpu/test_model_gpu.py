@@ -6,6 +6,7 @@ reference checkpoint (ORACLES: fp32, bf16, and the FP8 reference in both) score 
   bf16 / int4           our model, BF16 checkpoint / INT4 experts (Marlin) vs the checkpoint dequantized by
                         compressed-tensors
   int4_triton           the same through vLLM's Triton/CUDA wna16 MoE kernels (what ling-tune tunes)
+  int4_align, int4_humming_align   INT4 on Marlin / Humming with our MoE token layout (VLLM_LING_MOE_ALIGN=ours)
   bf16_fp8 / int4_fp8   `--quantization ling_fp8`: every BF16 linear and the LM head in FP8 (vllm_ling.fp8)
   bf16_intree           vLLM's in-tree model (vLLM >= 0.28) with our config class
   int4_intree_fp8       the same on the INT4 checkpoint with FP8
@@ -65,9 +66,11 @@ CONFIGS = {
     "int4_triton": ("int4", {**OURS, "VLLM_LING_MOE_BACKEND": "triton"}, _moe("triton")),
     "bf16_fp8": ("bf16", OURS, FP8),
     "int4_fp8": ("int4", OURS, {**_moe("marlin"), **FP8}),
+    "int4_align": ("int4", {**OURS, "VLLM_LING_MOE_ALIGN": "ours"}, _moe("marlin")),  # our MoE token layout
 }
 if compat.has_intree_ling3():
     CONFIGS |= {"int4_humming": ("int4", OURS, _moe("humming")),
+                "int4_humming_align": ("int4", {**OURS, "VLLM_LING_MOE_ALIGN": "ours"}, _moe("humming")),
                 "bf16_intree": ("bf16", INTREE, {}), "int4_intree": ("int4", INTREE, _moe("marlin")),
                 "int4_intree_fp8": ("int4", INTREE, {**_moe("marlin"), **FP8})}
 CHECKPOINTS = ("bf16", "int4")  # the reference checkpoints, in the order their oracles run
@@ -238,6 +241,7 @@ def test_int4_experts_use_the_requested_kernels(runs, name):
     assert MOE_METHOD[backend] in method, engine["moe_method"]
     if backend == "triton":
         assert "marlin" not in method and "humming" not in method, engine["moe_method"]
+    assert engine["moe_align"] == CONFIGS[name][1].get("VLLM_LING_MOE_ALIGN", "vllm")
 
 
 def _decided_bar(floor: float) -> float:

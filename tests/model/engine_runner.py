@@ -82,6 +82,7 @@ def run(spec: dict) -> dict:
         result["spec_decode"] = _spec_counters(llm)
     result["implementation"] = _on_model(llm, _implementation)[0]
     result["moe_method"] = _on_model(llm, _moe_method)[0]
+    result["moe_align"] = _on_model(llm, _moe_align)[0]
     if spec.get("quant_methods"):
         result["quant_methods"] = _on_model(llm, _quant_methods)[0]
     if spec.get("log_lines"):
@@ -111,6 +112,13 @@ def _on_model(llm, func) -> list:
 
 def _implementation(model) -> str:
     return f"{type(model).__module__}.{type(model).__name__}"
+
+
+def _moe_align(model) -> str:
+    """`ours` where vllm_ling.ops.moe_align wraps vLLM's MoE alignment op in this process, else `vllm`."""
+    from vllm import _custom_ops as ops
+
+    return "ours" if hasattr(ops.moe_align_block_size, "vllm_ling_wraps") else "vllm"
 
 
 def _tp_rank_info(worker) -> dict:
