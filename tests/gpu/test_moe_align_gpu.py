@@ -1,7 +1,7 @@
 """Our one-program MoE token alignment on the GPU against vLLM's own CUDA op, on the same routed ids, and the time
 per call of both inside a CUDA graph (recorded, not asserted).
 
-Same layout means: the same padded total, the same expert per used block, the same rows in each expert's range
+Same layout means: the same padded total, the same expert per block (past the total too), the same rows in each expert's range
 (in any order: vLLM's op orders them by atomics) and sentinels in the same places; with 0.33's scatter_idx, the
 same scatter map. Ling-3.0-flash's routing: 512 experts, top-8. Run: pytest tests/gpu/test_moe_align_gpu.py -q
 """
@@ -50,7 +50,7 @@ def _layout(ids: torch.Tensor, block: int, bufs: tuple[torch.Tensor, ...]) -> di
     t = int(total.item())
     groups = {e: sorted(sorted_ids[s:s + block * n].tolist())  # every row (and sentinel) in each expert's range
               for e, s, n in _ranges(expert_ids[: t // block].tolist(), block)}
-    return {"total": t, "experts": expert_ids[: t // block].tolist(), "groups": groups,
+    return {"total": t, "experts": expert_ids.tolist(), "groups": groups,  # past the total too (TAIL_EXPERT)
             "sentinels": (sorted_ids == ids.numel()).nonzero().flatten().tolist()}
 
 

@@ -2,7 +2,7 @@
 
 The reference below is written from vLLM's `moe_align_block_size` contract (csrc/moe/moe_align_sum_kernels.cu):
 rows sorted by expert, each expert's rows padded to the block size with the sentinel `numel`, one expert id
-per block (0 past the total), the padded total. The order within one expert is free. The kernel runs in
+per block (TAIL_EXPERT past the total), the padded total. The order within one expert is free. The kernel runs in
 Triton's interpreter in a child process (the `interpret` fixture, tests/ops/conftest.py).
 """
 
@@ -15,7 +15,7 @@ import pytest
 CHILD = r"""
 import json, sys
 import torch
-from vllm_ling.ops.moe_align import moe_align_small
+from vllm_ling.ops.moe_align import TAIL_EXPERT, moe_align_small
 
 def vllm_buffers(numel, experts, block):
     # sized as vllm/model_executor/layers/fused_moe/moe_align_block_size.py sizes them, filled with garbage
@@ -57,7 +57,7 @@ for tokens, k, experts, block, collide, invalid, scatter in json.loads(sys.argv[
     out.append({"total": int(total.item()), "total_ref": tot, "rows_ok": rows_ok, "pad_ok": pad_ok,
                 "tail_sentinel": bool((sorted_ids[tot:] == numel).all()),
                 "experts_ok": expert_ids[:blocks_used].tolist() == want_blocks,
-                "experts_tail_zero": bool((expert_ids[blocks_used:] == 0).all()),
+                "experts_tail": bool((expert_ids[blocks_used:] == TAIL_EXPERT).all()),
                 "scatter": None if sc is None else sc.flatten().tolist(),
                 "invalid_rows": [i for i, e in enumerate(flat.tolist()) if not 0 <= e < experts]})
 
@@ -96,7 +96,7 @@ def test_kernel_lays_rows_out_as_vllms_op(results, case):
     r = results["cases"][case]
     assert r["total"] == r["total_ref"]
     assert r["rows_ok"] and r["pad_ok"] and r["tail_sentinel"]
-    assert r["experts_ok"] and r["experts_tail_zero"]
+    assert r["experts_ok"] and r["experts_tail"]
     if r["scatter"] is not None:  # identity for the rows routed, -1 for those skipped
         assert r["scatter"] == [-1 if i in r["invalid_rows"] else i for i in range(len(r["scatter"]))]
 

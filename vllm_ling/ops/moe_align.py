@@ -5,7 +5,7 @@ expert and pads each expert's rows to the GEMM's block size (`moe_align_block_si
 experts each (numel = T·k rows, row r = token r // k), with c_e rows on expert e,
   padded_e = ceil(c_e / B) · B,   start_e = Σ_{e' < e} padded_e',   total = Σ_e padded_e,
   sorted_ids[start_e + rank] = r (rank: r's place among expert e's rows), every other entry = numel (skipped),
-  expert_ids[b] = the expert whose range holds row b·B (0 past the total), num_tokens_post_pad = total.
+  expert_ids[b] = the expert whose range holds row b·B (TAIL_EXPERT past the total), num_tokens_post_pad = total.
 vLLM's CUDA op spends two launches on it for 512 experts (its one-kernel path stops at 64 experts): 6 µs per
 MoE layer at batch 1 on the H200, 240 µs of a decode step on the routed experts' critical path (session 9's
 profile, docs/speed.md §Kernels). Here one program of 4 warps holds every row (numel <= MAX_ROWS: 16 tokens at
@@ -32,13 +32,17 @@ logger = logging.getLogger("vllm_ling")
 ALIGN_ENV = "VLLM_LING_MOE_ALIGN"
 ALIGNS = ("vllm", "ours")  # vLLM's CUDA op (default until measured), or this kernel at decode sizes
 MAX_ROWS = 128  # routed rows one program holds: the pairwise [rows, rows] comparisons live in registers
+# The expert id of the blocks past the total. vLLM's CUDA op writes 0 there in the source we read (some later
+# versions write -1, for kernels that skip such blocks); tests/gpu/test_moe_align_gpu.py compares the whole
+# array with the installed vLLM's op, so a difference shows there.
+TAIL_EXPERT = 0
 _FILL = 1024  # sentinel entries written per step
 
 
 @triton.jit
 def _moe_align_kernel(topk_ptr, sorted_ptr, expert_ids_ptr, total_ptr, scatter_ptr, numel, num_experts,
                       block_size, sorted_len, blocks_len,
-                      ROWS: tl.constexpr, FILL: tl.constexpr, HAS_SCATTER: tl.constexpr):
+                      ROWS: tl.constexpr, FILL: tl.constexpr, TAIL: tl.constexpr, HAS_SCATTER: tl.constexpr):
     r = tl.arange(0, ROWS)
     e = tl.load(topk_ptr + r, mask=r < numel, other=-1).to(tl.int32)
     valid = (r < numel) & (e >= 0) & (e < num_experts)  # ids out of range are skipped, as vLLM's op does
@@ -60,7 +64,8 @@ def _moe_align_kernel(topk_ptr, sorted_ptr, expert_ids_ptr, total_ptr, scatter_p
         b = b0 + tl.arange(0, ROWS)
         row = b * block_size
         holds = first[None, :] & (start[None, :] <= row[:, None]) & (row[:, None] < end[None, :])
-        tl.store(expert_ids_ptr + b, tl.sum(tl.where(holds, e[None, :], 0), axis=1), mask=b < blocks_len)
+        expert = tl.where(row < total, tl.sum(tl.where(holds, e[None, :], 0), axis=1), TAIL)
+        tl.store(expert_ids_ptr + b, expert, mask=b < blocks_len)
     tl.store(total_ptr, total)
     if HAS_SCATTER:
         tl.store(scatter_ptr + r, tl.where(valid, r, -1), mask=r < numel)
@@ -77,7 +82,8 @@ def moe_align_small(topk_ids: torch.Tensor, num_experts: int, block_size: int, s
         topk_ids.reshape(-1), sorted_token_ids, expert_ids, num_tokens_post_pad,
         scatter_idx if scatter_idx is not None else num_tokens_post_pad, numel, num_experts, block_size,
         sorted_token_ids.numel(), expert_ids.numel(),
-        ROWS=max(16, triton.next_power_of_2(numel)), FILL=_FILL, HAS_SCATTER=scatter_idx is not None, num_warps=4,
+        ROWS=max(16, triton.next_power_of_2(numel)), FILL=_FILL, TAIL=TAIL_EXPERT, HAS_SCATTER=scatter_idx is not None,
+        num_warps=4,
     )
 
 
