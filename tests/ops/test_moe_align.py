@@ -61,6 +61,28 @@ for tokens, k, experts, block, collide, invalid, scatter in json.loads(sys.argv[
                 "scatter": None if sc is None else sc.flatten().tolist(),
                 "invalid_rows": [i for i, e in enumerate(flat.tolist()) if not 0 <= e < experts]})
 
+# random shapes: experts, top-k, tokens (<= MAX_ROWS rows), block sizes 1-64, shared experts, stray ids
+import random
+rng, fuzz = random.Random(1), []
+for _ in range(20):
+    experts = rng.choice([8, 40, 64, 512]); k = min(rng.choice([1, 2, 4, 8]), experts)
+    tokens, block = rng.randint(1, 128 // k), rng.choice([1, 4, 8, 16, 32, 64])
+    pool = rng.choice([k, max(k, 3), experts])
+    ids = torch.stack([torch.tensor(rng.sample(range(pool), k)) for _ in range(tokens)]).int()
+    if rng.random() < 0.2:
+        ids[rng.randrange(tokens), 0] = experts + rng.randrange(3)
+    numel = ids.numel()
+    sorted_ids, expert_ids, total = vllm_buffers(numel, experts, block)
+    moe_align_small(ids, experts, block, sorted_ids, expert_ids, total)
+    counts, padded, start, tot = reference(ids, experts, block, numel)
+    flat, ok = ids.reshape(-1).long(), int(total.item()) == tot
+    for e in torch.nonzero(counts).flatten().tolist():
+        a, c, p = int(start[e]), int(counts[e]), int(padded[e])
+        ok &= sorted(sorted_ids[a:a + c].tolist()) == torch.nonzero(flat == e).flatten().tolist()
+        ok &= bool((sorted_ids[a + c:a + p] == numel).all()) and bool((expert_ids[a // block:(a + p) // block] == e).all())
+    ok &= bool((sorted_ids[tot:] == numel).all()) and bool((expert_ids[tot // block:] == TAIL_EXPERT).all())
+    fuzz.append([experts, k, tokens, block, pool, bool(ok)])
+
 # the dispatch: what goes to vLLM's op, unchanged
 from vllm_ling.ops.moe_align import MAX_ROWS, wrap
 calls = []
@@ -72,7 +94,7 @@ op(small, 512, 16, *buf, torch.arange(512), None)            # an expert map
 op(small, 512, 16, *buf, None, torch.zeros(8, 1, dtype=torch.int32))  # 0.33's scatter_idx passes through
 big = torch.zeros(MAX_ROWS + 8, dtype=torch.int32)
 op(big, 512, 16, *vllm_buffers(big.numel(), 512, 16))
-print(json.dumps({"cases": out, "fallbacks": calls}))
+print(json.dumps({"cases": out, "fuzz": fuzz, "fallbacks": calls}))
 """
 
 # tokens, top-k, experts, block size, tokens share experts, one out-of-range id, scatter_idx asked
@@ -99,6 +121,11 @@ def test_kernel_lays_rows_out_as_vllms_op(results, case):
     assert r["experts_ok"] and r["experts_tail"]
     if r["scatter"] is not None:  # identity for the rows routed, -1 for those skipped
         assert r["scatter"] == [-1 if i in r["invalid_rows"] else i for i in range(len(r["scatter"]))]
+
+
+def test_random_shapes_lay_out_as_vllms_op(results):
+    """20 random (experts, top-k, tokens, block, expert pool) cases, each checked as the named ones are."""
+    assert [c for c in results["fuzz"] if not c[-1]] == [] and len(results["fuzz"]) == 20
 
 
 def test_the_cases_exercise_padding_and_shared_experts(results):
