@@ -19,9 +19,11 @@ from vllm_ling.ops.kda import chunk_kda_torch, recurrent_kda_torch
 def _heads(x: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """[n, 3·P] -> q, k, v each [1, n, H, d], dense: the FLA kernels index them as contiguous [T, H, d] (a
     strided chunk handed to `fused_recurrent_kda_fwd` made every verify-batch sequence but the first read
-    another token's channels)."""
+    another token's channels). One copy makes all three ([3, n, H, d]), not one copy each; one token needs none."""
     n = x.shape[0]
-    return tuple(t.reshape(1, n, -1, head_dim).contiguous() for t in x.chunk(3, dim=-1))  # type: ignore[return-value]
+    qkv = x.view(n, 3, -1, head_dim).transpose(0, 1)
+    qkv = qkv if qkv.is_contiguous() else qkv.contiguous()
+    return qkv[0][None], qkv[1][None], qkv[2][None]
 
 
 def _row_split(meta) -> tuple[slice | torch.Tensor | None, slice | torch.Tensor | None]:

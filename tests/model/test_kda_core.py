@@ -116,6 +116,13 @@ def test_heads_are_dense_as_the_fla_kernels_index_them():
     from vllm_ling.kda_core import _heads
 
     qkvb = torch.randn(5, CH + H)  # the model's fused q|k|v|β projection; q|k|v is its strided first part
-    for t, part in zip(_heads(qkvb[:, :CH], D_HEAD), qkvb[:, :CH].chunk(3, dim=-1)):
+    heads = _heads(qkvb[:, :CH], D_HEAD)
+    for t, part in zip(heads, qkvb[:, :CH].chunk(3, dim=-1)):
         assert t.is_contiguous() and t.shape == (1, 5, H, D_HEAD)
         assert torch.equal(t.reshape(5, -1), part)
+    # one copy for all three (a kernel per verify or prefill step saved twice over), none for a single token
+    assert len({t.untyped_storage().data_ptr() for t in heads}) == 1
+    assert heads[0].untyped_storage().data_ptr() != qkvb.untyped_storage().data_ptr()
+    one = qkvb[:1, :CH]
+    assert all(t.is_contiguous() and t.untyped_storage().data_ptr() == qkvb.untyped_storage().data_ptr()
+               for t in _heads(one, D_HEAD))
