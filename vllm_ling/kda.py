@@ -92,7 +92,7 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
         # compile may pad the GEMM's rows to an aligned width (Inductor's pad_mm: BF16 N to a multiple of 8; seen
         # on the H200 as row stride 2,568 for a 2,564-wide output), so at an unaligned width g is copied first.
         # Ling-3.0-flash's width (20,512; 10,256 per rank at TP = 2) is a multiple of 16 and serves with no copy.
-        self.gate_copy = (5 * local_proj + self.local_heads) % 16 != 0
+        self.gate_copy = self.in_proj.output_size_per_partition % 16 != 0
         self.o_proj = RowParallelLinear(
             proj, config.hidden_size, bias=False, quant_config=quant_config, prefix=f"{prefix}.o_proj"
         )
