@@ -34,13 +34,8 @@ def reference(ids, experts, block, numel):
     start = torch.cumsum(padded, 0) - padded
     return counts, padded, start, int(padded.sum())
 
-out = []
-for tokens, k, experts, block, collide, invalid, scatter in json.loads(sys.argv[1]):
-    gen = torch.Generator().manual_seed(tokens * 100 + block)
-    pool = max(k, 4) if collide else experts  # a small pool makes tokens share experts
-    ids = torch.stack([torch.randperm(pool, generator=gen)[:k] for _ in range(tokens)]).to(torch.int32)
-    if invalid:
-        ids[0, 0] = experts  # out of range: skipped
+def align_and_check(ids, experts, block, scatter):
+    # our kernel on vLLM's buffers, then every part of the layout against the reference
     numel = ids.numel()
     sorted_ids, expert_ids, total = vllm_buffers(numel, experts, block)
     sc = torch.full((numel, 1), -7, dtype=torch.int32) if scatter else None
@@ -54,12 +49,25 @@ for tokens, k, experts, block, collide, invalid, scatter in json.loads(sys.argv[
         pad_ok &= bool((sorted_ids[s + c:s + p] == numel).all())
     blocks_used = tot // block
     want_blocks = [int(torch.searchsorted(torch.cumsum(padded, 0), b * block, right=True)) for b in range(blocks_used)]
-    out.append({"total": int(total.item()), "total_ref": tot, "rows_ok": rows_ok, "pad_ok": pad_ok,
-                "tail_sentinel": bool((sorted_ids[tot:] == numel).all()),
-                "experts_ok": expert_ids[:blocks_used].tolist() == want_blocks,
-                "experts_tail": bool((expert_ids[blocks_used:] == TAIL_EXPERT).all()),
-                "scatter": None if sc is None else sc.flatten().tolist(),
-                "invalid_rows": [i for i, e in enumerate(flat.tolist()) if not 0 <= e < experts]})
+    return {"total": int(total.item()), "total_ref": tot, "rows_ok": rows_ok, "pad_ok": pad_ok,
+            "tail_sentinel": bool((sorted_ids[tot:] == numel).all()),
+            "experts_ok": expert_ids[:blocks_used].tolist() == want_blocks,
+            "experts_tail": bool((expert_ids[blocks_used:] == TAIL_EXPERT).all()),
+            "scatter": None if sc is None else sc.flatten().tolist(),
+            "invalid_rows": [i for i, e in enumerate(flat.tolist()) if not 0 <= e < experts]}
+
+def all_ok(r):
+    return r["total"] == r["total_ref"] and all(r[k] for k in ("rows_ok", "pad_ok", "tail_sentinel", "experts_ok",
+                                                               "experts_tail"))
+
+out = []
+for tokens, k, experts, block, collide, invalid, scatter in json.loads(sys.argv[1]):
+    gen = torch.Generator().manual_seed(tokens * 100 + block)
+    pool = max(k, 4) if collide else experts  # a small pool makes tokens share experts
+    ids = torch.stack([torch.randperm(pool, generator=gen)[:k] for _ in range(tokens)]).to(torch.int32)
+    if invalid:
+        ids[0, 0] = experts  # out of range: skipped
+    out.append(align_and_check(ids, experts, block, scatter))
 
 # random shapes: experts, top-k, tokens (<= MAX_ROWS rows), block sizes 1-64, shared experts, stray ids
 import random
@@ -71,17 +79,7 @@ for _ in range(20):
     ids = torch.stack([torch.tensor(rng.sample(range(pool), k)) for _ in range(tokens)]).int()
     if rng.random() < 0.2:
         ids[rng.randrange(tokens), 0] = experts + rng.randrange(3)
-    numel = ids.numel()
-    sorted_ids, expert_ids, total = vllm_buffers(numel, experts, block)
-    moe_align_small(ids, experts, block, sorted_ids, expert_ids, total)
-    counts, padded, start, tot = reference(ids, experts, block, numel)
-    flat, ok = ids.reshape(-1).long(), int(total.item()) == tot
-    for e in torch.nonzero(counts).flatten().tolist():
-        a, c, p = int(start[e]), int(counts[e]), int(padded[e])
-        ok &= sorted(sorted_ids[a:a + c].tolist()) == torch.nonzero(flat == e).flatten().tolist()
-        ok &= bool((sorted_ids[a + c:a + p] == numel).all()) and bool((expert_ids[a // block:(a + p) // block] == e).all())
-    ok &= bool((sorted_ids[tot:] == numel).all()) and bool((expert_ids[tot // block:] == TAIL_EXPERT).all())
-    fuzz.append([experts, k, tokens, block, pool, bool(ok)])
+    fuzz.append([experts, k, tokens, block, pool, all_ok(align_and_check(ids, experts, block, False))])
 
 # the dispatch: what goes to vLLM's op, unchanged
 from vllm_ling.ops.moe_align import MAX_ROWS, wrap
