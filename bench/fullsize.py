@@ -36,6 +36,7 @@ import time
 from ling_tuning.engine_compare import BACKENDS as MOE_BACKENDS  # vLLM >= 0.28's --moe-backend for INT4 experts
 from vllm_ling.fp8 import KERNELS as FP8_KERNELS
 from vllm_ling.ops.moe_align import ALIGN_ENV, ALIGNS  # our MoE token layout or vLLM's op (--moe-align)
+from vllm_ling.kda_core import GATE_ENV, GATES  # KDA gate: ours before the op, or inside vLLM's kernels (--kda-gate)
 from vllm_ling.ops.routing import ROUTER_ENV, ROUTERS  # our MoE router or vLLM's (--router)
 
 MODES = {
@@ -214,7 +215,7 @@ def _set_synthetic_length(llm, length: float) -> None:
 def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, util: float, chunk: int,
         impl: str = "ours", fp8: str | None = None, kernels: bool = False,
         acceptance_lengths: list[float] | None = None, moe_backend: str | None = None,
-        router: str | None = None, moe_align: str | None = None) -> dict:
+        router: str | None = None, moe_align: str | None = None, kda_gate: str | None = None) -> dict:
     acceptance_length, more_lengths = (acceptance_lengths[0], acceptance_lengths[1:]) if acceptance_lengths \
         else (None, [])
     if more_lengths and mode != "mtp":
@@ -225,6 +226,8 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
         os.environ[ROUTER_ENV] = router
     if moe_align:
         os.environ[ALIGN_ENV] = moe_align
+    if kda_gate:
+        os.environ[GATE_ENV] = kda_gate
     import torch
     from vllm import LLM
 
@@ -248,7 +251,8 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
                     "repeats": repeats, "chunked_prefill_tokens": chunk, "cudagraph_mode": _cudagraph_mode(llm),
                     "acceptance_length_synthetic": acceptance_length, "moe_backend_asked": moe_backend or "auto",
                     "router_asked": os.environ.get(ROUTER_ENV, "ours") if impl == "ours" else None,
-                    "moe_align_asked": os.environ.get(ALIGN_ENV, "vllm"), **shape}
+                    "moe_align_asked": os.environ.get(ALIGN_ENV, "vllm"),
+                    "kda_gate_asked": os.environ.get(GATE_ENV, "ours") if impl == "ours" else None, **shape}
     short = [rng.randrange(10, vocab) for _ in range(32)]
     _progress(t0, f"engine up ({mode})")
     _timed(llm, short, decode)  # warm-up: JIT and first-request costs are not speed
@@ -358,11 +362,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="our model's MoE routing: our one-kernel router (default) or vLLM's grouped_topk")
     ap.add_argument("--moe-align", choices=ALIGNS,
                     help="MoE token layout before the expert GEMMs: vLLM's op (default) or ours at decode sizes")
+    ap.add_argument("--kda-gate", choices=GATES,
+                    help="our model's KDA gate: computed before the op (default) or inside vLLM's raw-gate kernels")
     ap.add_argument("--out", help="write the JSON result here")
     a = ap.parse_args(argv)
     prefill = [int(x) for x in a.prefill.split(",") if x]
     result = run(a.model, a.mode, prefill, a.decode, a.repeats, a.util, a.chunk, a.impl, a.fp8, a.kernels,
-                 a.acceptance_length, a.moe_backend, a.router, a.moe_align)
+                 a.acceptance_length, a.moe_backend, a.router, a.moe_align, a.kda_gate)
     text = json.dumps(result, indent=2)
     print(text)
     if a.out:

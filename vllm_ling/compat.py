@@ -132,6 +132,20 @@ def kda_state_copy_funcs() -> tuple:
     return MambaStateCopyFuncCalculator.kda_state_copy_func()
 
 
+KDA_GATE_KERNELS = "vllm.models.kimi_k3.nvidia.ops.third_party.kda"  # vLLM >= 0.32; 0.26 has no such module
+
+
+@cache
+def kda_gate_kernels() -> Any:
+    """vLLM's KDA kernels that apply the forget gate and σ(β) inside (`fused_recurrent_kda_packed_decode`,
+    raw-gate `fused_recurrent_kda`, `chunk_kda_with_fused_gate`), written for its Kimi layer and shipped with
+    vLLM 0.32 and 0.33 (identical in both); None where the release lacks them (0.26)."""
+    try:
+        return importlib.import_module(KDA_GATE_KERNELS)
+    except ImportError:
+        return None
+
+
 def draft_hf_config(vllm_config: Any) -> Any:
     """The MTP draft's hf_config while the draft is built: in vLLM 0.26 `vllm_config.model_config` is still the
     target's then, so read the speculative config's draft model config where there is one."""

@@ -5,13 +5,15 @@ Per token: q,k,v = SiLU(causal_conv4(W_{q,k,v} x)); β = σ(W_β x); g = λ·σ(
 q, k L2-normed; y = W_o [RMSNorm(o) ⊙ w ⊙ σ(W_g x)].
 
 The stateful part runs inside one opaque custom op (torch.compile must not trace it). On CUDA it
-calls vLLM's vendored FLA kernels with our precomputed gate (0.26's kernels have no lower bound);
-on CPU it calls our torch-native ops in `vllm_ling.ops`.
+calls vLLM's vendored FLA kernels with our precomputed gate (0.26's kernels have no lower bound), or, with
+VLLM_LING_KDA_GATE=kernel on vLLM >= 0.32, hands the raw f and β logits to the KDA kernels vLLM wrote for its
+Kimi layer, which apply the same gate inside; on CPU it calls our torch-native ops in `vllm_ling.ops`.
 """
 
 from __future__ import annotations
 
 import logging
+from functools import cache
 
 import torch
 from torch import nn
@@ -27,12 +29,33 @@ from vllm.model_executor.utils import set_weight_attrs
 from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
-from vllm_ling import compat, kda_core
+from vllm_ling import compat, envs, kda_core
 from vllm_ling.config import kda_head_dim
 from vllm_ling.ops.kda import kda_safe_gate, kda_softplus_gate
 
 logger = logging.getLogger("vllm_ling")
 OP_NAME = "vllm_ling_kda"
+GATE_ENV, GATES = kda_core.GATE_ENV, kda_core.GATES
+
+
+@cache
+def _gate_in_kernel(asked: str) -> bool:
+    """VLLM_LING_KDA_GATE=kernel where this vLLM has the kernels (else a warning, once, and our gate)."""
+    if asked != "kernel" or compat.is_cpu():  # the CPU path computes the gate by our ops either way
+        return asked == "kernel"
+    if compat.kda_gate_kernels() is None:
+        logger.warning("vllm-ling: %s=kernel needs vLLM's raw-gate KDA kernels (%s, vLLM >= 0.32), which vLLM %s "
+                       "lacks; KDA computes its gate itself (%s=ours)", GATE_ENV, compat.KDA_GATE_KERNELS,
+                       compat.vllm_version(), GATE_ENV)
+        return False
+    logger.info("vllm-ling: KDA gate and β inside vLLM's KDA kernels (%s=kernel)", GATE_ENV)
+    return True
+
+
+def gate_in_kernel() -> bool:
+    return _gate_in_kernel(envs.choice(GATE_ENV, GATES, "ours"))
+
+
 def _kda_op(qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, out: torch.Tensor, layer_name: str) -> None:
     get_forward_context().no_compile_layers[layer_name].core(qkv, g, beta, out)
 
@@ -93,6 +116,7 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
         # on the H200 as row stride 2,568 for a 2,564-wide output), so at an unaligned width g is copied first.
         # Ling-3.0-flash's width (20,512; 10,256 per rank at TP = 2) is a multiple of 16 and serves with no copy.
         self.gate_copy = self.in_proj.output_size_per_partition % 16 != 0
+        self.gate_in_kernel = gate_in_kernel()
         self.o_proj = RowParallelLinear(
             proj, config.hidden_size, bias=False, quant_config=quant_config, prefix=f"{prefix}.o_proj"
         )
@@ -138,8 +162,11 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         n, p = hidden_states.shape[0], self.local_heads * self.head_dim
         qkv, b, f, gate = self.in_proj(hidden_states)[0].split([3 * p, self.local_heads, p, p], dim=-1)  # views
-        beta = b.float().sigmoid()  # fp32 write strength
-        g = self.gate(f)
+        if self.gate_in_kernel:  # the op gets the raw projections; the kernels apply σ and the gate in fp32
+            g, beta = f, b
+        else:
+            beta = b.float().sigmoid()  # fp32 write strength
+            g = self.gate(f)
         out = torch.zeros(n, self.local_heads, self.head_dim, dtype=hidden_states.dtype, device=hidden_states.device)
         if self.gate_copy:  # before the op, in the same graph piece as the GEMM (see __init__)
             gate = gate.contiguous()
@@ -148,7 +175,8 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
         return self.o_proj(o.view(n, -1))[0]
 
     def core(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, out: torch.Tensor) -> None:
-        """Conv + recurrence over the batch's sequences, reading and writing this layer's cache slots."""
+        """Conv + recurrence over the batch's sequences, reading and writing this layer's cache slots. g, β: the
+        fp32 gate and write strength, or (gate_in_kernel) the raw f and β-logit projections."""
         meta = get_forward_context().attn_metadata
         meta = meta.get(self.prefix) if isinstance(meta, dict) else None
         if meta is None:  # profile / warm-up run without state
@@ -158,5 +186,13 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
             conv_state = conv_state.transpose(-1, -2)  # view as [slots, 3·P, width]
         rec_state = rec_state[..., : self.head_dim]  # [slots, H, d(v), d(k)], ignore page padding
         n = meta.num_actual_tokens
+        qkv, g, beta, out = qkv[:n], g[:n], beta[:n], out[:n]
+        if self.gate_in_kernel:
+            gate = kda_core.Gate(self.A_log, self.dt_bias, self.lower_bound if self.safe_gate else None)
+            if qkv.is_cuda:
+                kda_core.run_cuda_gate_in_kernel(qkv, g, beta, gate, self.conv1d, conv_state, rec_state, meta,
+                                                 self.head_dim, out)
+                return
+            g, beta = kda_core.gate_torch(g, beta, gate)
         run = kda_core.run_cuda if qkv.is_cuda else kda_core.run_torch
-        run(qkv[:n], g[:n], beta[:n], self.conv1d, conv_state, rec_state, meta, self.head_dim, out[:n])
+        run(qkv, g, beta, self.conv1d, conv_state, rec_state, meta, self.head_dim, out)

@@ -6,14 +6,22 @@ of their own result):
   conv_w [3·P, K] fp32, conv_state [slots, 3·P, width] (dim-first view), rec_state [slots, H, d(v), d(k)] fp32,
   meta: vLLM's GDNAttentionMetadata (decodes first, then prefills; spec-decode rows separate).
 A sequence whose `has_initial_state` is False starts from zero state, whatever its slot held.
+
+`run_cuda_gate_in_kernel` takes the raw forget-gate projection f and the β logits instead of g and β, for vLLM's
+KDA kernels that apply the gate themselves (docs/vllm-seams.md §KDA kernels).
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 
 from vllm_ling.ops.conv import causal_conv1d_torch
 from vllm_ling.ops.kda import chunk_kda_torch, recurrent_kda_torch
+
+GATE_ENV = "VLLM_LING_KDA_GATE"
+GATES = ("ours", "kernel")  # our gate before the op (run_cuda), or in vLLM's kernels (run_cuda_gate_in_kernel)
 
 
 def _heads(x: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -24,6 +32,13 @@ def _heads(x: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, 
     qkv = x.view(n, 3, -1, head_dim).transpose(0, 1)
     qkv = qkv if qkv.is_contiguous() else qkv.contiguous()
     return qkv[0][None], qkv[1][None], qkv[2][None]
+
+
+def _head_views(x: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """[n, 3·P] (row stride free) -> q, k, v as strided [1, n, H, d] views, no copy: for kernels that take a
+    token stride (vLLM's raw-gate `fused_recurrent_kda` checks q, k, v share it)."""
+    qkv = x.unflatten(-1, (3, -1, head_dim))
+    return qkv[:, 0][None], qkv[:, 1][None], qkv[:, 2][None]
 
 
 def _row_split(meta) -> tuple[slice | torch.Tensor | None, slice | torch.Tensor | None]:
@@ -179,4 +194,107 @@ def run_cuda(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int,
             use_qk_l2norm_in_kernel=True, cu_seqlens=qsl[: meta.num_decodes + 1], ssm_state_indices=slots,
         )
     out[plain_rows] = o[0].to(out.dtype)
+    return out
+
+
+class Gate(NamedTuple):
+    """The forget gate's parameters, for kernels that apply it: g = λ·σ(exp(A_log)·(f + dt_bias)) with
+    λ = lower_bound, or Kimi's −exp(A_log)·softplus(f + dt_bias) when lower_bound is None. fp32, as the gate."""
+    A_log: torch.Tensor  # [H]
+    dt_bias: torch.Tensor  # [H·d]
+    lower_bound: float | None
+
+
+def dense_slots(rec_state: torch.Tensor) -> bool:
+    """vLLM's raw-gate KDA kernels index a slot's state as dense [H, V, K] (they refuse anything else)."""
+    _, h, v, k = rec_state.shape
+    return rec_state.stride()[1:] == (v * k, k, 1)
+
+
+def gate_torch(f: torch.Tensor, b: torch.Tensor, gate: Gate) -> tuple[torch.Tensor, torch.Tensor]:
+    """(g [n, H, d], β [n, H]) in fp32 from the raw projections, by our torch ops (the law the kernels apply)."""
+    from vllm_ling.ops.kda import kda_safe_gate, kda_softplus_gate
+
+    if gate.lower_bound is None:
+        g = kda_softplus_gate(f, gate.A_log, gate.dt_bias)
+    else:
+        g = kda_safe_gate(f, gate.A_log, gate.dt_bias, gate.lower_bound)
+    return g, b.float().sigmoid()
+
+
+def run_cuda_gate_in_kernel(qkv, f, b, gate: Gate, conv_w, conv_state, rec_state, meta, head_dim: int,
+                            out: torch.Tensor | None = None) -> torch.Tensor:
+    """CUDA path on vLLM's KDA kernels that apply the gate and σ(β) inside (vLLM >= 0.32: the ones its Kimi
+    layer uses): f [n, H·d] and b [n, H] are the raw projections, row-strided views of the fused GEMM's output.
+    Against `run_cuda` this drops the gate + β kernel of every layer, the q|k|v copy of a verify step and, on
+    plain decode, the output copy (the kernel writes `out`). Same conv calls, same state slots, same null slot 0.
+    A state that is not dense per slot takes `run_cuda` with our gate."""
+    if not dense_slots(rec_state):
+        return run_cuda(qkv, *gate_torch(f, b, gate), conv_w, conv_state, rec_state, meta, head_dim, out)
+    from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_fn, causal_conv1d_update
+
+    from vllm_ling import compat
+
+    kda = compat.kda_gate_kernels()
+    out = _output(qkv, rec_state, head_dim, out)
+    heads = rec_state.shape[1]
+    raw = dict(A_log=gate.A_log, dt_bias=gate.dt_bias, lower_bound=gate.lower_bound)
+    spec_rows, plain_rows = _row_split(meta)
+
+    def raw_gate(rows):
+        return f[rows].unflatten(-1, (heads, head_dim))[None], b[rows][None]
+
+    if spec_rows is not None:  # MTP verification: per-draft-position state slots
+        num_spec = meta.num_spec_decodes
+        slots = meta.spec_state_indices_tensor
+        qsl = meta.spec_query_start_loc
+        x = causal_conv1d_update(
+            qkv[spec_rows], conv_state, conv_w, None, activation="silu",
+            conv_state_indices=slots[:, 0][:num_spec], num_accepted_tokens=meta.num_accepted_tokens,
+            query_start_loc=qsl, max_query_len=slots.size(-1), validate_data=False,
+        )
+        q, k, v = _head_views(x, head_dim)
+        raw_g, raw_beta = raw_gate(spec_rows)
+        into = out[None] if plain_rows is None else None
+        o, _ = kda.fused_recurrent_kda(
+            q=q, k=k, v=v, raw_g=raw_g, raw_beta=raw_beta, **raw, initial_state=rec_state,
+            cu_seqlens=qsl[: num_spec + 1], ssm_state_indices=slots, num_accepted_tokens=meta.num_accepted_tokens,
+            out=into,
+        )
+        if into is None:
+            out[spec_rows] = o[0]
+
+    if plain_rows is None:
+        return out
+    slots = meta.non_spec_state_indices_tensor
+    qsl = meta.non_spec_query_start_loc
+    x_in = qkv[plain_rows]
+    n = x_in.shape[0]
+    raw_g, raw_beta = raw_gate(plain_rows)
+    if meta.num_prefills > 0:
+        has_init = meta.has_initial_state
+        x = causal_conv1d_fn(
+            x_in.transpose(0, 1), conv_w, None, activation="silu", conv_states=conv_state,
+            has_initial_state=has_init, cache_indices=slots, query_start_loc=qsl, metadata=meta,
+        ).transpose(0, 1)
+        q, k, v = _heads(x, head_dim)
+        rec_state[slots[~has_init]] = 0
+        o, h_t = kda.chunk_kda_with_fused_gate(
+            q=q, k=k, v=v, raw_g=raw_g, raw_beta=raw_beta, A_log=gate.A_log, g_bias=gate.dt_bias,
+            lower_bound=gate.lower_bound, scale=head_dim**-0.5, initial_state=rec_state[slots].contiguous(),
+            output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=qsl,
+        )
+        rec_state[slots] = h_t.to(rec_state.dtype)
+        out[plain_rows] = o[0].to(out.dtype)
+        return out
+    x = causal_conv1d_update(
+        x_in, conv_state, conv_w, None, activation="silu", conv_state_indices=slots[:n], validate_data=True,
+    )
+    into = out[None] if spec_rows is None else None
+    o, _ = kda.fused_recurrent_kda_packed_decode(
+        mixed_qkv=x, raw_g=raw_g, raw_beta=raw_beta, **raw, initial_state=rec_state, state_indices=slots[:n],
+        out=into,
+    )
+    if into is None:
+        out[plain_rows] = o[0]
     return out

@@ -6,7 +6,9 @@ q|k|v a strided view of the fused projection as in the model.
 The kernel tests (test_kda_kernels_gpu.py) feed the kernels dense tensors; this checks our glue. It catches
 the bug found on the H200 (FINDINGS.md §4): q, k, v handed to `fused_recurrent_kda_fwd` as strided views of
 the conv output, which the kernel indexes as dense [T, H, d], so in a verify batch every sequence but the
-first read another token's channels. Run: pytest tests/gpu/test_kda_core_gpu.py -q
+first read another token's channels. Every case runs twice: our gate computed before the op (`run_cuda`), and
+the raw f and β logits handed to vLLM's raw-gate KDA kernels (`run_cuda_gate_in_kernel`, VLLM_LING_KDA_GATE=kernel;
+vLLM >= 0.32), whose q, k, v stay strided views. Run: pytest tests/gpu/test_kda_core_gpu.py -q
 """
 
 from __future__ import annotations
@@ -27,7 +29,8 @@ except ImportError:  # a bare checkout on the GPU host
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first  # noqa: E402
 
-from vllm_ling.kda_core import run_cuda, run_torch  # noqa: E402
+from vllm_ling import compat  # noqa: E402
+from vllm_ling.kda_core import Gate, gate_torch, run_cuda, run_cuda_gate_in_kernel, run_torch  # noqa: E402
 
 H, D, K_CONV, NUM_SPEC, N = 4, 128, 4, 1, 3  # Ling's head_dim; 3 sequences per batch
 CH = 3 * H * D
@@ -35,13 +38,16 @@ SPEC_SLOTS = [[1, 2], [3, 4], [5, 6]]  # per sequence: the slot of each verified
 REL_TOL = 2e-2  # bf16 inputs and conv state on the GPU against fp32 on the CPU; the glue bug gave ~1
 
 
+_gen = torch.Generator().manual_seed(1)
+GATE = Gate(torch.randn(H, generator=_gen), torch.randn(H * D, generator=_gen), -5.0)  # fp32, as the layer's
+MODES = ["ours", "kernel"]
+
+
 def _step(n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """qkv as the model has it: the strided first part of the fused q|k|v|β projection; fp32 g and β."""
+    """As the model has them: q|k|v, β logits and f, strided slices of one fused bf16 projection row."""
     gen = torch.Generator().manual_seed(seed)
-    qkvb = torch.randn(n, CH + H, generator=gen).bfloat16()
-    g = -torch.rand(n, H, D, generator=gen) * 2
-    beta = torch.rand(n, H, generator=gen)
-    return qkvb[:, :CH], g, beta
+    row = torch.randn(n, CH + H + H * D + 8, generator=gen).bfloat16()
+    return row[:, :CH], row[:, CH:CH + H], row[:, CH + H:CH + H + H * D]
 
 
 class Caches:
@@ -57,10 +63,21 @@ class Caches:
         view = storage if is_conv_state_dim_first() else storage.transpose(1, 2)  # [slots, CH, width], as kda.py
         self.gpu = view, rec.cuda()
 
-    def run(self, step, meta_cpu: SimpleNamespace, meta_gpu: SimpleNamespace) -> tuple[torch.Tensor, torch.Tensor]:
-        qkv, g, beta = step
-        ref = run_torch(qkv.float(), g, beta, self.conv_w, *self.cpu, meta_cpu, D)
-        got = run_cuda(qkv.cuda(), g.cuda(), beta.cuda(), self.conv_w.cuda(), *self.gpu, meta_gpu, D)
+    def run(self, step, meta_cpu: SimpleNamespace, meta_gpu: SimpleNamespace,
+            mode: str) -> tuple[torch.Tensor, torch.Tensor]:
+        qkv, b, f = step
+        ref = run_torch(qkv.float(), *gate_torch(f, b, GATE), self.conv_w, *self.cpu, meta_cpu, D)
+        conv_w, (conv, rec) = self.conv_w.cuda(), self.gpu
+        if mode == "ours":
+            g, beta = gate_torch(f.cuda(), b.cuda(), Gate(*(t.cuda() for t in GATE[:2]), GATE.lower_bound))
+            got = run_cuda(qkv.cuda(), g, beta, conv_w, conv, rec, meta_gpu, D)
+        else:
+            if compat.kda_gate_kernels() is None:
+                pytest.skip(f"vLLM {compat.vllm_version()} has no raw-gate KDA kernels")
+            row = torch.cat([qkv, b, f], dim=1).cuda()  # one fused row again, so the views keep its stride
+            gpu_gate = Gate(GATE.A_log.cuda(), GATE.dt_bias.cuda(), GATE.lower_bound)
+            got = run_cuda_gate_in_kernel(row[:, :CH], row[:, CH:CH + H], row[:, CH + H:], gpu_gate, conv_w, conv,
+                                          rec, meta_gpu, D)
         return ref, got.float().cpu()
 
     def assert_same_state(self, slots: list[int]) -> None:
@@ -90,12 +107,13 @@ def _decode_meta(slots: list[int], device: str) -> SimpleNamespace:
         has_initial_state=torch.ones(len(slots), dtype=torch.bool, device=device))
 
 
-def test_verify_batch_matches_torch_path_for_accepted_and_rejected_drafts():
+@pytest.mark.parametrize("mode", MODES)
+def test_verify_batch_matches_torch_path_for_accepted_and_rejected_drafts(mode):
     caches = Caches()
     every_slot = [s for pair in SPEC_SLOTS for s in pair]
     for round_, accepted in enumerate([[1, 1, 1], [2, 1, 2], [1, 2, 1]]):
         ref, got = caches.run(_step(2 * N, seed=10 + round_), _verify_meta(accepted, "cpu"),
-                              _verify_meta(accepted, "cuda"))
+                              _verify_meta(accepted, "cuda"), mode)
         _close(f"verify round {round_} outputs (accepted {accepted})", ref, got)
         caches.assert_same_state(every_slot)
 
@@ -112,18 +130,20 @@ def _mixed_meta(device: str) -> SimpleNamespace:
         has_initial_state=torch.ones(1, dtype=torch.bool, device=device))
 
 
-def test_mixed_verify_and_plain_decode_batch_matches_torch_path():
+@pytest.mark.parametrize("mode", MODES)
+def test_mixed_verify_and_plain_decode_batch_matches_torch_path(mode):
     """Spec and non-spec rows of one batch are gathered, run and scattered back to their own rows."""
     caches = Caches()
-    ref, got = caches.run(_step(5, seed=30), _mixed_meta("cpu"), _mixed_meta("cuda"))
+    ref, got = caches.run(_step(5, seed=30), _mixed_meta("cpu"), _mixed_meta("cuda"), mode)
     _close("mixed batch outputs", ref, got)
     caches.assert_same_state([1, 2, 3, 4, 5])
 
 
-def test_plain_decode_batch_matches_torch_path():
+@pytest.mark.parametrize("mode", MODES)
+def test_plain_decode_batch_matches_torch_path(mode):
     caches = Caches()
     slots = [1, 3, 5]
     for step in range(3):
-        ref, got = caches.run(_step(N, seed=20 + step), _decode_meta(slots, "cpu"), _decode_meta(slots, "cuda"))
+        ref, got = caches.run(_step(N, seed=20 + step), _decode_meta(slots, "cpu"), _decode_meta(slots, "cuda"), mode)
         _close(f"decode step {step} outputs", ref, got)
         caches.assert_same_state(slots)

@@ -83,6 +83,7 @@ def run(spec: dict) -> dict:
     result["implementation"] = _on_model(llm, _implementation)[0]
     result["moe_method"] = _on_model(llm, _moe_method)[0]
     result["moe_align"] = _on_model(llm, _moe_align)[0]
+    result["kda_gate"] = _on_model(llm, _kda_gate)[0]
     if spec.get("quant_methods"):
         result["quant_methods"] = _on_model(llm, _quant_methods)[0]
     if spec.get("log_lines"):
@@ -119,6 +120,13 @@ def _moe_align(model) -> str:
     from vllm import _custom_ops as ops
 
     return "ours" if hasattr(ops.moe_align_block_size, "vllm_ling_wraps") else "vllm"
+
+
+def _kda_gate(model) -> str | None:
+    """`kernel` where our KDA layers hand the raw gate projections to vLLM's kernels, `ours` where they gate
+    themselves, None where no layer of ours serves (the in-tree model)."""
+    modes = {m.gate_in_kernel for m in model.modules() if hasattr(m, "gate_in_kernel")}
+    return None if not modes else ("kernel" if modes == {True} else "ours" if modes == {False} else "mixed")
 
 
 def _tp_rank_info(worker) -> dict:

@@ -47,3 +47,64 @@ def test_an_unaligned_gate_is_copied_before_the_op_and_the_real_width_is_not(tmp
     with vllm_layer_context(str(write_full_config(tmp_path / "flash"))) as vllm_config:
         flash = _layer(vllm_config, runnable=False)
         assert flash.in_proj.output_size_per_partition == 20512 and not flash.gate_copy
+
+
+def _op_inputs(layer, x, vllm_config):
+    """What the layer's forward hands the KDA op (qkv, g, β), recorded in place of the op's core."""
+    from vllm.forward_context import set_forward_context
+
+    seen = {}
+    layer.core = lambda qkv, g, beta, out: seen.update(qkv=qkv, g=g, beta=beta)
+    with set_forward_context(None, vllm_config):
+        layer(x)
+    return seen
+
+
+@pytest.mark.parametrize("mode", ["ours", "kernel"])
+def test_the_op_gets_our_fp32_gate_or_the_raw_projections(monkeypatch, mode):
+    """VLLM_LING_KDA_GATE=ours: g = the safe gate and β = σ(b), fp32. =kernel: the raw f and b slices of in_proj's
+    output, for vLLM's kernels to gate; the CPU core then applies the same law (kda_core.gate_torch)."""
+    pytest.importorskip("vllm")
+    from vllm_ling import kda_core
+    from vllm_ling.kda import GATE_ENV
+    from vllm_layers import vllm_layer_context
+    from vllm_ling.tiny import ensure_tiny
+
+    monkeypatch.setenv(GATE_ENV, mode)
+    with vllm_layer_context(str(ensure_tiny(seed=0))) as vllm_config:
+        layer = _layer(vllm_config)
+        assert layer.gate_in_kernel == (mode == "kernel")
+        x = torch.randn(3, vllm_config.model_config.hf_config.hidden_size)
+        seen = _op_inputs(layer, x, vllm_config)
+        p, h = layer.local_heads * layer.head_dim, layer.local_heads
+        _, b, f, _ = layer.in_proj(x)[0].split([3 * p, h, p, p], dim=-1)
+        want_g, want_beta = layer.gate(f), b.float().sigmoid()
+        if mode == "kernel":
+            torch.testing.assert_close(seen["g"], f, rtol=0, atol=0)
+            torch.testing.assert_close(seen["beta"], b, rtol=0, atol=0)
+            gate = kda_core.Gate(layer.A_log, layer.dt_bias, layer.lower_bound)
+            seen["g"], seen["beta"] = kda_core.gate_torch(seen["g"], seen["beta"], gate)
+        assert seen["g"].dtype == seen["beta"].dtype == torch.float32
+        torch.testing.assert_close(seen["g"], want_g, rtol=0, atol=0)
+        torch.testing.assert_close(seen["beta"], want_beta, rtol=0, atol=0)
+
+
+def test_kernel_gate_without_the_kernels_falls_back_with_a_warning(monkeypatch, caplog):
+    """On a CUDA vLLM without the raw-gate kernels (0.26), =kernel logs why and keeps our gate; a value outside
+    the list is refused with the choices."""
+    pytest.importorskip("vllm")
+    from vllm_ling import compat, kda
+
+    monkeypatch.setattr(compat, "is_cpu", lambda: False)
+    monkeypatch.setattr(compat, "kda_gate_kernels", lambda: None)
+    kda._gate_in_kernel.cache_clear()
+    monkeypatch.setenv(kda.GATE_ENV, "kernel")
+    try:
+        with caplog.at_level("WARNING", logger="vllm_ling"):
+            assert kda.gate_in_kernel() is False
+        assert "VLLM_LING_KDA_GATE=kernel" in caplog.text and "=ours" in caplog.text
+        monkeypatch.setenv(kda.GATE_ENV, "fused")
+        with pytest.raises(ValueError, match="VLLM_LING_KDA_GATE='fused' is not one of ours, kernel"):
+            kda.gate_in_kernel()
+    finally:
+        kda._gate_in_kernel.cache_clear()
