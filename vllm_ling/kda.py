@@ -105,17 +105,34 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
 
         # Every projection of x in one GEMM: q | k | v | β-logits | f (forget gate) | g (output gate). They read the
         # same input, so one launch replaces three at the same bytes (docs/speed.md §Kernels); TP shards every
-        # part by heads.
+        # part by heads. Each rank's row is padded with zero rows to a multiple of 16 outputs, as vLLM's Kimi layer
+        # pads its own merged projection: an unaligned width makes the GPU compile pad the GEMM's rows (Inductor's
+        # pad_mm; the H200 saw row stride 2,568 for the tiny checkpoint's 2,564) and the output gate g, which
+        # crosses a boundary of vLLM's piecewise graph, then fails the next piece's stride check; and vLLM 0.26's
+        # CUTLASS FP8 kernel cannot pad such a weight with per-channel scales (it asserts). Ling-3.0-flash's width
+        # (20,512; 10,256 per rank at TP = 2) is aligned already: no padding.
+        widths = [proj, proj, proj, self.num_heads, proj, proj]
+        self.in_proj_pad = -(sum(widths) // self.tp_size) % 16
         self.in_proj = MergedColumnParallelLinear(
-            config.hidden_size, [proj, proj, proj, self.num_heads, proj, proj], bias=False,
+            config.hidden_size, widths + [self.in_proj_pad * self.tp_size] * bool(self.in_proj_pad), bias=False,
             quant_config=quant_config, prefix=f"{prefix}.in_proj",
         )
-        # The output gate g is the one slice of in_proj's output that outlives the KDA op: it crosses a boundary
-        # of vLLM's piecewise graph, where the next piece checks its strides against the traced ones. The GPU
-        # compile may pad the GEMM's rows to an aligned width (Inductor's pad_mm: BF16 N to a multiple of 8; seen
-        # on the H200 as row stride 2,568 for a 2,564-wide output), so at an unaligned width g is copied first.
-        # Ling-3.0-flash's width (20,512; 10,256 per rank at TP = 2) is a multiple of 16 and serves with no copy.
-        self.gate_copy = self.in_proj.output_size_per_partition % 16 != 0
+        self._zero_in_proj_pad()
+        self.o_proj = RowParallelLinear(
+            proj, config.hidden_size, bias=False, quant_config=quant_config, prefix=f"{prefix}.o_proj"
+        )
+        # Gate parameters and the conv stay fp32: the gate is computed in fp32 (docs/architecture.md §KDA).
+        fp32 = dict(dtype=torch.float32)
+        self.A_log = nn.Parameter(torch.empty(self.local_heads, **fp32), requires_grad=False)
+        self.dt_bias = nn.Parameter(torch.empty(local_proj, **fp32), requires_grad=False)
+        for param in (self.A_log, self.dt_bias):
+            set_weight_attrs(param, {"weight_loader": _load_head_sharded})
+        # q | k | v depthwise conv kernels in one fp32 [3·P/TP, K] tensor (checkpoint: q/k/v_conv1d.weight).
+        self.conv1d = nn.Parameter(torch.empty(3 * local_proj, self.conv_size, **fp32), requires_grad=False)
+        set_weight_attrs(self.conv1d, {"weight_loader": _load_conv_shard})
+        # RMSNorm(o) ⊙ w ⊙ σ(W_g x) over each head (weight shared by all heads), in fp32 (vLLM's gated norm).
+        self.o_norm = RMSNormGated(self.head_dim, eps=config.rms_norm_eps, norm_before_gate=True,
+                                   activation="sigmoid", dtype=torch.float32)
         self.gate_in_kernel = gate_in_kernel()
         self.o_proj = RowParallelLinear(
             proj, config.hidden_size, bias=False, quant_config=quant_config, prefix=f"{prefix}.o_proj"
@@ -141,6 +158,14 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
         if splitting is not None and f"vllm::{OP_NAME}" not in splitting:
             splitting.append(f"vllm::{OP_NAME}")
 
+    def _zero_in_proj_pad(self) -> None:
+        """The padding rows are in no checkpoint: zero them where the weight exists now (BF16). An online-FP8
+        weight is still on the meta device here; its padding rows only ever feed the discarded padding outputs
+        (one scale per output row, nothing mixes rows)."""
+        weight = getattr(self.in_proj, "weight", None)
+        if self.in_proj_pad and weight is not None and not weight.is_meta:
+            weight.data[-self.in_proj_pad:].zero_()
+
     # --- hybrid-cache interface (must equal the model's classmethods) ------------------------------
     @property
     def mamba_type(self) -> MambaAttentionBackendEnum:
@@ -161,15 +186,14 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         n, p = hidden_states.shape[0], self.local_heads * self.head_dim
-        qkv, b, f, gate = self.in_proj(hidden_states)[0].split([3 * p, self.local_heads, p, p], dim=-1)  # views
+        parts = [3 * p, self.local_heads, p, p] + [self.in_proj_pad] * bool(self.in_proj_pad)
+        qkv, b, f, gate = self.in_proj(hidden_states)[0].split(parts, dim=-1)[:4]  # views
         if self.gate_in_kernel:  # the op gets the raw projections; the kernels apply σ and the gate in fp32
             g, beta = f, b
         else:
             beta = b.float().sigmoid()  # fp32 write strength
             g = self.gate(f)
         out = torch.zeros(n, self.local_heads, self.head_dim, dtype=hidden_states.dtype, device=hidden_states.device)
-        if self.gate_copy:  # before the op, in the same graph piece as the GEMM (see __init__)
-            gate = gate.contiguous()
         torch.ops.vllm.vllm_ling_kda(qkv, g, beta, out, self.prefix)
         o = self.o_norm(out, gate.view(n, self.local_heads, self.head_dim))  # sigmoid gate, not SiLU
         return self.o_proj(o.view(n, -1))[0]

@@ -76,8 +76,8 @@ class Caches:
                 pytest.skip(f"vLLM {compat.vllm_version()} has no raw-gate KDA kernels")
             row = torch.cat([qkv, b, f], dim=1).cuda()  # one fused row again, so the views keep its stride
             gpu_gate = Gate(GATE.A_log.cuda(), GATE.dt_bias.cuda(), GATE.lower_bound)
-            got = run_cuda_gate_in_kernel(row[:, :CH], row[:, CH:CH + H], row[:, CH + H:], gpu_gate, conv_w, conv,
-                                          rec, meta_gpu, D)
+            qkv_v, b_v, f_v = row[:, :CH], row[:, CH:CH + H], row[:, CH + H:]
+            got = run_cuda_gate_in_kernel(qkv_v, f_v, b_v, gpu_gate, conv_w, conv, rec, meta_gpu, D)
         return ref, got.float().cpu()
 
     def assert_same_state(self, slots: list[int]) -> None:

@@ -1,6 +1,7 @@
-"""The KDA layer's output gate, a slice of the merged in_proj's output, reaches the gated norm in a form that may
-cross a boundary of vLLM's piecewise graph (vllm_ling/kda.py explains the GPU failure this guards: a 2,564-wide
-GEMM output padded to row stride 2,568 by the compile, seen on the H200 in session 9)."""
+"""The KDA layer: its merged in_proj is padded to an aligned width (vllm_ling/kda.py says why: on the H200 the
+compile padded the tiny checkpoint's 2,564-wide GEMM output to row stride 2,568 and the output gate then failed
+the next graph piece's stride check; vLLM 0.26's CUTLASS FP8 kernel asserts on such a width), and what the
+layer hands the KDA op under each VLLM_LING_KDA_GATE."""
 
 from __future__ import annotations
 
@@ -12,19 +13,24 @@ def _layer(vllm_config, runnable: bool = True):
     from vllm_ling.kda import BailingMoeV3KDA
 
     layer = BailingMoeV3KDA(vllm_config.model_config.hf_config, vllm_config, prefix="model.layers.0.self_attn")
-    if not runnable:
-        return layer
+    return _init(layer) if runnable else layer
+
+
+def _init(layer):
+    """Random weights (padding rows zeroed again, as a checkpoint never writes them), then what the loader does
+    after the weights (vLLM's CPU linears set up their kernel there)."""
     for p in layer.parameters():
         torch.nn.init.normal_(p, std=0.02)
-    for m in layer.modules():  # as the loader does after the weights (vLLM's CPU linears set up their kernel here)
+    layer._zero_in_proj_pad()
+    for m in layer.modules():
         if getattr(m, "quant_method", None) is not None:
             m.quant_method.process_weights_after_loading(m)
     return layer
 
 
-def test_an_unaligned_gate_is_copied_before_the_op_and_the_real_width_is_not(tmp_path):
-    """Tiny checkpoint (width 5·512 + 4 = 2,564): the gate handed to the norm is contiguous and equals the slice
-    it came from. Ling-3.0-flash (20,512, a multiple of 16): no copy is made."""
+def test_in_proj_is_padded_to_16_with_zero_rows_and_the_real_width_is_not(tmp_path):
+    """Tiny checkpoint (5·512 + 4 = 2,564 outputs): 12 zero rows make 2,576, and the outputs before them are the
+    checkpoint's six projections unchanged. Ling-3.0-flash (20,512, a multiple of 16): no padding."""
     pytest.importorskip("vllm")
     from vllm.forward_context import set_forward_context
 
@@ -32,21 +38,22 @@ def test_an_unaligned_gate_is_copied_before_the_op_and_the_real_width_is_not(tmp
     from vllm_ling.tiny import ensure_tiny, write_full_config
 
     with vllm_layer_context(str(ensure_tiny(seed=0))) as vllm_config:
-        layer = _layer(vllm_config)
+        layer = _layer(vllm_config, runnable=False)
+        assert layer.in_proj_pad == 12 and layer.in_proj.output_size_per_partition == 2576
+        assert bool((layer.in_proj.weight[-12:] == 0).all()), "padding rows must start at zero"
+        _init(layer)
+        x = torch.randn(3, vllm_config.model_config.hf_config.hidden_size)
         seen = {}
         norm = layer.o_norm.forward
-        layer.o_norm.forward = lambda x, z: seen.setdefault("z", z) is not None and norm(x, z)
-        x = torch.randn(3, vllm_config.model_config.hf_config.hidden_size)
+        layer.o_norm.forward = lambda o, z: seen.setdefault("z", z) is not None and norm(o, z)
         with set_forward_context(None, vllm_config):
             layer(x)
-        width = layer.in_proj.output_size_per_partition
-        assert width % 16 != 0 and layer.gate_copy
-        z = seen["z"]
-        assert z.is_contiguous(), z.stride()
-        torch.testing.assert_close(z.reshape(3, -1), layer.in_proj(x)[0][:, -z[0].numel():], rtol=0, atol=0)
+        full = layer.in_proj(x)[0]
+        assert bool((full[:, -12:] == 0).all())
+        torch.testing.assert_close(seen["z"].reshape(3, -1), full[:, 2564 - 512:2564], rtol=0, atol=0)
     with vllm_layer_context(str(write_full_config(tmp_path / "flash"))) as vllm_config:
         flash = _layer(vllm_config, runnable=False)
-        assert flash.in_proj.output_size_per_partition == 20512 and not flash.gate_copy
+        assert flash.in_proj.output_size_per_partition == 20512 and flash.in_proj_pad == 0
 
 
 def _op_inputs(layer, x, vllm_config):
@@ -77,7 +84,7 @@ def test_the_op_gets_our_fp32_gate_or_the_raw_projections(monkeypatch, mode):
         x = torch.randn(3, vllm_config.model_config.hf_config.hidden_size)
         seen = _op_inputs(layer, x, vllm_config)
         p, h = layer.local_heads * layer.head_dim, layer.local_heads
-        _, b, f, _ = layer.in_proj(x)[0].split([3 * p, h, p, p], dim=-1)
+        _, b, f, _ = layer.in_proj(x)[0][:, :5 * p + h].split([3 * p, h, p, p], dim=-1)
         want_g, want_beta = layer.gate(f), b.float().sigmoid()
         if mode == "kernel":
             torch.testing.assert_close(seen["g"], f, rtol=0, atol=0)

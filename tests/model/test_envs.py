@@ -1,0 +1,36 @@
+"""A vllm-ling setting read while vLLM builds the model enters vLLM's compile-cache key, so two engines that differ
+only in it never share a compiled graph (vllm_ling/envs.py says why: on the H200 one engine loaded the graph
+traced for the other KDA gate and failed)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def test_a_choice_read_under_a_vllm_config_changes_its_compile_hash(monkeypatch):
+    pytest.importorskip("vllm")
+    from vllm_layers import vllm_layer_context
+    from vllm_ling import envs
+    from vllm_ling.kda_core import GATE_ENV, GATES
+    from vllm_ling.tiny import ensure_tiny
+
+    with vllm_layer_context(str(ensure_tiny(seed=0))) as config:
+        hashes = {}
+        for value in ("ours", "kernel", "ours"):
+            monkeypatch.setenv(GATE_ENV, value)
+            assert envs.choice(GATE_ENV, GATES, "ours") == value
+            hashes.setdefault(value, set()).add(config.compute_hash())
+        assert config.additional_config[envs.COMPILE_KEY] == {GATE_ENV: "ours"}
+    assert all(len(h) == 1 for h in hashes.values()), "the same value must give the same key"
+    assert hashes["ours"] != hashes["kernel"]
+
+
+def test_a_choice_outside_any_vllm_config_records_nothing(monkeypatch):
+    pytest.importorskip("vllm")
+    from vllm.config import get_current_vllm_config_or_none
+
+    from vllm_ling import envs
+
+    assert get_current_vllm_config_or_none() is None
+    monkeypatch.setenv("VLLM_LING_KDA_GATE", "kernel")
+    assert envs.choice("VLLM_LING_KDA_GATE", ("ours", "kernel"), "ours") == "kernel"
