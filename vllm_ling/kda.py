@@ -134,21 +134,6 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
         self.o_norm = RMSNormGated(self.head_dim, eps=config.rms_norm_eps, norm_before_gate=True,
                                    activation="sigmoid", dtype=torch.float32)
         self.gate_in_kernel = gate_in_kernel()
-        self.o_proj = RowParallelLinear(
-            proj, config.hidden_size, bias=False, quant_config=quant_config, prefix=f"{prefix}.o_proj"
-        )
-        # Gate parameters and the conv stay fp32: the gate is computed in fp32 (docs/architecture.md §KDA).
-        fp32 = dict(dtype=torch.float32)
-        self.A_log = nn.Parameter(torch.empty(self.local_heads, **fp32), requires_grad=False)
-        self.dt_bias = nn.Parameter(torch.empty(local_proj, **fp32), requires_grad=False)
-        for param in (self.A_log, self.dt_bias):
-            set_weight_attrs(param, {"weight_loader": _load_head_sharded})
-        # q | k | v depthwise conv kernels in one fp32 [3·P/TP, K] tensor (checkpoint: q/k/v_conv1d.weight).
-        self.conv1d = nn.Parameter(torch.empty(3 * local_proj, self.conv_size, **fp32), requires_grad=False)
-        set_weight_attrs(self.conv1d, {"weight_loader": _load_conv_shard})
-        # RMSNorm(o) ⊙ w ⊙ σ(W_g x) over each head (weight shared by all heads), in fp32 (vLLM's gated norm).
-        self.o_norm = RMSNormGated(self.head_dim, eps=config.rms_norm_eps, norm_before_gate=True,
-                                   activation="sigmoid", dtype=torch.float32)
 
         compilation_config = get_current_vllm_config().compilation_config
         if prefix in compilation_config.static_forward_context:

@@ -29,13 +29,21 @@ def methods(run_engine, tmp_path_factory):
     from vllm_ling.tiny import ensure_tiny
 
     spec = {"model": str(ensure_tiny(int4=True)), "prompts": [[5, 6, 7, 8]], "max_tokens": 4, "dtype": "bfloat16",
-            "prompt_logprobs": False, "quant_methods": True, "engine_kwargs": {"quantization": "ling_fp8"}}
+            "prompt_logprobs": False, "quant_methods": True, "log_lines": True,
+            "engine_kwargs": {"quantization": "ling_fp8"}}
     return run_engine(spec, "fp8-int4")
 
 
 def test_every_bf16_linear_and_the_lm_head_get_fp8(methods):
     fp8 = {n for n, m in methods["quant_methods"].items() if "Fp8" in m}
     assert fp8 == expected_fp8()
+
+
+def test_the_start_up_line_counts_each_fp8_linear_once(methods):
+    """`FP8 weights ON (N linears + LM head)`: N is the number of linears above, each built once (a layer that
+    built a linear twice under one prefix would count it twice and still pass the set comparison)."""
+    want = f"FP8 weights ON ({len(expected_fp8()) - 1} linears + LM head)"
+    assert any(want in line for line in methods["log_lines"]), [l for l in methods["log_lines"] if "FP8" in l]
 
 
 def test_routed_experts_stay_int4_and_kv_b_router_embedding_stay_as_they_were(methods):
