@@ -132,11 +132,43 @@ def _verify_torch(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: i
     return out
 
 
+def _conv_ops():
+    from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_fn, causal_conv1d_update
+
+    return causal_conv1d_fn, causal_conv1d_update
+
+
+def _verify_conv(x, conv_w, conv_state, meta) -> torch.Tensor:
+    """vLLM's conv update over MTP verification rows: each sequence resumes at its accepted offset."""
+    slots = meta.spec_state_indices_tensor
+    return _conv_ops()[1](
+        x, conv_state, conv_w, None, activation="silu", conv_state_indices=slots[:, 0][: meta.num_spec_decodes],
+        num_accepted_tokens=meta.num_accepted_tokens, query_start_loc=meta.spec_query_start_loc,
+        max_query_len=slots.size(-1), validate_data=False,
+    )
+
+
+def _prefill_conv(x, conv_w, conv_state, meta) -> torch.Tensor:
+    """vLLM's varlen conv over prefill (and plain decode) rows, [n, 3·P] in and out."""
+    return _conv_ops()[0](
+        x.transpose(0, 1), conv_w, None, activation="silu", conv_states=conv_state,
+        has_initial_state=meta.has_initial_state, cache_indices=meta.non_spec_state_indices_tensor,
+        query_start_loc=meta.non_spec_query_start_loc, metadata=meta,
+    ).transpose(0, 1)
+
+
+def _decode_conv(x, conv_w, conv_state, meta) -> torch.Tensor:
+    """vLLM's conv update over one-token plain decode rows."""
+    return _conv_ops()[1](
+        x, conv_state, conv_w, None, activation="silu",
+        conv_state_indices=meta.non_spec_state_indices_tensor[: x.shape[0]], validate_data=True,
+    )
+
+
 def run_cuda(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int,
              out: torch.Tensor | None = None) -> torch.Tensor:
     """CUDA path: vLLM's conv kernels (fp32 kernel weights, as vLLM's own KDA layer hands them) and vendored FLA
     KDA kernels, fed our fp32 gate."""
-    from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_fn, causal_conv1d_update
     from vllm.third_party.flash_linear_attention.ops.kda import (
         chunk_kda,
         fused_recurrent_kda,
@@ -149,18 +181,12 @@ def run_cuda(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int,
 
     if spec_rows is not None:  # MTP verification: per-draft-position state slots
         num_spec = meta.num_spec_decodes
-        slots = meta.spec_state_indices_tensor
-        qsl = meta.spec_query_start_loc
-        x = causal_conv1d_update(
-            qkv[spec_rows], conv_state, conv_w, None, activation="silu",
-            conv_state_indices=slots[:, 0][:num_spec], num_accepted_tokens=meta.num_accepted_tokens,
-            query_start_loc=qsl, max_query_len=slots.size(-1), validate_data=False,
-        )
-        q, k, v = _heads(x, head_dim)
+        q, k, v = _heads(_verify_conv(qkv[spec_rows], conv_w, conv_state, meta), head_dim)
         o, _ = fused_recurrent_kda_fwd(
             q=q, k=k, v=v, g=g[spec_rows].unsqueeze(0).contiguous(), beta=beta[spec_rows].unsqueeze(0).contiguous(),
-            scale=scale, initial_state=rec_state, inplace_final_state=True, cu_seqlens=qsl[: num_spec + 1],
-            ssm_state_indices=slots, num_accepted_tokens=meta.num_accepted_tokens, use_qk_l2norm_in_kernel=True,
+            scale=scale, initial_state=rec_state, inplace_final_state=True,
+            cu_seqlens=meta.spec_query_start_loc[: num_spec + 1], ssm_state_indices=meta.spec_state_indices_tensor,
+            num_accepted_tokens=meta.num_accepted_tokens, use_qk_l2norm_in_kernel=True,
         )
         out[spec_rows] = o[0]
 
@@ -171,31 +197,21 @@ def run_cuda(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int,
     x_in = qkv[plain_rows]
     g_in, beta_in = g[plain_rows].unsqueeze(0).contiguous(), beta[plain_rows].unsqueeze(0).contiguous()
     if meta.num_prefills > 0:
-        has_init = meta.has_initial_state
-        x = causal_conv1d_fn(
-            x_in.transpose(0, 1), conv_w, None, activation="silu", conv_states=conv_state,
-            has_initial_state=has_init, cache_indices=slots, query_start_loc=qsl, metadata=meta,
-        ).transpose(0, 1)
-        q, k, v = _heads(x, head_dim)
-        rec_state[slots[~has_init]] = 0
+        q, k, v = _heads(_prefill_conv(x_in, conv_w, conv_state, meta), head_dim)
+        rec_state[slots[~meta.has_initial_state]] = 0
         o, h_t = chunk_kda(
             q=q, k=k, v=v, g=g_in, beta=beta_in, scale=scale, initial_state=rec_state[slots].contiguous(),
             output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=qsl,
         )
         rec_state[slots] = h_t.to(rec_state.dtype)
     else:
-        x = causal_conv1d_update(
-            x_in, conv_state, conv_w, None, activation="silu",
-            conv_state_indices=slots[: x_in.shape[0]], validate_data=True,
-        )
-        q, k, v = _heads(x, head_dim)
+        q, k, v = _heads(_decode_conv(x_in, conv_w, conv_state, meta), head_dim)
         o, _ = fused_recurrent_kda(
             q=q, k=k, v=v, g=g_in, beta=beta_in, scale=scale, initial_state=rec_state,
             use_qk_l2norm_in_kernel=True, cu_seqlens=qsl[: meta.num_decodes + 1], ssm_state_indices=slots,
         )
     out[plain_rows] = o[0].to(out.dtype)
     return out
-
 
 class Gate(NamedTuple):
     """The forget gate's parameters, for kernels that apply it: g = λ·σ(exp(A_log)·(f + dt_bias)) with
@@ -231,8 +247,6 @@ def run_cuda_gate_in_kernel(qkv, f, b, gate: Gate, conv_w, conv_state, rec_state
     A state that is not dense per slot takes `run_cuda` with our gate."""
     if not dense_slots(rec_state):
         return run_cuda(qkv, *gate_torch(f, b, gate), conv_w, conv_state, rec_state, meta, head_dim, out)
-    from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_fn, causal_conv1d_update
-
     from vllm_ling import compat
 
     kda = compat.kda_gate_kernels()
@@ -245,21 +259,13 @@ def run_cuda_gate_in_kernel(qkv, f, b, gate: Gate, conv_w, conv_state, rec_state
         return f[rows].unflatten(-1, (heads, head_dim))[None], b[rows][None]
 
     if spec_rows is not None:  # MTP verification: per-draft-position state slots
-        num_spec = meta.num_spec_decodes
-        slots = meta.spec_state_indices_tensor
-        qsl = meta.spec_query_start_loc
-        x = causal_conv1d_update(
-            qkv[spec_rows], conv_state, conv_w, None, activation="silu",
-            conv_state_indices=slots[:, 0][:num_spec], num_accepted_tokens=meta.num_accepted_tokens,
-            query_start_loc=qsl, max_query_len=slots.size(-1), validate_data=False,
-        )
-        q, k, v = _head_views(x, head_dim)
+        q, k, v = _head_views(_verify_conv(qkv[spec_rows], conv_w, conv_state, meta), head_dim)
         raw_g, raw_beta = raw_gate(spec_rows)
         into = out[None] if plain_rows is None else None
         o, _ = kda.fused_recurrent_kda(
             q=q, k=k, v=v, raw_g=raw_g, raw_beta=raw_beta, **raw, initial_state=rec_state,
-            cu_seqlens=qsl[: num_spec + 1], ssm_state_indices=slots, num_accepted_tokens=meta.num_accepted_tokens,
-            out=into,
+            cu_seqlens=meta.spec_query_start_loc[: meta.num_spec_decodes + 1],
+            ssm_state_indices=meta.spec_state_indices_tensor, num_accepted_tokens=meta.num_accepted_tokens, out=into,
         )
         if into is None:
             out[spec_rows] = o[0]
@@ -267,33 +273,24 @@ def run_cuda_gate_in_kernel(qkv, f, b, gate: Gate, conv_w, conv_state, rec_state
     if plain_rows is None:
         return out
     slots = meta.non_spec_state_indices_tensor
-    qsl = meta.non_spec_query_start_loc
     x_in = qkv[plain_rows]
-    n = x_in.shape[0]
     raw_g, raw_beta = raw_gate(plain_rows)
     if meta.num_prefills > 0:
-        has_init = meta.has_initial_state
-        x = causal_conv1d_fn(
-            x_in.transpose(0, 1), conv_w, None, activation="silu", conv_states=conv_state,
-            has_initial_state=has_init, cache_indices=slots, query_start_loc=qsl, metadata=meta,
-        ).transpose(0, 1)
-        q, k, v = _heads(x, head_dim)
-        rec_state[slots[~has_init]] = 0
+        q, k, v = _heads(_prefill_conv(x_in, conv_w, conv_state, meta), head_dim)
+        rec_state[slots[~meta.has_initial_state]] = 0
         o, h_t = kda.chunk_kda_with_fused_gate(
             q=q, k=k, v=v, raw_g=raw_g, raw_beta=raw_beta, A_log=gate.A_log, g_bias=gate.dt_bias,
             lower_bound=gate.lower_bound, scale=head_dim**-0.5, initial_state=rec_state[slots].contiguous(),
-            output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=qsl,
+            output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=meta.non_spec_query_start_loc,
         )
         rec_state[slots] = h_t.to(rec_state.dtype)
         out[plain_rows] = o[0].to(out.dtype)
         return out
-    x = causal_conv1d_update(
-        x_in, conv_state, conv_w, None, activation="silu", conv_state_indices=slots[:n], validate_data=True,
-    )
+    x = _decode_conv(x_in, conv_w, conv_state, meta)
     into = out[None] if spec_rows is None else None
     o, _ = kda.fused_recurrent_kda_packed_decode(
-        mixed_qkv=x, raw_g=raw_g, raw_beta=raw_beta, **raw, initial_state=rec_state, state_indices=slots[:n],
-        out=into,
+        mixed_qkv=x, raw_g=raw_g, raw_beta=raw_beta, **raw, initial_state=rec_state,
+        state_indices=slots[: x.shape[0]], out=into,
     )
     if into is None:
         out[plain_rows] = o[0]
