@@ -216,11 +216,8 @@ def honours_moe_backend_flag() -> bool:
 
 def requested_int4_moe_backend() -> str:
     """"marlin" (vLLM's default for compressed-tensors INT4 experts) or "triton" ($VLLM_LING_MOE_BACKEND)."""
-    backend = os.environ.get(MOE_BACKEND_ENV, "marlin").strip().lower() or "marlin"
-    if backend not in ("marlin", "triton"):
-        raise ValueError(f"{MOE_BACKEND_ENV}={backend!r}: use 'marlin' or 'triton' (ling-tune's backend_choice.json "
-                         "says which one is faster on this device)")
-    return backend
+    return envs.choice(MOE_BACKEND_ENV, ("marlin", "triton"), "marlin",
+                       safe="use marlin or triton (ling-tune's backend_choice.json says which one is faster here)")
 
 
 def install_int4_moe_backend() -> str | None:
