@@ -6,9 +6,10 @@
 # Steps (minutes on a warm machine, measured or estimated):
 #   model       tiny model vs the oracle (+ its bf16 floor), CUDA graphs: BF16 and INT4 checkpoints, FP8 on and
 #               off, MoE backends, vLLM's in-tree model where it exists; every engine side by side, then
-#               the oracles (fp32, bf16, FP8 reference in both)          (6.2 on 0.33, measured in session 8)
+#               the oracles (fp32, bf16, FP8 reference in both)     (7.3 on 0.33 with 13 engines, session 10)
 #   kda         vLLM 0.26 KDA kernels fed our gate vs the fp32 recurrence, + kda_core   (~2)
-#   kda_core    our CUDA glue (run_cuda) vs the CPU path on decode and verify batches    (~1)
+#   kda_core    our CUDA glue vs the CPU path on decode and verify batches, our gate and vLLM's
+#               raw-gate kernels (VLLM_LING_KDA_GATE=kernel, >= 0.32)                  (~0.6)
 #   mtp         MTP k=1 lossless + acceptance, for a draft built to agree (mtp_echo) and a random one
 #               (stable_router), and the echo one with FP8 (mtp_echo_fp8): six engines side by side, then the
 #               oracles                                        (4.6 on 0.33, measured in session 7: 273 s)
