@@ -78,6 +78,9 @@ def test_our_layout_is_vllms(tokens, block):
         torch.cuda.synchronize()
         layouts.append(_layout(ids, block, bufs))
         scatters.append(None if scatter is None else scatter.flatten().tolist())
+    diff = [(i, a, b) for i, (a, b) in enumerate(zip(layouts[0]["experts"], layouts[1]["experts"])) if a != b]
+    assert not diff, (f"expert ids differ at {len(diff)} blocks (index, vLLM, ours), first {diff[:6]}; "
+                      f"padded total {layouts[0]['total']} rows = {layouts[0]['total'] // block} blocks")
     assert layouts[0] == layouts[1]
     assert scatters[0] == scatters[1]
     assert layouts[1]["total"] == sum(-(-n // block) * block for n in _counts(ids).values())
