@@ -22,11 +22,12 @@ def choice(name: str, choices: Sequence[str], default: str, safe: str | None = N
     if asked not in choices:
         raise ValueError(f"vllm-ling: {name}={asked!r} is not one of {', '.join(choices)}; "
                          f"{safe or f'unset it for the default ({default})'}")
-    _into_compile_key(name, asked)
+    into_compile_key(name, asked)
     return asked
 
 
-def _into_compile_key(name: str, value: str) -> None:
+def into_compile_key(name: str, value: str) -> None:
+    """Record a setting read while the model is built in the current vLLM config's compile-cache key."""
     from vllm.config import get_current_vllm_config_or_none
 
     config = get_current_vllm_config_or_none()

@@ -54,7 +54,9 @@ def requested_kernel() -> str:
 
 def keeps_bf16(prefix: str) -> bool:
     """KEEP_BF16, and the operator's VLLM_LING_FP8_KEEP patterns (fnmatch, on vLLM's module names)."""
-    extra = [p.strip() for p in os.environ.get(KEEP_ENV, "").split(",") if p.strip()]
+    raw = os.environ.get(KEEP_ENV, "")
+    envs.into_compile_key(KEEP_ENV, raw)  # which linears are FP8 shapes the traced graph
+    extra = [p.strip() for p in raw.split(",") if p.strip()]
     return any(fnmatch.fnmatchcase(prefix, pattern) for pattern in (*KEEP_BF16, *extra))
 
 

@@ -34,3 +34,20 @@ def test_a_choice_outside_any_vllm_config_records_nothing(monkeypatch):
     assert get_current_vllm_config_or_none() is None
     monkeypatch.setenv("VLLM_LING_KDA_GATE", "kernel")
     assert envs.choice("VLLM_LING_KDA_GATE", ("ours", "kernel"), "ours") == "kernel"
+
+
+def test_the_fp8_keep_list_enters_the_compile_hash(monkeypatch):
+    """VLLM_LING_FP8_KEEP picks which linears stay BF16, so it shapes the traced graph too."""
+    pytest.importorskip("vllm")
+    from vllm_layers import vllm_layer_context
+    from vllm_ling import envs, fp8
+    from vllm_ling.tiny import ensure_tiny
+
+    with vllm_layer_context(str(ensure_tiny(seed=0))) as config:
+        seen = []
+        for keep in ("", "lm_head", ""):
+            monkeypatch.setenv(fp8.KEEP_ENV, keep)
+            fp8.keeps_bf16("model.layers.0.self_attn.o_proj")
+            seen.append(config.compute_hash())
+        assert config.additional_config[envs.COMPILE_KEY][fp8.KEEP_ENV] == ""
+    assert seen[0] == seen[2] != seen[1]
