@@ -31,7 +31,6 @@ from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from vllm_ling import compat, envs, kda_core
 from vllm_ling.config import kda_head_dim
-from vllm_ling.ops.kda import kda_safe_gate, kda_softplus_gate
 
 logger = logging.getLogger("vllm_ling")
 OP_NAME = "vllm_ling_kda"
@@ -97,8 +96,8 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
         self.local_heads = self.num_heads // self.tp_size
         self.conv_size = config.short_conv_kernel_size
         self.num_spec = compat.num_speculative_tokens(vllm_config)
-        self.safe_gate = bool(getattr(config, "kda_safe_gate", True)) and config.kda_lower_bound is not None
-        self.lower_bound = float(config.kda_lower_bound) if self.safe_gate else 0.0
+        safe_gate = bool(getattr(config, "kda_safe_gate", True)) and config.kda_lower_bound is not None
+        self.lower_bound = float(config.kda_lower_bound) if safe_gate else None  # None: Kimi's softplus law
         self.prefix = prefix
         proj = self.num_heads * self.head_dim
         local_proj = proj // self.tp_size
@@ -163,11 +162,10 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
         return compat.kda_state_dtype(self.model_config.dtype, self.cache_config.mamba_cache_dtype)
 
     # --- forward -----------------------------------------------------------------------------------
-    def gate(self, f: torch.Tensor) -> torch.Tensor:
-        """Log-space forget gate g [T, H, d] in fp32: the safe law for Ling-3.0, softplus otherwise."""
-        if self.safe_gate:
-            return kda_safe_gate(f, self.A_log, self.dt_bias, self.lower_bound)
-        return kda_softplus_gate(f, self.A_log, self.dt_bias)
+    @property
+    def gate_params(self) -> kda_core.Gate:
+        """The forget gate's law and parameters: the safe law for Ling-3.0 (λ = lower_bound), softplus otherwise."""
+        return kda_core.Gate(self.A_log, self.dt_bias, self.lower_bound)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
         n, p = hidden_states.shape[0], self.local_heads * self.head_dim
@@ -175,9 +173,8 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
         qkv, b, f, gate = self.in_proj(hidden_states)[0].split(parts, dim=-1)[:4]  # views
         if self.gate_in_kernel:  # the op gets the raw projections; the kernels apply σ and the gate in fp32
             g, beta = f, b
-        else:
-            beta = b.float().sigmoid()  # fp32 write strength
-            g = self.gate(f)
+        else:  # fp32 log-decay g and write strength β
+            g, beta = kda_core.gate_torch(f, b, self.gate_params)
         out = torch.zeros(n, self.local_heads, self.head_dim, dtype=hidden_states.dtype, device=hidden_states.device)
         torch.ops.vllm.vllm_ling_kda(qkv, g, beta, out, self.prefix)
         o = self.o_norm(out, gate.view(n, self.local_heads, self.head_dim))  # sigmoid gate, not SiLU
@@ -197,11 +194,10 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
         n = meta.num_actual_tokens
         qkv, g, beta, out = qkv[:n], g[:n], beta[:n], out[:n]
         if self.gate_in_kernel:
-            gate = kda_core.Gate(self.A_log, self.dt_bias, self.lower_bound if self.safe_gate else None)
             if qkv.is_cuda:
-                kda_core.run_cuda_gate_in_kernel(qkv, g, beta, gate, self.conv1d, conv_state, rec_state, meta,
-                                                 self.head_dim, out)
+                kda_core.run_cuda_gate_in_kernel(qkv, g, beta, self.gate_params, self.conv1d, conv_state,
+                                                 rec_state, meta, self.head_dim, out)
                 return
-            g, beta = kda_core.gate_torch(g, beta, gate)
+            g, beta = kda_core.gate_torch(g, beta, self.gate_params)
         run = kda_core.run_cuda if qkv.is_cuda else kda_core.run_torch
         run(qkv, g, beta, self.conv1d, conv_state, rec_state, meta, self.head_dim, out)

@@ -17,8 +17,9 @@ from typing import NamedTuple
 
 import torch
 
+from vllm_ling import compat
 from vllm_ling.ops.conv import causal_conv1d_torch
-from vllm_ling.ops.kda import chunk_kda_torch, recurrent_kda_torch
+from vllm_ling.ops.kda import chunk_kda_torch, kda_safe_gate, kda_softplus_gate, recurrent_kda_torch
 
 GATE_ENV = "VLLM_LING_KDA_GATE"
 GATES = ("ours", "kernel")  # our gate before the op (run_cuda), or in vLLM's kernels (run_cuda_gate_in_kernel)
@@ -132,16 +133,12 @@ def _verify_torch(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: i
     return out
 
 
-def _conv_ops():
-    from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_fn, causal_conv1d_update
-
-    return causal_conv1d_fn, causal_conv1d_update
-
-
 def _verify_conv(x, conv_w, conv_state, meta) -> torch.Tensor:
     """vLLM's conv update over MTP verification rows: each sequence resumes at its accepted offset."""
+    from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_update
+
     slots = meta.spec_state_indices_tensor
-    return _conv_ops()[1](
+    return causal_conv1d_update(
         x, conv_state, conv_w, None, activation="silu", conv_state_indices=slots[:, 0][: meta.num_spec_decodes],
         num_accepted_tokens=meta.num_accepted_tokens, query_start_loc=meta.spec_query_start_loc,
         max_query_len=slots.size(-1), validate_data=False,
@@ -150,7 +147,9 @@ def _verify_conv(x, conv_w, conv_state, meta) -> torch.Tensor:
 
 def _prefill_conv(x, conv_w, conv_state, meta) -> torch.Tensor:
     """vLLM's varlen conv over prefill (and plain decode) rows, [n, 3·P] in and out."""
-    return _conv_ops()[0](
+    from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_fn
+
+    return causal_conv1d_fn(
         x.transpose(0, 1), conv_w, None, activation="silu", conv_states=conv_state,
         has_initial_state=meta.has_initial_state, cache_indices=meta.non_spec_state_indices_tensor,
         query_start_loc=meta.non_spec_query_start_loc, metadata=meta,
@@ -159,7 +158,9 @@ def _prefill_conv(x, conv_w, conv_state, meta) -> torch.Tensor:
 
 def _decode_conv(x, conv_w, conv_state, meta) -> torch.Tensor:
     """vLLM's conv update over one-token plain decode rows."""
-    return _conv_ops()[1](
+    from vllm.model_executor.layers.mamba.ops.causal_conv1d import causal_conv1d_update
+
+    return causal_conv1d_update(
         x, conv_state, conv_w, None, activation="silu",
         conv_state_indices=meta.non_spec_state_indices_tensor[: x.shape[0]], validate_data=True,
     )
@@ -213,6 +214,7 @@ def run_cuda(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int,
     out[plain_rows] = o[0].to(out.dtype)
     return out
 
+
 class Gate(NamedTuple):
     """The forget gate's parameters, for kernels that apply it: g = λ·σ(exp(A_log)·(f + dt_bias)) with
     λ = lower_bound, or Kimi's −exp(A_log)·softplus(f + dt_bias) when lower_bound is None. fp32, as the gate."""
@@ -229,8 +231,6 @@ def dense_slots(rec_state: torch.Tensor) -> bool:
 
 def gate_torch(f: torch.Tensor, b: torch.Tensor, gate: Gate) -> tuple[torch.Tensor, torch.Tensor]:
     """(g [n, H, d], β [n, H]) in fp32 from the raw projections, by our torch ops (the law the kernels apply)."""
-    from vllm_ling.ops.kda import kda_safe_gate, kda_softplus_gate
-
     if gate.lower_bound is None:
         g = kda_softplus_gate(f, gate.A_log, gate.dt_bias)
     else:
@@ -247,8 +247,6 @@ def run_cuda_gate_in_kernel(qkv, f, b, gate: Gate, conv_w, conv_state, rec_state
     A state that is not dense per slot takes `run_cuda` with our gate."""
     if not dense_slots(rec_state):
         return run_cuda(qkv, *gate_torch(f, b, gate), conv_w, conv_state, rec_state, meta, head_dim, out)
-    from vllm_ling import compat
-
     kda = compat.kda_gate_kernels()
     out = _output(qkv, rec_state, head_dim, out)
     heads = rec_state.shape[1]

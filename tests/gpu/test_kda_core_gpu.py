@@ -68,14 +68,14 @@ class Caches:
         qkv, b, f = step
         ref = run_torch(qkv.float(), *gate_torch(f, b, GATE), self.conv_w, *self.cpu, meta_cpu, D)
         conv_w, (conv, rec) = self.conv_w.cuda(), self.gpu
+        gpu_gate = Gate(GATE.A_log.cuda(), GATE.dt_bias.cuda(), GATE.lower_bound)
         if mode == "ours":
-            g, beta = gate_torch(f.cuda(), b.cuda(), Gate(*(t.cuda() for t in GATE[:2]), GATE.lower_bound))
+            g, beta = gate_torch(f.cuda(), b.cuda(), gpu_gate)
             got = run_cuda(qkv.cuda(), g, beta, conv_w, conv, rec, meta_gpu, D)
         else:
             if compat.kda_gate_kernels() is None:
                 pytest.skip(f"vLLM {compat.vllm_version()} has no raw-gate KDA kernels")
             row = torch.cat([qkv, b, f], dim=1).cuda()  # one fused row again, so the views keep its stride
-            gpu_gate = Gate(GATE.A_log.cuda(), GATE.dt_bias.cuda(), GATE.lower_bound)
             qkv_v, b_v, f_v = row[:, :CH], row[:, CH:CH + H], row[:, CH + H:]
             got = run_cuda_gate_in_kernel(qkv_v, f_v, b_v, gpu_gate, conv_w, conv, rec, meta_gpu, D)
         return ref, got.float().cpu()

@@ -74,6 +74,7 @@ def test_the_op_gets_our_fp32_gate_or_the_raw_projections(monkeypatch, mode):
     pytest.importorskip("vllm")
     from vllm_ling import kda_core
     from vllm_ling.kda import GATE_ENV
+    from vllm_ling.ops.kda import kda_safe_gate
     from vllm_layers import vllm_layer_context
     from vllm_ling.tiny import ensure_tiny
 
@@ -85,12 +86,12 @@ def test_the_op_gets_our_fp32_gate_or_the_raw_projections(monkeypatch, mode):
         seen = _op_inputs(layer, x, vllm_config)
         p, h = layer.local_heads * layer.head_dim, layer.local_heads
         _, b, f, _ = layer.in_proj(x)[0][:, :5 * p + h].split([3 * p, h, p, p], dim=-1)
-        want_g, want_beta = layer.gate(f), b.float().sigmoid()
+        lower_bound = vllm_config.model_config.hf_config.kda_lower_bound  # the tiny config serves the safe law
+        want_g, want_beta = kda_safe_gate(f, layer.A_log, layer.dt_bias, lower_bound), b.float().sigmoid()
         if mode == "kernel":
             torch.testing.assert_close(seen["g"], f, rtol=0, atol=0)
             torch.testing.assert_close(seen["beta"], b, rtol=0, atol=0)
-            gate = kda_core.Gate(layer.A_log, layer.dt_bias, layer.lower_bound)
-            seen["g"], seen["beta"] = kda_core.gate_torch(seen["g"], seen["beta"], gate)
+            seen["g"], seen["beta"] = kda_core.gate_torch(seen["g"], seen["beta"], layer.gate_params)
         assert seen["g"].dtype == seen["beta"].dtype == torch.float32
         torch.testing.assert_close(seen["g"], want_g, rtol=0, atol=0)
         torch.testing.assert_close(seen["beta"], want_beta, rtol=0, atol=0)
