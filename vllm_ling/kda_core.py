@@ -13,6 +13,8 @@ KDA kernels that apply the gate themselves (docs/vllm-seams.md §KDA kernels).
 
 from __future__ import annotations
 
+import logging
+from functools import cache
 from typing import NamedTuple
 
 import torch
@@ -21,6 +23,7 @@ from vllm_ling import compat
 from vllm_ling.ops.conv import causal_conv1d_torch
 from vllm_ling.ops.kda import chunk_kda_torch, kda_safe_gate, kda_softplus_gate, recurrent_kda_torch
 
+logger = logging.getLogger("vllm_ling")
 GATE_ENV = "VLLM_LING_KDA_GATE"
 GATES = ("ours", "kernel")  # our gate before the op (run_cuda), or in vLLM's kernels (run_cuda_gate_in_kernel)
 
@@ -229,6 +232,14 @@ def dense_slots(rec_state: torch.Tensor) -> bool:
     return rec_state.stride()[1:] == (v * k, k, 1)
 
 
+@cache
+def _say_not_dense(strides: tuple[int, ...]) -> None:
+    """Once per process and layout: the raw-gate path fell back (the self-check reads this line)."""
+    logger.warning("vllm-ling: KDA gate fell back to ours: vLLM's raw-gate KDA kernels need each cache slot's "
+                   "state dense [H, V, K], and this cache's state strides are %s; %s=kernel serves as %s=ours",
+                   strides, GATE_ENV, GATE_ENV)
+
+
 def gate_torch(f: torch.Tensor, b: torch.Tensor, gate: Gate) -> tuple[torch.Tensor, torch.Tensor]:
     """(g [n, H, d], β [n, H]) in fp32 from the raw projections, by our torch ops (the law the kernels apply)."""
     if gate.lower_bound is None:
@@ -246,6 +257,7 @@ def run_cuda_gate_in_kernel(qkv, f, b, gate: Gate, conv_w, conv_state, rec_state
     plain decode, the output copy (the kernel writes `out`). Same conv calls, same state slots, same null slot 0.
     A state that is not dense per slot takes `run_cuda` with our gate."""
     if not dense_slots(rec_state):
+        _say_not_dense(tuple(rec_state.stride()))
         return run_cuda(qkv, *gate_torch(f, b, gate), conv_w, conv_state, rec_state, meta, head_dim, out)
     kda = compat.kda_gate_kernels()
     out = _output(qkv, rec_state, head_dim, out)

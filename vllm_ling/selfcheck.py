@@ -61,6 +61,7 @@ class Requested:
     mtp: bool = False
     tuned_folder: str | None = None
     fp8: bool = False
+    kda_gate_kernel: bool = False
 
     @classmethod
     def of(cls, args, env: Mapping[str, str]) -> Requested:
@@ -68,10 +69,12 @@ class Requested:
         method = str(args.speculative.get("method", "")) if args is not None else ""
         quantization = str((args.values.get("quantization") if args is not None else None) or "")
         return cls(eager=bool(args and args.enforce_eager), mtp="mtp" in method,
-                   tuned_folder=env.get("VLLM_TUNED_CONFIG_FOLDER") or None, fp8=quantization == FP8_METHOD)
+                   tuned_folder=env.get("VLLM_TUNED_CONFIG_FOLDER") or None, fp8=quantization == FP8_METHOD,
+                   kda_gate_kernel=env.get(KDA_GATE_ENV, "").strip().lower() == "kernel")
 
 
 FP8_METHOD = "ling_fp8"  # vllm_ling.fp8.NAME (not imported: this tool runs without vLLM's model code)
+KDA_GATE_ENV = "VLLM_LING_KDA_GATE"  # vllm_ling.kda_core.GATE_ENV (same reason)
 
 
 def inspect_log(log: str, asked: Requested, choice: dict | None = None) -> list[Verdict]:
@@ -90,6 +93,7 @@ def inspect_log(log: str, asked: Requested, choice: dict | None = None) -> list[
     verdicts.append(_int4_verdict(log, choice))
     verdicts.append(_tuned_verdict(log, asked.tuned_folder))
     verdicts.append(_fp8_verdict(log, asked.fp8))
+    verdicts.append(_kda_gate_verdict(log, asked.kda_gate_kernel, on_cpu))
     return verdicts
 
 
@@ -113,6 +117,23 @@ def _fp8_verdict(log: str, asked: bool) -> Verdict:
         return Verdict("FP8 weights", False, why, requested=asked)
     linears, head, kernel = found[0]  # the target's line comes first; the MTP draft's follows
     return Verdict("FP8 weights", True, f"({linears} linears{head}), {kernel}", requested=asked)
+
+
+def _kda_gate_verdict(log: str, asked: bool, on_cpu: bool) -> Verdict:
+    """Where KDA's safe gate and σ(β) are computed: inside vLLM's raw-gate KDA kernels (VLLM_LING_KDA_GATE=kernel)
+    or by our compiled gate before the op. Asked for and fallen back (a vLLM without the kernels, a cache whose
+    state is not dense per slot) is a failure; the plugin logs the reason (vllm_ling.kda, vllm_ling.kda_core)."""
+    fell = re.search(r"vllm-ling: KDA gate fell back to ours: (.+)", log)
+    if fell:
+        return Verdict("KDA gate", False, fell.group(1).strip(), requested=asked)
+    if re.search(r"vllm-ling: KDA gate and β inside vLLM's KDA kernels", log):
+        return Verdict("KDA gate", True, f"in vLLM's raw-gate KDA kernels ({KDA_GATE_ENV}=kernel)", requested=asked)
+    if on_cpu:
+        return Verdict("KDA gate", False, "CPU engine: our torch ops compute the gate")
+    if re.search(r"are served by vLLM's in-tree implementation", log):
+        return Verdict("KDA gate", False, "vLLM's in-tree model serves, with its own KDA layer", requested=asked)
+    return Verdict("KDA gate", False, f"ours, before the KDA op ({KDA_GATE_ENV}=kernel moves it into vLLM's kernels)"
+                   if not asked else "asked for, but no vllm-ling KDA gate line in this launch", requested=asked)
 
 
 def _tuned_verdict(log: str, folder: str | None) -> Verdict:

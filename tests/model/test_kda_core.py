@@ -126,3 +126,24 @@ def test_heads_are_dense_as_the_fla_kernels_index_them():
     one = qkvb[:1, :CH]
     assert all(t.is_contiguous() and t.untyped_storage().data_ptr() == qkvb.untyped_storage().data_ptr()
                for t in _heads(one, D_HEAD))
+
+
+def test_a_state_not_dense_per_slot_takes_our_gate_and_says_so(monkeypatch, caplog):
+    """vLLM's raw-gate kernels need each slot's state dense [H, V, K]; a padded state page takes run_cuda with
+    our gate (the law the kernels apply), and one warning line says so (the self-check reads it)."""
+    from vllm_ling import kda_core
+    from vllm_ling.ops.kda import kda_safe_gate
+
+    seen = {}
+    monkeypatch.setattr(kda_core, "run_cuda", lambda qkv, g, beta, *rest: seen.update(g=g, beta=beta) or "ran")
+    padded = torch.zeros(4, H, D_HEAD, D_HEAD + 4)[..., :D_HEAD]  # per-slot rows padded: stride 12, not 8
+    assert not kda_core.dense_slots(padded) and kda_core.dense_slots(torch.zeros(4, H, D_HEAD, D_HEAD))
+    gen = torch.Generator().manual_seed(1)
+    f, b = torch.randn(3, H * D_HEAD, generator=gen), torch.randn(3, H, generator=gen)
+    gate = kda_core.Gate(torch.randn(H, generator=gen), torch.randn(H * D_HEAD, generator=gen), -5.0)
+    kda_core._say_not_dense.cache_clear()
+    with caplog.at_level("WARNING", logger="vllm_ling"):
+        ran = kda_core.run_cuda_gate_in_kernel(torch.zeros(3, CH), f, b, gate, None, None, padded, None, D_HEAD)
+    assert ran == "ran" and "KDA gate fell back to ours" in caplog.text and str(padded.stride()) in caplog.text
+    torch.testing.assert_close(seen["g"], kda_safe_gate(f, gate.A_log, gate.dt_bias, -5.0), rtol=0, atol=0)
+    torch.testing.assert_close(seen["beta"], torch.sigmoid(b), rtol=0, atol=0)

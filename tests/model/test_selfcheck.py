@@ -258,3 +258,29 @@ def test_a_0_33_backend_name_is_held_to_ling_tunes_choice_as_named():
 
 def test_the_cudagraph_mode_is_named():
     assert "FULL_AND_PIECEWISE" in _by_name(inspect_log(V033_LOG, Requested()))["CUDA graphs"].why
+
+
+KERNEL_GATE = "INFO [kda.py:51] vllm-ling: KDA gate and β inside vLLM's KDA kernels (VLLM_LING_KDA_GATE=kernel)\n"
+
+
+def test_the_kda_gate_line_says_where_the_gate_is_computed():
+    gate = _by_name(inspect_log(V033_LOG + KERNEL_GATE, Requested(kda_gate_kernel=True)))["KDA gate"]
+    assert gate.on and not gate.failed and "raw-gate KDA kernels" in gate.why
+    ours = _by_name(inspect_log(V033_LOG, Requested()))["KDA gate"]
+    assert not ours.on and not ours.failed and ours.why.startswith("ours")
+
+
+def test_a_kda_gate_that_fell_back_fails_with_the_plugins_reason():
+    fell = ("WARNING [kda_core.py:240] vllm-ling: KDA gate fell back to ours: vLLM's raw-gate KDA kernels need each "
+            "cache slot's state dense [H, V, K], and this cache's state strides are (8320, 4096, 128, 1); "
+            "VLLM_LING_KDA_GATE=kernel serves as VLLM_LING_KDA_GATE=ours\n")
+    gate = _by_name(inspect_log(V033_LOG + KERNEL_GATE + fell, Requested(kda_gate_kernel=True)))["KDA gate"]
+    assert gate.failed and "(8320, 4096, 128, 1)" in gate.why
+    silent = _by_name(inspect_log(V033_LOG, Requested(kda_gate_kernel=True)))["KDA gate"]
+    assert silent.failed  # asked for, and no line says it is on
+
+
+def test_the_kda_gate_request_is_read_from_the_servers_environment(vllm_parser):
+    args = ServeArgs.parse(["vllm", "serve", "/m"])
+    assert Requested.of(args, {"VLLM_LING_KDA_GATE": "kernel"}).kda_gate_kernel
+    assert not Requested.of(args, {"VLLM_LING_KDA_GATE": "ours"}).kda_gate_kernel
