@@ -36,7 +36,7 @@ import time
 from ling_tuning.engine_compare import BACKENDS as MOE_BACKENDS  # vLLM >= 0.28's --moe-backend for INT4 experts
 from vllm_ling.fp8 import KERNELS as FP8_KERNELS
 from vllm_ling.ops.moe_align import ALIGN_ENV, ALIGNS  # our MoE token layout or vLLM's op (--moe-align)
-from vllm_ling.kda_core import GATE_ENV, GATES  # KDA gate: ours before the op, or inside vLLM's kernels (--kda-gate)
+from vllm_ling.kda_core import GATE_ENV, GATES, default_gate  # KDA gate: ours before the op, or inside vLLM's kernels (--kda-gate)
 from vllm_ling.ops.routing import ROUTER_ENV, ROUTERS  # our MoE router or vLLM's (--router)
 
 MODES = {
@@ -252,7 +252,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
                     "acceptance_length_synthetic": acceptance_length, "moe_backend_asked": moe_backend or "auto",
                     "router_asked": os.environ.get(ROUTER_ENV, "ours") if impl == "ours" else None,
                     "moe_align_asked": os.environ.get(ALIGN_ENV, "vllm"),
-                    "kda_gate_asked": os.environ.get(GATE_ENV, "ours") if impl == "ours" else None, **shape}
+                    "kda_gate_asked": os.environ.get(GATE_ENV, default_gate()) if impl == "ours" else None, **shape}
     short = [rng.randrange(10, vocab) for _ in range(32)]
     _progress(t0, f"engine up ({mode})")
     _timed(llm, short, decode)  # warm-up: JIT and first-request costs are not speed
@@ -363,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--moe-align", choices=ALIGNS,
                     help="MoE token layout before the expert GEMMs: vLLM's op (default) or ours at decode sizes")
     ap.add_argument("--kda-gate", choices=GATES,
-                    help="our model's KDA gate: computed before the op (default) or inside vLLM's raw-gate kernels")
+                    help="our model's KDA gate: inside vLLM's raw-gate kernels (the default where vLLM has them, "
+                         ">= 0.32) or computed by ours before the op (the default on 0.26)")
     ap.add_argument("--out", help="write the JSON result here")
     a = ap.parse_args(argv)
     prefill = [int(x) for x in a.prefill.split(",") if x]

@@ -14,8 +14,10 @@ Two kernels, chosen by `VLLM_LING_FP8_KERNEL` (docs/speed.md §FP8 has the measu
   On the H200 it took the step's BF16 linears from 2.68 to 2.29 ms (M = 1).
 - `w8a16`: FP8-Marlin, weight-only (activations stay BF16). Slower than BF16 on the H200 at decode sizes
   (3.08 ms), kept for GPUs without FP8 tensor cores.
-Kept BF16: MLA's kv_b_proj (vLLM splits it into W_UK/W_UV and absorbs it), the MTP draft's eh_proj, and
-anything else the checkpoint quantizes (its method wins). Router and norms are fp32 and no linears of this
+Kept BF16: MLA's kv_b_proj (vLLM splits it into W_UK/W_UV and absorbs it), the MTP draft's eh_proj, any
+linear whose output per rank is not a multiple of 16 (`ALIGN`: vLLM's CUTLASS FP8 kernel pads such a weight, and
+0.26's padding asserts with per-channel scales; only MLA's head-wise gate, num_heads wide, is that narrow, a few
+KB of weight), and anything else the checkpoint quantizes (its method wins). Router and norms are fp32 and no linears of this
 config's (the router's ReplicatedLinear gets no quant config).
 """
 
@@ -43,6 +45,7 @@ KERNELS = ("w8a16", "w8a8")
 DEFAULT_KERNEL = "w8a8"
 # Module name patterns (the vLLM-side prefix) that stay BF16 whatever the kernel.
 KEEP_BF16 = ("*.kv_b_proj", "*.eh_proj")
+ALIGN = 16  # FP8 linears' output width per rank must be a multiple of this (module docstring)
 
 
 def requested_kernel() -> str:
@@ -113,7 +116,15 @@ def _fp8_candidate(layer: torch.nn.Module, base: QuantizeMethodBase | None) -> b
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
 
     unquantized = base is None or isinstance(base, (UnquantizedLinearMethod, UnquantizedEmbeddingMethod))
-    return unquantized and isinstance(layer, (LinearBase, ParallelLMHead))
+    if isinstance(layer, LinearBase):
+        return unquantized and _aligned(layer)
+    return unquantized and isinstance(layer, ParallelLMHead)
+
+
+def _aligned(layer: torch.nn.Module) -> bool:
+    """Output width per rank a multiple of ALIGN (vLLM's linears set their partition sizes before they ask
+    the quantization config for a method)."""
+    return sum(getattr(layer, "output_partition_sizes", None) or [layer.output_size]) % ALIGN == 0
 
 
 @register_quantization_config(NAME)

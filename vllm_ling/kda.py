@@ -4,10 +4,11 @@ Per token: q,k,v = SiLU(causal_conv4(W_{q,k,v} x)); β = σ(W_β x); g = λ·σ(
 (the *safe* gate, λ = −5, fp32); S_t = (I − β k kᵀ) Diag(e^g) S_{t−1} + β k vᵀ; o = S_tᵀ (q/√d) with
 q, k L2-normed; y = W_o [RMSNorm(o) ⊙ w ⊙ σ(W_g x)].
 
-The stateful part runs inside one opaque custom op (torch.compile must not trace it). On CUDA it
-calls vLLM's vendored FLA kernels with our precomputed gate (0.26's kernels have no lower bound), or, with
-VLLM_LING_KDA_GATE=kernel on vLLM >= 0.32, hands the raw f and β logits to the KDA kernels vLLM wrote for its
-Kimi layer, which apply the same gate inside; on CPU it calls our torch-native ops in `vllm_ling.ops`.
+The stateful part runs inside one opaque custom op (torch.compile must not trace it). On CUDA with vLLM >= 0.32
+it hands the raw f and β logits to the KDA kernels vLLM wrote for its Kimi layer, which apply the same gate
+inside (the default there, VLLM_LING_KDA_GATE=kernel: measured faster); on 0.26, or with VLLM_LING_KDA_GATE=ours,
+it calls vLLM's vendored FLA kernels with our precomputed gate (0.26's kernels have no lower bound); on CPU it
+calls our torch-native ops in `vllm_ling.ops`.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ GATE_ENV, GATES = kda_core.GATE_ENV, kda_core.GATES
 
 @cache
 def _gate_in_kernel(asked: str) -> bool:
-    """VLLM_LING_KDA_GATE=kernel where this vLLM has the kernels (else a warning, once, and our gate)."""
+    """VLLM_LING_KDA_GATE=kernel where this vLLM has the kernels (asked for on one without: a warning, once, and
+    our gate)."""
     if asked != "kernel" or compat.is_cpu():  # the CPU path computes the gate by our ops either way
         return asked == "kernel"
     if compat.kda_gate_kernels() is None:
@@ -52,7 +54,7 @@ def _gate_in_kernel(asked: str) -> bool:
 
 
 def gate_in_kernel() -> bool:
-    return _gate_in_kernel(envs.choice(GATE_ENV, GATES, "ours"))
+    return _gate_in_kernel(envs.choice(GATE_ENV, GATES, kda_core.default_gate()))
 
 
 def _kda_op(qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, out: torch.Tensor, layer_name: str) -> None:

@@ -28,6 +28,13 @@ GATE_ENV = "VLLM_LING_KDA_GATE"
 GATES = ("ours", "kernel")  # our gate before the op (run_cuda), or in vLLM's kernels (run_cuda_gate_in_kernel)
 
 
+def default_gate() -> str:
+    """`kernel` where this vLLM ships the raw-gate KDA kernels (>= 0.32), else `ours`. On the H200 (vLLM 0.33,
+    full size, batch 1, FP8) the kernels took the step from 4.349 to 4.063 ms and 1,071 to 1,001 kernels, and
+    their prefill is the closer one to the fp32 oracle (docs/speed.md §Kernels)."""
+    return "kernel" if compat.kda_gate_kernels() is not None else "ours"
+
+
 def _heads(x: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """[n, 3·P] -> q, k, v each [1, n, H, d], dense: the FLA kernels index them as contiguous [T, H, d] (a
     strided chunk handed to `fused_recurrent_kda_fwd` made every verify-batch sequence but the first read

@@ -10,7 +10,8 @@ reference checkpoint (ORACLES: fp32, bf16, and the FP8 reference in both) score 
   bf16_fp8 / int4_fp8   `--quantization ling_fp8`: every BF16 linear and the LM head in FP8 (vllm_ling.fp8)
   bf16_intree           vLLM's in-tree model (vLLM >= 0.28) with our config class
   int4_intree_fp8       the same on the INT4 checkpoint with FP8
-  bf16_kgate / int4_fp8_kgate   VLLM_LING_KDA_GATE=kernel: the KDA gate inside vLLM's raw-gate kernels (>= 0.32)
+  bf16_ourgate / int4_fp8_ourgate   VLLM_LING_KDA_GATE=ours: our KDA gate before the op, on a vLLM (>= 0.32)
+                        whose default is the gate inside its raw-gate kernels (what every other engine there serves)
 Criteria (BF16 weights): relative logprob error over the top-20 of every prompt position no more than
 REL_ERR_FACTOR x the reference's own bf16 error on the same sequences (measured in the same run: the bf16 oracle
 against the fp32 one); >= 99% top-1 on *decided* positions (fp32 margin >= DECIDED nats); overall agreement no
@@ -53,6 +54,7 @@ FP8_KERNEL = "w8a8"  # the FP8 reference's kernel: vllm_ling.fp8's default, whic
 # the oracle runs per reference checkpoint: plain fp32 and bf16, and the model as FP8 serves it in both
 ORACLES = {"fp32": {}, "bf16": {"dtype": "bfloat16"}, "fp8": {"fp8": FP8_KERNEL},
            "fp8_bf16": {"fp8": FP8_KERNEL, "dtype": "bfloat16"}}
+DEFAULT_KDA_GATE = "kernel" if compat.kda_gate_kernels() is not None else "ours"  # where vLLM ships the kernels
 MOE_FLAG = compat.has_intree_ling3()  # vLLM >= 0.28 honours --moe-backend for compressed-tensors INT4 experts
 
 
@@ -72,9 +74,9 @@ CONFIGS = {
 if compat.has_intree_ling3():
     CONFIGS |= {"int4_humming": ("int4", OURS, _moe("humming")),
                 "int4_humming_align": ("int4", {**OURS, "VLLM_LING_MOE_ALIGN": "ours"}, _moe("humming")),
-                # the gate inside vLLM's raw-gate KDA kernels (vLLM >= 0.32), bf16 and with FP8 as the recipe serves
-                "bf16_kgate": ("bf16", {**OURS, "VLLM_LING_KDA_GATE": "kernel"}, {}),
-                "int4_fp8_kgate": ("int4", {**OURS, "VLLM_LING_KDA_GATE": "kernel"}, {**_moe("marlin"), **FP8}),
+                # the default there is the gate inside vLLM's raw-gate KDA kernels; ours stays served on request
+                "bf16_ourgate": ("bf16", {**OURS, "VLLM_LING_KDA_GATE": "ours"}, {}),
+                "int4_fp8_ourgate": ("int4", {**OURS, "VLLM_LING_KDA_GATE": "ours"}, {**_moe("marlin"), **FP8}),
                 "bf16_intree": ("bf16", INTREE, {}), "int4_intree": ("int4", INTREE, _moe("marlin")),
                 "int4_intree_fp8": ("int4", INTREE, {**_moe("marlin"), **FP8})}
 CHECKPOINTS = ("bf16", "int4")  # the reference checkpoints, in the order their oracles run
@@ -235,7 +237,7 @@ def test_the_requested_model_serves(runs, name):
     env = CONFIGS[name][1]
     assert runs[name].engine["implementation"] == IMPLEMENTATION[env["VLLM_LING_MODEL"]]
     if env["VLLM_LING_MODEL"] == "vllm-ling":  # and its KDA layers gate as asked (kda_gate: None for the in-tree)
-        assert runs[name].engine["kda_gate"] == env.get("VLLM_LING_KDA_GATE", "ours")
+        assert runs[name].engine["kda_gate"] == env.get("VLLM_LING_KDA_GATE", DEFAULT_KDA_GATE)
 
 
 @pytest.mark.parametrize("name", [n for n in CONFIGS if n.startswith("int4")])

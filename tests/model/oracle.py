@@ -28,6 +28,7 @@ import torch  # noqa: E402
 
 E4M3_MAX = 448.0
 FP8_KEEP = ("kv_b_proj",)  # vLLM absorbs kv_b into W_UK / W_UV; ling_fp8 keeps it BF16
+FP8_ALIGN = 16  # ling_fp8 keeps a linear BF16 unless its output width is a multiple of 16
 
 
 def _e4m3_rows(x: torch.Tensor, floor: float = 0.0) -> torch.Tensor:
@@ -41,6 +42,8 @@ def apply_fp8(model: torch.nn.Module, kernel: str) -> int:
     count = 0
     for name, module in model.named_modules():
         if not isinstance(module, torch.nn.Linear) or name.rsplit(".", 1)[-1] in FP8_KEEP:
+            continue
+        if module.out_features % FP8_ALIGN:  # ling_fp8 leaves a linear this narrow BF16 (MLA's head-wise gate)
             continue
         module.weight = torch.nn.Parameter(_e4m3_rows(module.weight.data))  # a new tensor: unties a tied head
         if kernel == "w8a8":

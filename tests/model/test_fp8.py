@@ -77,3 +77,14 @@ def test_the_kernel_setting_is_validated_by_name(monkeypatch):
 ])
 def test_kv_b_and_the_draft_input_projection_stay_bf16(prefix, kept):
     assert fp8.keeps_bf16(prefix) is kept
+
+
+@pytest.mark.parametrize("out_f, fp8_on", [(4, False), (40, False), (32, True), (48, True)])
+def test_a_linear_whose_width_is_no_multiple_of_16_stays_bf16(layers, out_f, fp8_on):
+    """vLLM's CUTLASS FP8 kernel pads N to 16, and 0.26's padding asserts with per-channel scales: such a linear
+    (MLA's head-wise gate, num_heads wide) stays BF16 and keeps its exact weights; 32 and 48 get FP8."""
+    w = torch.randn(out_f, 256, dtype=torch.bfloat16)
+    layer = _fp8_linear(out_f, 256, w)
+    assert (layer.weight.dtype == torch.float8_e4m3fn) is fp8_on
+    if not fp8_on:
+        assert type(layer.quant_method).__name__ == "UnquantizedLinearMethod" and torch.equal(layer.weight.data, w)

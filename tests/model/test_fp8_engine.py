@@ -2,8 +2,8 @@
 
 The expected sets are written here from the tiny config (6 layers, MLA at 2 and 5, a dense MLP at 0), not
 read from the code under test: every KDA/MLA projection but kv_b, the dense MLP, the shared experts and the
-LM head in FP8; the routed experts INT4 (compressed-tensors); kv_b, the fp32 router and the embedding as
-they were.
+LM head in FP8; the routed experts INT4 (compressed-tensors); kv_b, MLA's head-wise gate g_proj (4 outputs: not
+a multiple of 16), the fp32 router and the embedding as they were.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ KDA, MLA = (0, 1, 3, 4), (2, 5)
 
 def expected_fp8() -> set[str]:
     names = {f"model.layers.{i}.self_attn.{p}" for i in KDA for p in ("in_proj", "o_proj")}
-    names |= {f"model.layers.{i}.self_attn.{p}" for i in MLA
-              for p in ("q_proj", "kv_a_proj_with_mqa", "g_proj", "dense")}
+    names |= {f"model.layers.{i}.self_attn.{p}" for i in MLA for p in ("q_proj", "kv_a_proj_with_mqa", "dense")}
     names |= {f"model.layers.0.mlp.{p}" for p in ("gate_up_proj", "down_proj")}
     names |= {f"model.layers.{i}.mlp.shared_experts.{p}" for i in range(1, 6) for p in ("gate_up_proj", "down_proj")}
     return names | {"lm_head"}
@@ -46,11 +45,12 @@ def test_the_start_up_line_counts_each_fp8_linear_once(methods):
     assert any(want in line for line in methods["log_lines"]), [l for l in methods["log_lines"] if "FP8" in l]
 
 
-def test_routed_experts_stay_int4_and_kv_b_router_embedding_stay_as_they_were(methods):
+def test_routed_experts_stay_int4_and_kv_b_gate_router_embedding_stay_as_they_were(methods):
     """On the CPU engine the routed experts are ours (INT4 dequantized at load): no quant method, no FP8."""
     m = methods["quant_methods"]
     assert not any(".mlp.experts" in name for name in m)
-    assert all(m[f"model.layers.{i}.self_attn.kv_b_proj"] == "UnquantizedLinearMethod" for i in MLA)
+    assert all(m[f"model.layers.{i}.self_attn.{p}"] == "UnquantizedLinearMethod" for i in MLA
+               for p in ("kv_b_proj", "g_proj"))
     assert all(m[f"model.layers.{i}.mlp.gate"] == "UnquantizedLinearMethod" for i in range(1, 6))
     assert m["model.embed_tokens"] == "UnquantizedEmbeddingMethod"
     assert len(methods["outputs"][0]["token_ids"]) == 4
