@@ -26,6 +26,7 @@ from vllm.model_executor.layers.layernorm import RMSNormGated
 from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowParallelLinear
 from vllm.model_executor.layers.mamba.abstract import MambaBase
 from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first
+from vllm.model_executor.model_loader.weight_utils import sharded_weight_loader
 from vllm.model_executor.utils import set_weight_attrs
 from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
@@ -68,12 +69,13 @@ def _kda_op_fake(qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, out: to
 direct_register_custom_op(op_name=OP_NAME, op_func=_kda_op, mutates_args=["out"], fake_impl=_kda_op_fake)
 
 
+_shard_heads = sharded_weight_loader(0)
+
+
 def _load_head_sharded(param: torch.Tensor, loaded: torch.Tensor) -> None:
-    """Load a per-channel tensor ([P], 1-D or [1,1,H,1] A_log), keep this rank's heads, cast to fp32."""
-    loaded = loaded.reshape(-1)
-    size = param.shape[0]
-    rank = get_tensor_model_parallel_rank()
-    param.data.copy_(loaded.narrow(0, rank * size, size).to(param.dtype))
+    """A per-head or per-channel tensor (A_log, [H] or the checkpoint's [1, 1, H, 1]; dt_bias [P]), flattened, then
+    vLLM's sharded loader keeps this rank's heads and its copy casts to the fp32 parameter."""
+    _shard_heads(param, loaded.reshape(-1))
 
 
 def _load_conv_shard(param: torch.Tensor, loaded: torch.Tensor, shard: int) -> None:
