@@ -36,7 +36,7 @@ import time
 from ling_tuning.engine_compare import BACKENDS as MOE_BACKENDS  # vLLM >= 0.28's --moe-backend for INT4 experts
 from vllm_ling.fp8 import KERNELS as FP8_KERNELS
 from vllm_ling.ops.moe_align import ALIGN_ENV, ALIGNS  # our MoE token layout or vLLM's op (--moe-align)
-from vllm_ling.kda_core import GATE_ENV, GATES, default_gate  # KDA gate: ours before the op, or inside vLLM's kernels (--kda-gate)
+from vllm_ling.kda_core import GATE_ENV, GATES, default_gate  # KDA gate: in vLLM's kernels or ours (--kda-gate)
 from vllm_ling.ops.routing import ROUTER_ENV, ROUTERS  # our MoE router or vLLM's (--router)
 
 MODES = {

@@ -17,8 +17,8 @@ Two kernels, chosen by `VLLM_LING_FP8_KERNEL` (docs/speed.md §FP8 has the measu
 Kept BF16: MLA's kv_b_proj (vLLM splits it into W_UK/W_UV and absorbs it), the MTP draft's eh_proj, any
 linear whose output per rank is not a multiple of 16 (`ALIGN`: vLLM's CUTLASS FP8 kernel pads such a weight, and
 0.26's padding asserts with per-channel scales; only MLA's head-wise gate, num_heads wide, is that narrow, a few
-KB of weight), and anything else the checkpoint quantizes (its method wins). Router and norms are fp32 and no linears of this
-config's (the router's ReplicatedLinear gets no quant config).
+KB of weight), and anything else the checkpoint quantizes (its method wins). Router and norms are fp32 and no
+linears of this config's (the router's ReplicatedLinear gets no quant config).
 """
 
 from __future__ import annotations

@@ -46,9 +46,9 @@ def _gate_in_kernel(asked: str) -> bool:
     if asked != "kernel" or compat.is_cpu():  # the CPU path computes the gate by our ops either way
         return asked == "kernel"
     if compat.kda_gate_kernels() is None:
-        logger.warning("vllm-ling: KDA gate fell back to ours: %s=kernel needs vLLM's raw-gate KDA kernels (%s, vLLM >= 0.32), which vLLM %s "
-                       "lacks; KDA computes its gate itself (%s=ours)", GATE_ENV, compat.KDA_GATE_KERNELS,
-                       compat.vllm_version(), GATE_ENV)
+        logger.warning("vllm-ling: KDA gate fell back to ours: %s=kernel needs vLLM's raw-gate KDA kernels (%s, "
+                       "vLLM >= 0.32), which vLLM %s lacks; KDA computes its gate itself (%s=ours)", GATE_ENV,
+                       compat.KDA_GATE_KERNELS, compat.vllm_version(), GATE_ENV)
         return False
     logger.info("vllm-ling: KDA gate and β inside vLLM's KDA kernels (%s=kernel)", GATE_ENV)  # selfcheck reads it
     return True

@@ -132,8 +132,9 @@ def _kda_gate_verdict(log: str, asked: bool, on_cpu: bool) -> Verdict:
         return Verdict("KDA gate", False, "CPU engine: our torch ops compute the gate")
     if re.search(r"are served by vLLM's in-tree implementation", log):
         return Verdict("KDA gate", False, "vLLM's in-tree model serves, with its own KDA layer", requested=asked)
-    return Verdict("KDA gate", False, f"ours, before the KDA op ({KDA_GATE_ENV}=kernel moves it into vLLM's kernels)"
-                   if not asked else "asked for, but no vllm-ling KDA gate line in this launch", requested=asked)
+    return Verdict("KDA gate", False, f"ours, before the KDA op ({KDA_GATE_ENV}=ours, or a vLLM without its raw-gate "
+                   "KDA kernels)" if not asked else "asked for, but no vllm-ling KDA gate line in this launch",
+                   requested=asked)
 
 
 def _tuned_verdict(log: str, folder: str | None) -> Verdict:
