@@ -151,6 +151,91 @@ def _weight_gib(lines: list[str]) -> float | None:
     return None
 
 
+def _tensors(value) -> list:
+    """The tensors in an attribute: a tensor, or lists/tuples of them (vLLM keeps KV caches as lists)."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def memory_breakdown(worker) -> dict:
+    """Where the weight memory vLLM reports ("Model loading took", the model runner's `model_memory_usage`: torch's
+    allocated bytes after loading minus before) goes: parameters and buffers of the model and the draft, and every
+    other CUDA tensor a module holds as a plain attribute (absorbed MLA matrices, caches, workspaces), by name;
+    the layers' `kv_cache` apart. Run in the worker (`llm.collective_rpc`). With CUDA, also the caching allocator's
+    live blocks by owner (weights, KV cache, other) and what its rounding adds (block size minus requested size)."""
+    import torch
+
+    runner = worker.model_runner
+    models = {"model": runner.model}
+    proposer = getattr(runner, "speculator", None) or getattr(runner, "drafter", None)  # vLLM 0.33's MRV2 / V1
+    if getattr(proposer, "model", None) is not None:
+        models["draft"] = proposer.model
+    out: dict = {"runner": f"{type(runner).__module__}.{type(runner).__name__}",  # 0.33: V2 (worker.gpu) or V1
+                 "model_memory_usage_gib": getattr(runner, "model_memory_usage", 0) / 2**30}
+    owned: dict[int, int] = {}  # storage pointer -> bytes, each storage once (views and shared heads count once)
+    for label, m in models.items():
+        named = 0
+        for t in [*m.parameters(), *m.buffers()]:
+            st = t.untyped_storage()
+            if st.data_ptr() not in owned:
+                owned[st.data_ptr()] = st.nbytes()
+                named += st.nbytes()
+        out[f"{label}_param_storage_gib"] = named / 2**30
+    registered = set(owned)
+    kv: set[int] = set()
+    extra: dict[str, int] = {}
+    for label, m in models.items():
+        for name, mod in m.named_modules():
+            for attr, v in vars(mod).items():
+                for t in _tensors(v):
+                    if isinstance(t, torch.nn.Parameter) or not t.numel():
+                        continue
+                    st = t.untyped_storage()
+                    if attr == "kv_cache":
+                        kv.add(st.data_ptr())
+                    elif st.data_ptr() not in owned:
+                        owned[st.data_ptr()] = st.nbytes()
+                        extra[f"{label}.{name}.{attr}"] = st.nbytes()
+    kinds: dict[str, int] = {}
+    for key, n in extra.items():
+        kind = key.rsplit(".", 1)[-1]
+        kinds[kind] = kinds.get(kind, 0) + n
+    out["unregistered_tensors_gib"] = sum(extra.values()) / 2**30
+    out["unregistered_by_attr_mib"] = {k: v / 2**20 for k, v in sorted(kinds.items(), key=lambda kv: -kv[1])[:20]}
+    out["unregistered_largest_mib"] = {k: v / 2**20 for k, v in sorted(extra.items(), key=lambda kv: -kv[1])[:15]}
+    if not torch.cuda.is_available():
+        return out
+    import bisect
+
+    starts = {k: sorted(v) for k, v in (("weights", registered), ("kv_cache", kv), ("other_tensors", set(owned)))}
+
+    def holds(name: str, lo: int, hi: int) -> bool:  # does a storage of this kind start inside [lo, hi)?
+        i = bisect.bisect_left(starts[name], lo)
+        return i < len(starts[name]) and starts[name][i] < hi
+
+    by_owner: dict[str, list[int]] = {"weights": [0, 0], "kv_cache": [0, 0], "other_tensors": [0, 0], "other": [0, 0]}
+    other_blocks: list[int] = []
+    for seg in torch.cuda.memory_snapshot():
+        for b in seg.get("blocks", []):
+            if b.get("state") != "active_allocated":
+                continue
+            lo, hi = b["address"], b["address"] + b["size"]
+            owner = next((k for k in starts if holds(k, lo, hi)), "other")
+            if owner == "other":
+                other_blocks.append(b["size"])
+            by_owner[owner][0] += b["size"]
+            by_owner[owner][1] += b["size"] - b.get("requested_size", b["size"])
+    out["allocator_gib"] = {k: {"allocated": v[0] / 2**30, "rounding": v[1] / 2**30} for k, v in by_owner.items()}
+    out["other_blocks_mib"] = [round(s / 2**20, 2) for s in sorted(other_blocks, reverse=True)[:20]]
+    out["other_blocks_count"] = len(other_blocks)
+    return out
+
+
 def _cudagraph_mode(llm) -> str | None:
     try:
         return str(llm.llm_engine.vllm_config.compilation_config.cudagraph_mode)
@@ -284,7 +369,9 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
         result["by_acceptance"] = phases
     if torch.cuda.is_available():
         result["peak_gpu_gib"] = torch.cuda.max_memory_reserved() / 2**30
-    result["weight_gib"] = _weight_gib(log.lines)
+    memory = llm.collective_rpc(memory_breakdown)[0]
+    result["memory"] = memory  # vLLM 0.33's log lines did not reach `log` in session 11: read the runner instead
+    result["weight_gib"] = _weight_gib(log.lines) or round(memory["model_memory_usage_gib"], 4) or None
     result["log"] = log.lines[:40]
     copy_gbs = copy_bandwidth_gbs()
     result["roofline"] = roofline(model, mode, len(short) + decode // 2, step, copy_gbs, accepted, bool(fp8))

@@ -88,3 +88,27 @@ def test_a_linear_whose_width_is_no_multiple_of_16_stays_bf16(layers, out_f, fp8
     assert (layer.weight.dtype == torch.float8_e4m3fn) is fp8_on
     if not fp8_on:
         assert type(layer.quant_method).__name__ == "UnquantizedLinearMethod" and torch.equal(layer.weight.data, w)
+
+
+def test_each_linear_is_quantized_into_a_fresh_allocation(monkeypatch):
+    """vLLM loads under max_split_size_mb=20, where a cached block up to 20 MiB larger than a new FP8 weight is
+    taken whole (the rest lost while the weight lives): both FP8 methods empty the cache, then quantize."""
+    order: list[str] = []
+
+    class Quantizes:
+        def process_weights_after_loading(self, layer):
+            order.append("quantize")
+
+    class Method(fp8.FreshSegments, Quantizes):
+        pass
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: order.append("empty cache"))
+    Method().process_weights_after_loading(None)
+    assert order == ["empty cache", "quantize"]
+    monkeypatch.undo()
+    from vllm.model_executor.layers.quantization.online.fp8 import Fp8PtpcOnlineLinearMethod
+
+    for kernel in fp8.KERNELS:
+        mro = type(fp8.fp8_method(kernel)).__mro__
+        assert mro.index(fp8.FreshSegments) < mro.index(Fp8PtpcOnlineLinearMethod), kernel
