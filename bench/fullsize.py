@@ -356,8 +356,12 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     result |= {"decode_step_ms": 1e3 * step, "decode_tok_s": 1 / step}
     _progress(t0, f"decode: {1 / step:.1f} tok/s")
     if kernels:
-        result["kernels"] = kernels_per_step(llm, short, decode)
-        _progress(t0, f"kernels: {result['kernels']['kernels_per_step']:.0f} per step")
+        try:  # the profile must not cost the run the timings above
+            result["kernels"] = kernels_per_step(llm, short, decode)
+            _progress(t0, f"kernels: {result['kernels']['kernels_per_step']:.0f} per step")
+        except Exception as e:  # noqa: BLE001
+            result["kernels"] = {"error": f"{type(e).__name__}: {e}"[:500]}
+            _progress(t0, f"kernel profile failed: {result['kernels']['error']}")
     accepted = 0.0
     if mode == "mtp":
         result["spec_decode"] = _spec_counters(llm)  # the whole run's, warm-up included
@@ -369,7 +373,10 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
         result["by_acceptance"] = phases
     if torch.cuda.is_available():
         result["peak_gpu_gib"] = torch.cuda.max_memory_reserved() / 2**30
-    memory = llm.collective_rpc(memory_breakdown)[0]
+    try:  # a diagnostic: it must never cost the run its timings
+        memory = llm.collective_rpc(memory_breakdown)[0]
+    except Exception as e:  # noqa: BLE001
+        memory = {"error": f"{type(e).__name__}: {e}"[:500], "model_memory_usage_gib": 0.0}
     result["memory"] = memory  # vLLM 0.33's log lines did not reach `log` in session 11: read the runner instead
     result["weight_gib"] = _weight_gib(log.lines) or round(memory["model_memory_usage_gib"], 4) or None
     result["log"] = log.lines[:40]
