@@ -44,6 +44,9 @@ rm -rf /tmp/vllm-ling-src && mkdir /tmp/vllm-ling-src && tar --exclude=./.devbun
 python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --target "$SITE" /tmp/vllm-ling-src \
     2>&1 | grep -v "already exists" || true
 export VLLM_LING_GPU_RESULTS=$OUT
+# Triton keeps compiled kernels on disk but re-times every autotuned kernel in each new process unless told to keep
+# the timings: session 12 saw ~80 s of each engine's start-up in its first CUDA-graph capture, warm machine or not.
+export TRITON_CACHE_AUTOTUNING=1
 [ -f /tmp/flash/config.json ] || python3 -m vllm_ling.tiny /tmp/flash --full-config --force >/dev/null
 for STEP in "$@"; do
 run() { timeout -k 10 "$1" "${@:2}" 2>&1 | tee -a "$OUT/${STEP%%:*}.log" | grep -v " INFO \| WARNING " | tail -40; }

@@ -47,6 +47,10 @@ VARIANTS = list(CHECKPOINTS)
 # bytes as BF16) is accepted ~0%.
 FP8_ACCEPTANCE_SLACK = 0.03
 FP8_LOSSLESS_SLACK = 0.01  # FP8: MTP's decided agreement with the FP8 reference at most 1 point below plain's
+# FP8 flips decided positions too (the FP8 engine agreed with the FP8 reference on ~88% of them on random weights,
+# test_model_gpu.py): for one copy's ~30-100 decided tokens the FP8 bar is one a sequence reading another's
+# state (its tokens garbage, agreement near 0) cannot reach
+FP8_COPY_AGREEMENT = 0.8
 TWICE = len(PROMPT_LENGTHS) // 2  # the middle prompt (64 tokens) is sent again, as the batch's last request
 # All six engines (plain and MTP for each variant) run side by side on the GPU, so each gets a fixed KV
 # cache: vLLM's memory profiling would count the other engines' allocations as its own.
@@ -56,6 +60,11 @@ SIDE_BY_SIDE = {"gpu_memory_utilization": 0.12, "engine_kwargs": {"kv_cache_memo
 def _prompts() -> list[list[int]]:
     rng = random.Random(11)
     return [[rng.randrange(10, 900) for _ in range(n)] for n in PROMPT_LENGTHS]
+
+
+def _batch() -> list[list[int]]:
+    """The engines' batch: every prompt, then the middle one again (the two copies must decode alike)."""
+    return [*_prompts(), _prompts()[TWICE]]
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +78,7 @@ def reports(tmp_path_factory) -> dict[str, tuple[dict, dict, dict]]:
     for v, model in models.items():
         extra = CHECKPOINTS[v][1]
         # the batch carries prompt TWICE twice: its two sequences must decode alike
-        base = {"model": model, "prompts": [*_prompts(), _prompts()[TWICE]], "max_tokens": MAX_TOKENS,
+        base = {"model": model, "prompts": _batch(), "max_tokens": MAX_TOKENS,
                 "dtype": "bfloat16", "enforce_eager": False, "max_model_len": 2048, "max_num_batched_tokens": 512,
                 "prompt_logprobs": False, "hf_overrides": NO_CLAMPS, **SIDE_BY_SIDE}
         base["engine_kwargs"] = {**base.get("engine_kwargs", {}), **extra.get("engine_kwargs", {})}
@@ -79,9 +88,9 @@ def reports(tmp_path_factory) -> dict[str, tuple[dict, dict, dict]]:
     oracles = run_scripts([("oracle.py", {
         "model": models[v], "prompts": [], "device": "cuda", **CHECKPOINTS[v][2],
         "score": [p + runs[f"{v}-{kind}"]["outputs"][i]["token_ids"]
-                  for kind in ("plain", "mtp") for i, p in enumerate(_prompts())],
+                  for kind in ("plain", "mtp") for i, p in enumerate(_batch())],
     }, f"{v}-oracle") for v in VARIANTS], tmp)
-    n = len(PROMPT_LENGTHS)
+    n = len(PROMPT_LENGTHS) + 1  # each prompt, and the repeated one's second copy
     out = {}
     for v, oracle in zip(VARIANTS, oracles):
         plain, spec = runs[f"{v}-plain"], runs[f"{v}-mtp"]
@@ -169,15 +178,25 @@ def test_mtp_and_plain_part_only_where_bf16_can_flip(pair):
 
 
 def test_identical_prompts_decoded_side_by_side_agree(pair):
-    """Two sequences of one prompt in one batch decode alike, with and without MTP: the start-up self-check's
-    batch-agreement probe, judged on the GPU (the H200 verify bug parted them at the first token)."""
-    from vllm_ling.selfcheck import judge_batch_agreement
-
+    """Two sequences of one prompt in one batch decode alike where the model is sure, with and without MTP (the H200
+    verify bug parted them at the first token, a sequence reading another's state anywhere it likes). They may part
+    at a near-tie: the two copies reach the engine in different chunks of the batch (678 prompt tokens, 512 per
+    step), so their bf16 rounding differs, and session 12 saw the plain copies part after ~10 tokens where the fp32
+    oracle's margin was 0.07 nat. So: each copy agrees with the oracle (teacher-forced on its own tokens) on decided
+    positions, and where the copies first part the oracle's margin is one bf16 can flip (FP8 can flip more)."""
     name, plain, spec, _ = pair
+    length = PROMPT_LENGTHS[TWICE]
     for kind, run in (("plain", plain), ("MTP", spec)):
-        twins = [" ".join(map(str, run["outputs"][i]["token_ids"])) for i in (TWICE, -1)]
-        verdict = judge_batch_agreement(twins)
-        assert not verdict.failed, f"{name}, {kind}: {verdict.line()}"
+        first, second = (run["outputs"][i]["token_ids"] for i in (TWICE, -1))
+        for copy, tokens, ref in (("first", first, run["scored"][TWICE]), ("second", second, run["scored"][-1])):
+            check = _decided_agreement(length, tokens, ref)
+            bar = FP8_COPY_AGREEMENT if _fp8(name) else DECIDED_AGREEMENT
+            assert _share([check]) >= bar, f"{name}, {kind}, {copy} copy: {check}"
+        part = first_difference(first, second)
+        if part is not None and not _fp8(name):
+            margin = run["scored"][TWICE]["margin"][length + part]
+            assert margin < BF16_FLIP_MAX_MARGIN, \
+                f"{name}, {kind}: the two copies part at new token {part}, where the fp32 margin is {margin:.3f} nat"
 
 
 def test_acceptance_tracks_draft_quality(pair):
