@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# One device call = one or more steps of the GPU plan. From the repo root on the H200, after the bundle's other
-# chunks were stashed (../shared/device/README.md), with carry [".devbundle/4"] (vLLM 0.26) or
-# [".devbundle33/18"] (vLLM 0.33):
+# One device call = one or more steps of the GPU plan, from the repo root on the H200. vLLM comes from a bundle
+# (git-ignored: .devbundle/1-4 for vLLM 0.26, .devbundle33/1-18 for 0.33) cut into chunks that each fit one call's
+# carry. First one stash call per chunk but the last, on the same warm machine: carry [".devbundle33/K"], command
+# `bash .devbundle33/K/stash.sh` (copies the chunk to $HOME/vllm-stage, which lasts while the machine stays warm).
+# Then this call, with carry [".devbundle/4"] (vLLM 0.26) or [".devbundle33/18"] (vLLM 0.33); its activate.sh
+# stashes the last chunk, assembles $HOME/vllm-site once (~30 s) and puts it on PYTHONPATH:
 #   source .devbundle33/18/activate.sh || exit 1; bash tests/gpu/run_on_device.sh STEP [STEP ...]
 # Steps (minutes on a warm machine, measured or estimated):
 #   model       tiny model vs the oracle (+ its bf16 floor), CUDA graphs: BF16 and INT4 checkpoints, FP8 on and

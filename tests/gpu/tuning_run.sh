@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU step of ling_tuning on the lent H200, in about 7 minutes. From the repository root:
 #   source .devbundle/N/activate.sh || exit 1; bash tests/gpu/tuning_run.sh
-# (carry [".devbundle/N"]; the other chunks stashed first, see ../shared/device/README.md).
+# (carry [".devbundle/N"], N the bundle's last chunk; each other chunk K stashed first on the same warm machine
+# by its own call, carry [".devbundle/K"], command `bash .devbundle/K/stash.sh`: tests/gpu/run_on_device.sh's
+# header has the whole procedure).
 # It imports ling_tuning from this checkout (a symlink shim on PYTHONPATH), so no install is needed
 # and a stale installed copy cannot shadow it. Knobs: LING_TUNE_BUDGET_MIN (2.0), LING_TUNE_MAX_CANDIDATES (16),
 # LING_TUNE_ENGINE_BACKENDS (none; e.g. marlin,humming,triton races them in the engine after tuning, ~2-3 min each).

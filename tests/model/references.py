@@ -1,6 +1,6 @@
 """Hand-written fp64 references of Ling-3.0's equations (docs/architecture.md), read from checkpoint tensors.
 
-Written from the architecture notes, not from our model code or vLLM's: they are what the engine's layers
+Written from docs/architecture.md, not from our model code or vLLM's: they are what the engine's layers
 are checked against where transformers has no counterpart (SwiGLU clamps, the MTP draft).
 """
 
@@ -25,7 +25,8 @@ def checkpoint_tensors(model_dir: str, prefix: str) -> dict[str, torch.Tensor]:
 
 
 def moe_reference(x: torch.Tensor, w: dict, cfg: dict, layer: int, clamps: bool = True, groups: bool = True):
-    """Ling-3.0 MoE (§5) in fp64: grouped noaux_tc routing, renormalised ×2.5, clamped SwiGLUs, shared expert."""
+    """Ling-3.0 MoE (docs/architecture.md §MoE) in fp64: grouped noaux_tc routing, renormalised ×2.5, clamped
+    SwiGLUs, shared expert."""
     x = x.double()
     n_exp, k = cfg["num_experts"], cfg["num_experts_per_tok"]
     n_group, top_groups = (cfg["n_group"], cfg["topk_group"]) if groups else (1, 1)
@@ -62,7 +63,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def rope_interleaved(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotate pairs (2j, 2j+1) by θ_j·pos, θ_j = theta^(−2j/d) (§4 step 5). x: [T, ..., d]."""
+    """Rotate pairs (2j, 2j+1) by θ_j·pos, θ_j = theta^(−2j/d) (docs/architecture.md §MLA). x: [T, ..., d]."""
     d = x.shape[-1]
     angle = positions.double()[:, None] / theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
     shape = (x.shape[0],) + (1,) * (x.dim() - 2) + (d // 2,)
@@ -74,7 +75,8 @@ def rope_interleaved(x: torch.Tensor, positions: torch.Tensor, theta: float) -> 
 
 
 def mla_reference(x: torch.Tensor, w: dict, cfg: dict, positions: torch.Tensor) -> torch.Tensor:
-    """Gated MLA over one causal sequence (§4), head-wise gate, no q-LoRA. x: [T, hidden] -> [T, hidden]."""
+    """Gated MLA over one causal sequence (docs/architecture.md §MLA), head-wise gate, no q-LoRA.
+    x: [T, hidden] -> [T, hidden]."""
     x = x.double()
     t, h = x.shape[0], cfg["num_attention_heads"]
     nope, rope, v_dim, r = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"], cfg["kv_lora_rank"]
@@ -92,7 +94,8 @@ def mla_reference(x: torch.Tensor, w: dict, cfg: dict, positions: torch.Tensor) 
 
 
 def mtp_reference(embeds: torch.Tensor, hidden: torch.Tensor, w: dict, cfg: dict, lm_head: torch.Tensor) -> torch.Tensor:
-    """The MTP draft (§7) over a sequence: row t uses embed(token t+1) and the target's post-norm h_t.
+    """The MTP draft (docs/architecture.md §MTP) over a sequence: row t uses embed(token t+1) and the target's
+    post-norm h_t.
 
     z = W_eh [RMSNorm_e(e); RMSNorm_h(h)]; z += MLA(RMSNorm_in(z)) at position t; z += MoE(RMSNorm_post(z))
     (no clamps: the MTP index is past the clamp lists); logits = lm_head(RMSNorm_final(z)).

@@ -1,6 +1,7 @@
-"""The INT4 tiny checkpoint is the official compressed-tensors pack-quantized layout (§8.2): only routed
-experts are packed, the words decode by the documented nibble rule to what compressed-tensors and our
-dequantizer produce, within int4 error of the BF16 weights, and the quantization_config parses."""
+"""The INT4 tiny checkpoint is the official compressed-tensors pack-quantized layout (docs/architecture.md
+§INT4): only routed experts are packed, the words decode by the documented nibble rule to what
+compressed-tensors and our dequantizer produce, within int4 error of the BF16 weights, and the
+quantization_config parses."""
 
 from __future__ import annotations
 
@@ -35,7 +36,8 @@ def ckpt(dirs) -> dict[str, dict[str, torch.Tensor]]:
 
 
 def decode_by_the_documented_rule(packed: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """§8.2: element j of a row is in word j // 8 at bits 4 (j % 8); w = (nibble - 8) * scale[row, j // 32]."""
+    """docs/architecture.md §INT4: element j of a row is in word j // 8 at bits 4 (j % 8);
+    w = (nibble - 8) * scale[row, j // 32]."""
     words = packed.to(torch.int64) & 0xFFFFFFFF  # the int32 words as unsigned
     nibbles = torch.stack([(words >> (4 * k)) & 0xF for k in range(8)], dim=-1).flatten(1)
     q = nibbles - 8
@@ -44,7 +46,7 @@ def decode_by_the_documented_rule(packed: torch.Tensor, scale: torch.Tensor) -> 
 
 
 def expected_ignore(config: dict) -> list[str]:
-    """Every Linear that is not a routed expert, in `.attention.` naming (written from §8.1/§8.2)."""
+    """Every Linear that is not a routed expert, in `.attention.` naming (docs/architecture.md §INT4)."""
     L, G = config["num_hidden_layers"], config["layer_group_size"]
     names = []
     for i in range(L + config["num_nextn_predict_layers"]):

@@ -71,7 +71,7 @@ TOOLS = [
     _fn("book", {"hotel": {"type": "string"}, "nights": {"type": "integer", "minimum": 1}}, required=["hotel"]),
 ]
 
-PROMPT_THINKING = "user: hi\nassistant:<think>"  # the generation prompt opens the think block (§9)
+PROMPT_THINKING = "user: hi\nassistant:<think>"  # the generation prompt opens the think block (docs/parsers.md §1)
 PROMPT_PLAIN = "user: hi\nassistant:"
 
 

@@ -6,7 +6,7 @@ runs these instead. `chunk_kda_torch` and `recurrent_kda_torch` keep the calling
 beta `[B, T, H]`, packed varlen through `cu_seqlens` (then B = 1), and recurrent states stored **V-major**,
 `[N, H, V, K]`, the transpose of the math layout below (and of FLA-naive's `[K, V]`).
 
-Per head, with the state S ∈ ℝ^{K×V} in math layout (Ling-3.0 architecture notes §3.2, step 8):
+Per head, with the state S ∈ ℝ^{K×V} in math layout (docs/architecture.md §KDA, step 6):
 
     S̄_t = Diag(exp(g_t)) · S_{t-1}                  decay acts on the key channels
     S_t = S̄_t + β_t · k_t · (v_t − S̄_tᵀ k_t)ᵀ       delta-rule write
@@ -178,7 +178,7 @@ def _kda_chunk(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, S: torch.Tensor,
     block: int,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """One chunk of C tokens for all heads (architecture notes §3.3), fp32.
+    """One chunk of C tokens for all heads (docs/architecture.md §KDA, the chunked form), fp32.
 
     q (already scaled), k, g: [H, C, K]; v: [H, C, V]; beta: [H, C]; S: [H, K, V]. Returns (o [H, C, V], S).
     With Γ = cumsum(g) over the chunk:
