@@ -38,6 +38,7 @@ from vllm_ling.fp8 import KERNELS as FP8_KERNELS
 from vllm_ling.ops.moe_align import ALIGN_ENV, ALIGNS  # our MoE token layout or vLLM's op (--moe-align)
 from vllm_ling.kda_core import GATE_ENV, GATES, default_gate  # KDA gate: in vLLM's kernels or ours (--kda-gate)
 from vllm_ling.ops.routing import ROUTER_ENV, ROUTERS  # our MoE router or vLLM's (--router)
+from vllm_ling.ops.router_gemm import GEMM_ENV, GEMMS  # the router's logits: our kernel or GateLinear
 
 MODES = {
     "eager": {"enforce_eager": True},
@@ -300,7 +301,8 @@ def _set_synthetic_length(llm, length: float) -> None:
 def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, util: float, chunk: int,
         impl: str = "ours", fp8: str | None = None, kernels: bool = False,
         acceptance_lengths: list[float] | None = None, moe_backend: str | None = None,
-        router: str | None = None, moe_align: str | None = None, kda_gate: str | None = None) -> dict:
+        router: str | None = None, moe_align: str | None = None, kda_gate: str | None = None,
+        router_gemm: str | None = None) -> dict:
     acceptance_length, more_lengths = (acceptance_lengths[0], acceptance_lengths[1:]) if acceptance_lengths \
         else (None, [])
     if more_lengths and mode != "mtp":
@@ -313,6 +315,8 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
         os.environ[ALIGN_ENV] = moe_align
     if kda_gate:
         os.environ[GATE_ENV] = kda_gate
+    if router_gemm:
+        os.environ[GEMM_ENV] = router_gemm
     import torch
     from vllm import LLM
 
@@ -337,6 +341,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
                     "acceptance_length_synthetic": acceptance_length, "moe_backend_asked": moe_backend or "auto",
                     "router_asked": os.environ.get(ROUTER_ENV, "ours") if impl == "ours" else None,
                     "moe_align_asked": os.environ.get(ALIGN_ENV, "vllm"),
+                    "router_gemm_asked": os.environ.get(GEMM_ENV, "vllm") if impl == "ours" else None,
                     "kda_gate_asked": os.environ.get(GATE_ENV, default_gate()) if impl == "ours" else None, **shape}
     short = [rng.randrange(10, vocab) for _ in range(32)]
     _progress(t0, f"engine up ({mode})")
@@ -456,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="our model's MoE routing: our one-kernel router (default) or vLLM's grouped_topk")
     ap.add_argument("--moe-align", choices=ALIGNS,
                     help="MoE token layout before the expert GEMMs: vLLM's op (default) or ours at decode sizes")
+    ap.add_argument("--router-gemm", choices=GEMMS,
+                    help="our model's router logits: vLLM's GateLinear (default) or our fp32 kernel at <= 16 rows")
     ap.add_argument("--kda-gate", choices=GATES,
                     help="our model's KDA gate: inside vLLM's raw-gate kernels (the default where vLLM has them, "
                          ">= 0.32) or computed by ours before the op (the default on 0.26)")
@@ -463,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     prefill = [int(x) for x in a.prefill.split(",") if x]
     result = run(a.model, a.mode, prefill, a.decode, a.repeats, a.util, a.chunk, a.impl, a.fp8, a.kernels,
-                 a.acceptance_length, a.moe_backend, a.router, a.moe_align, a.kda_gate)
+                 a.acceptance_length, a.moe_backend, a.router, a.moe_align, a.kda_gate, a.router_gemm)
     text = json.dumps(result, indent=2)
     print(text)
     if a.out:

@@ -29,6 +29,7 @@ from vllm_ling import compat
 from vllm_ling.config import swiglu_limit
 from vllm_ling.ops.moe import dequantize_pack_quantized, grouped_topk, routed_experts
 from vllm_ling.ops.routing import check_routing_shape, ling_grouped_topk, router_choice
+from vllm_ling.ops.router_gemm import gemm_choice, router_logits as router_logits_op
 
 logger = logging.getLogger("vllm_ling")
 
@@ -164,6 +165,9 @@ class BailingMoeV3MoE(nn.Module):
         self.gate = GateLinear(config.hidden_size, num_experts, bias=False, out_dtype=torch.float32,
                                params_dtype=torch.float32, prefix=f"{prefix}.gate")
         self.gate.expert_bias = nn.Parameter(torch.zeros(num_experts, dtype=torch.float32), requires_grad=False)
+        # vLLM's GateLinear, or our fp32 kernel at decode sizes (ops/router_gemm); the CPU engine keeps GateLinear,
+        # whose CPU method repacks the weight for oneDNN and leaves `gate.weight` empty
+        self.router_gemm = "vllm" if compat.is_cpu() else gemm_choice()
         # Unreduced: the experts (FusedMoE or ours) all-reduce routed + shared once under TP.
         self.shared_experts = BailingMoeV3MLP(
             config, config.moe_shared_expert_intermediate_size * config.num_shared_experts, quant_config,
@@ -210,5 +214,8 @@ class BailingMoeV3MoE(nn.Module):
             self.gate.expert_bias, config.n_group, config.topk_group, config.routed_scaling_factor))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        router_logits, _ = self.gate(x)  # fp32 logits
+        if self.router_gemm == "ours":
+            router_logits = router_logits_op(x, self.gate.weight)  # fp32 logits
+        else:
+            router_logits, _ = self.gate(x)  # fp32 logits
         return self.experts(hidden_states=x, router_logits=router_logits)  # routed + shared

@@ -10,7 +10,7 @@ import pytest
 pytestmark = pytest.mark.engine
 
 
-@pytest.mark.parametrize("mode, extra", [("eager", []), ("mtp", []), ("eager", ["--fp8", "w8a8", "--router", "vllm", "--moe-align", "ours"])])
+@pytest.mark.parametrize("mode, extra", [("eager", []), ("mtp", []), ("eager", ["--fp8", "w8a8", "--router", "vllm", "--moe-align", "ours", "--router-gemm", "ours"])])
 def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode, extra):
     pytest.importorskip("vllm")
     from vllm_ling.tiny import ensure_tiny
@@ -41,6 +41,7 @@ def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode, extra):
     assert ("float8_e4m3fn" in r["param_gib_by_dtype"]) == bool(extra) and r["fp8"] == (extra[1] if extra else "off")
     assert r["router_asked"] == ("vllm" if extra else "ours")  # the CPU engine routes in torch either way
     assert r["moe_align_asked"] == ("ours" if extra else "vllm")  # and aligns no tokens: its MoE is torch's
+    assert r["router_gemm_asked"] == ("ours" if extra else "vllm")  # asked; the CPU engine keeps GateLinear
     if extra:
         assert any("FP8 weights ON" in line for line in r["log"]), r["log"]
 

@@ -84,6 +84,7 @@ def run(spec: dict) -> dict:
     result["moe_method"] = _on_model(llm, _moe_method)[0]
     result["moe_align"] = _on_model(llm, _moe_align)[0]
     result["kda_gate"] = _on_model(llm, _kda_gate)[0]
+    result["router_gemm"] = _on_model(llm, _router_gemm)[0]
     if spec.get("quant_methods"):
         result["quant_methods"] = _on_model(llm, _quant_methods)[0]
     if spec.get("log_lines"):
@@ -127,6 +128,13 @@ def _kda_gate(model) -> str | None:
     themselves, None where no layer of ours serves (the in-tree model)."""
     modes = {m.gate_in_kernel for m in model.modules() if hasattr(m, "gate_in_kernel")}
     return None if not modes else ("kernel" if modes == {True} else "ours" if modes == {False} else "mixed")
+
+
+def _router_gemm(model) -> str | None:
+    """`ours` where our MoE layers compute the router logits on our fp32 kernel, `vllm` on GateLinear, None where
+    no MoE layer of ours serves (the in-tree model)."""
+    modes = {m.router_gemm for m in model.modules() if hasattr(m, "router_gemm")}
+    return None if not modes else modes.pop() if len(modes) == 1 else "mixed"
 
 
 def _tp_rank_info(worker) -> dict:

@@ -1,0 +1,102 @@
+"""The MoE router's logits at decode sizes, logits = x · Wᵀ in fp32, in one Triton kernel of ours.
+
+The router stays fp32 (docs/architecture.md §MoE): W is [E, K] fp32 (512 x 2,560 for Ling-3.0-flash, 5.2 MB a
+layer), x the layer's bf16 input, the logits fp32. vLLM's `GateLinear` has fast small-M kernels only for five other
+models' shapes on sm_90/sm_100 and for cute-DSL kernels that need an extra package; for ours it falls back to
+cuBLAS, always so on a GB10 (sm_121). On the H200 cuBLAS took 4.3 µs a layer for one row (`gemvx`) and 11.9 µs for
+two (`gemmSN_TN`), the MTP verify step's shape: +315 µs per verify step over 40 layers, on the routed experts'
+critical path (session 12's profile, docs/speed.md §Kernels).
+
+Here each program owns BLOCK_E experts and every row (M <= MAX_TOKENS), and reads its [BLOCK_E, K] slice of W once
+whatever M is: M = 2 costs about what M = 1 does. Products and sums are fp32 FMAs (no tf32 dot), over K in
+fixed chunks: a row's logits depend on its own input only, never on the batch's other rows. Larger batches go to torch's fp32
+GEMM. Opt-in (`VLLM_LING_ROUTER_GEMM=ours`) until a GPU lease times it in the whole step.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+
+from vllm.triton_utils import tl, triton
+from vllm.utils.torch_utils import direct_register_custom_op
+
+from vllm_ling import envs
+
+logger = logging.getLogger("vllm_ling")
+
+GEMM_ENV = "VLLM_LING_ROUTER_GEMM"
+GEMMS = ("vllm", "ours")  # vLLM's GateLinear (default until measured), or this kernel up to MAX_TOKENS rows
+MAX_TOKENS = 16  # rows one program holds: decode batches and MTP verify steps of a few sequences
+BLOCK_E = 4  # experts per program: 128 programs for 512 experts, ~40 KB of W each (an H200 has 132 SMs)
+PRODUCT = 8192  # BLOCK_M x BLOCK_E x BLOCK_K products per step: 64 fp32 registers a thread at 4 warps
+
+
+@triton.jit
+def _router_gemm_kernel(x_ptr, w_ptr, out_ptr, M, K, E, stride_xm, stride_we, stride_om,
+                        BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+    e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+    m = tl.arange(0, BLOCK_M)
+    acc = tl.zeros([BLOCK_M, BLOCK_E], dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        x = tl.load(x_ptr + m[:, None] * stride_xm + k[None, :], mask=(m < M)[:, None] & (k < K)[None, :],
+                    other=0.0).to(tl.float32)
+        w = tl.load(w_ptr + e[:, None] * stride_we + k[None, :], mask=(e < E)[:, None] & (k < K)[None, :],
+                    other=0.0).to(tl.float32)
+        acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+    tl.store(out_ptr + m[:, None] * stride_om + e[None, :], acc, mask=(m < M)[:, None] & (e < E)[None, :])
+
+
+def router_gemm_small(x: torch.Tensor, weight: torch.Tensor, block_e: int = BLOCK_E) -> torch.Tensor:
+    """fp32 logits [M, E] = x [M, K] · weight [E, K]ᵀ for 1 <= M <= MAX_TOKENS, on the kernel above."""
+    m, k = x.shape
+    e = weight.shape[0]
+    if not 0 < m <= MAX_TOKENS or weight.shape[1] != k:
+        raise ValueError(f"router_gemm_small: x {tuple(x.shape)}, weight {tuple(weight.shape)}: needs 1 <= M <= "
+                         f"{MAX_TOKENS} rows of the weight's width; use torch's GEMM for these")
+    x = x if x.stride(-1) == 1 else x.contiguous()
+    weight = weight if weight.stride(-1) == 1 else weight.contiguous()
+    out = torch.empty(m, e, dtype=torch.float32, device=x.device)
+    block_m = triton.next_power_of_2(m)
+    _router_gemm_kernel[(triton.cdiv(e, block_e),)](
+        x, weight, out, m, k, e, x.stride(0), weight.stride(0), out.stride(0),
+        BLOCK_M=block_m, BLOCK_E=block_e, BLOCK_K=max(16, PRODUCT // (block_m * block_e)), num_warps=4,
+    )
+    return out
+
+
+def _router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """Opaque to torch.compile, so the row count picks the kernel when the step runs, not when it is traced."""
+    if x.is_cuda and 0 < x.shape[0] <= MAX_TOKENS:
+        return router_gemm_small(x, weight)
+    return torch.nn.functional.linear(x.to(torch.float32), weight)
+
+
+def _router_logits_fake(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    return x.new_empty((x.shape[0], weight.shape[0]), dtype=torch.float32)
+
+
+direct_register_custom_op(op_name="vllm_ling_router_logits", op_func=_router_logits, mutates_args=[],
+                          fake_impl=_router_logits_fake)
+
+
+def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """fp32 router logits through the custom op (any M; the kernel above up to MAX_TOKENS rows on CUDA)."""
+    return torch.ops.vllm.vllm_ling_router_logits(x, weight)
+
+
+def gemm_choice() -> str:
+    """VLLM_LING_ROUTER_GEMM: `vllm` (default) or `ours`; anything else is refused with the choices."""
+    asked = envs.choice(GEMM_ENV, GEMMS, "vllm")
+    _log_choice(asked)
+    return asked
+
+
+@functools.cache
+def _log_choice(choice: str) -> None:
+    if choice == "ours":
+        logger.info("vllm-ling: MoE router logits at <= %d rows on our fp32 kernel (%s=ours; unset for vLLM's "
+                    "GateLinear)", MAX_TOKENS, GEMM_ENV)
