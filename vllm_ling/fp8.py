@@ -71,8 +71,8 @@ class FreshSegments:
     loading). The allocator then never splits a cached block for a request of 20 MiB or more, and serves it from
     any cached block up to 20 MiB larger. The previous layer's quantization leaves a 64 MiB fp32 chunk cached, so a
     KDA `in_proj` FP8 weight of Ling-3.0-flash (50 MiB) took that block whole: ~14 MiB lost per layer, counted
-    as weight memory while the weight lives (0.27 GiB in all; simulated on the H200, docs/speed.md §FP8). Emptying
-    the cache first gives the new weight a segment of its own size. Mixed in ahead of vLLM's online FP8 methods.
+    as weight memory while the weight lives. Emptying the cache first gives the new weight a segment of its own
+    size: 67.61 -> 67.33 GiB on the H200 (session 12, docs/speed.md §FP8). Mixed in ahead of vLLM's FP8 methods.
     """
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
