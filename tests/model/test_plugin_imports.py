@@ -1,13 +1,22 @@
 """The served plugin stands on its own: what vLLM imports to serve Ling V3 (the entry point's `register()`, the
 model and draft classes it registers, the FP8 method and the parsers) reaches vLLM, torch and `vllm_ling` only,
 never our tools (`ling_watchdog`, `ling_tuning`, `ling_bench`) nor the tools that stand inside the package
-(self-check CLI, demo, tiny-checkpoint writer)."""
+(self-check CLI, demo, tiny-checkpoint writer).
+
+Two checks: a static one over the source (every import statement, inside functions too, and the lazy
+"vllm_ling.x:Class" targets), which needs no vLLM and sees code that never runs; and a dynamic one, what a real
+process has in `sys.modules` after `register()` and the imports, which sees what the source cannot show."""
 
 from __future__ import annotations
 
+import ast
 import json
+import re
+import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +25,10 @@ SERVED = ["vllm_ling.plugin", "vllm_ling.model", "vllm_ling.mtp", "vllm_ling.fp8
           "vllm_ling.parsers"]
 TOOLS = ("ling_watchdog", "ling_tuning", "ling_bench", "tests", "vllm_ling.selfcheck", "vllm_ling.demo",
          "vllm_ling.tiny")
+
+
+def _is_tool(module: str) -> bool:
+    return any(module == t or module.startswith(t + ".") for t in TOOLS)
 
 CHILD = """
 import importlib, json, sys
@@ -34,7 +47,123 @@ def _imported(names: list[str]) -> list[str]:
 
 
 def _tools_among(modules: list[str]) -> list[str]:
-    return [m for m in modules if any(m == t or m.startswith(t + ".") for t in TOOLS)]
+    return [m for m in modules if _is_tool(m)]
+
+
+ROOT = Path(__file__).resolve().parents[2]  # the folder holding the vllm_ling package
+# What vLLM loads to serve: the entry point, what `register()` registers (model, draft, FP8 method) and the parser
+# module it registers lazily as ("vllm_ling.parsers.ling3", Class), a name the source builds with an f-string.
+STATIC_STARTS = ("vllm_ling", "vllm_ling.plugin", "vllm_ling.model", "vllm_ling.mtp", "vllm_ling.fp8",
+                 "vllm_ling.parsers.ling3")
+LAZY_TARGET = re.compile(r"vllm_ling(?:\.\w+)+(?::\w+)?")  # "vllm_ling.model:BailingMoeV3ForCausalLM"
+
+Edge = tuple[str, int]  # (importing module, line)
+
+
+def _module_file(root: Path, name: str) -> Path | None:
+    """The source of module `name` under `root`, if it is one of ours."""
+    base = root.joinpath(*name.split("."))
+    return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
+
+
+def _imported_names(source: str, name: str, is_package: bool) -> Iterator[tuple[str, int]]:
+    """Every module name `source` may import, anywhere in it: `import a.b`, `from a import b` (a, and a.b in case
+    b is a module), relative imports, and string constants that are lazy "vllm_ling.x[:Class]" targets."""
+    package = name if is_package else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            yield from ((a.name, node.lineno) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                base = f"{anchor}.{base}" if base else anchor
+            yield base, node.lineno
+            yield from ((f"{base}.{a.name}", node.lineno) for a in node.names if a.name != "*")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and LAZY_TARGET.fullmatch(node.value):
+            yield node.value.partition(":")[0], node.lineno
+
+
+def _parents(name: str) -> list[str]:
+    """Importing a.b.c runs a/__init__ and a/b/__init__ first."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def static_import_graph(root: Path, starts: tuple[str, ...]) -> dict[str, Edge | None]:
+    """Every module name reachable from `starts` through our own sources under `root`, each with the first edge
+    that reached it (None for a start). Names outside our package, and our tools, are recorded but not followed."""
+    reached: dict[str, Edge | None] = dict.fromkeys(starts)
+    todo = list(starts)
+    while todo:
+        name = todo.pop()
+        path = _module_file(root, name)
+        if path is None:
+            continue
+        found = _imported_names(path.read_text(encoding="utf-8"), name, path.name == "__init__.py")
+        for target, line in found:
+            for module in [*_parents(target), target]:
+                ours = _module_file(root, module) is not None
+                if module not in reached and (ours or module.split(".")[0] != "vllm_ling"):
+                    reached[module] = (name, line)
+                    todo += [module] if ours and not _is_tool(module) else []
+    return reached
+
+
+def _chain(graph: dict[str, Edge | None], module: str) -> str:
+    """"tool <- importer:line <- ... <- start": how the walk reached `module`."""
+    steps, edge = [module], graph[module]
+    while edge is not None:
+        steps.append(f"{edge[0]}:{edge[1]}")
+        edge = graph[edge[0]]
+    return " <- ".join(steps)
+
+
+def tools_reached(root: Path, starts: tuple[str, ...] = STATIC_STARTS) -> list[str]:
+    """The tools the served modules under `root` can import, each with its import chain."""
+    graph = static_import_graph(root, starts)
+    return [_chain(graph, m) for m in sorted(graph) if _is_tool(m)]
+
+
+def test_no_served_module_imports_a_tool_anywhere_in_its_source():
+    assert tools_reached(ROOT) == [], "the served plugin can import a tool"
+
+
+def test_the_static_walk_follows_imports_in_functions_and_lazy_targets():
+    """From the entry point alone: plugin is imported inside `register()`, fp8 inside `_register()`, model and
+    mtp only as "module:Class" strings, kda by model; vLLM and torch are seen but not followed."""
+    graph = static_import_graph(ROOT, ("vllm_ling",))
+    assert {"vllm_ling.plugin", "vllm_ling.fp8", "vllm_ling.model", "vllm_ling.mtp", "vllm_ling.kda",
+            "vllm_ling.smem_guard", "vllm", "torch"} <= set(graph)
+    assert graph["vllm_ling.model"][0] == "vllm_ling.plugin"
+
+
+@pytest.fixture
+def mutant_root(tmp_path) -> Path:
+    """A copy of the package to plant imports in."""
+    shutil.copytree(ROOT / "vllm_ling", tmp_path / "vllm_ling", ignore=shutil.ignore_patterns("__pycache__"))
+    return tmp_path
+
+
+def _plant(root: Path, module: str, code: str) -> None:
+    path = root / (module.replace(".", "/") + ".py")
+    path.write_text(path.read_text(encoding="utf-8") + "\n\n" + code + "\n")
+
+
+def test_the_static_walk_sees_a_tool_imported_in_a_function_that_never_runs(mutant_root):
+    """Negative control: the mutant that passes the dynamic check (a tool imported inside a KDA function)."""
+    _plant(mutant_root, "vllm_ling.kda", "def _never_called():\n    from ling_tuning.smem import smem_limit\n")
+    found = tools_reached(mutant_root)
+    assert any(c.startswith("ling_tuning <- vllm_ling.kda:") for c in found), found
+
+
+def test_the_static_walk_sees_a_tool_named_as_a_lazy_target(mutant_root):
+    """Negative control: a "module:Class" string naming an in-package tool, and a relative import of one."""
+    _plant(mutant_root, "vllm_ling.plugin", 'LATER = "vllm_ling.selfcheck:main"')
+    _plant(mutant_root, "vllm_ling.mtp", "def _never_called():\n    from .tiny import cache\n")
+    found = tools_reached(mutant_root)
+    assert any(c.startswith("vllm_ling.selfcheck <- vllm_ling.plugin:") for c in found), found
+    assert any(c.startswith("vllm_ling.tiny <- vllm_ling.mtp:") for c in found), found
 
 
 def test_the_served_plugin_imports_none_of_our_tools():
