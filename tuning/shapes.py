@@ -114,25 +114,20 @@ def shape_from_config(cfg: dict[str, Any], tp: int = 1) -> MoEShape:
     )
 
 
-def bundled_config_path() -> Path | None:
-    """The full-size Ling-3.0-flash-int4 config.json shipped with the plugin (vllm_ling.configs, the one
-    locator; importing it imports no vLLM)."""
+def bundled_config_path() -> Path:
+    """The full-size Ling-3.0-flash-int4 config.json shipped with the plugin as package data (vllm_ling.configs,
+    the one locator; importing it imports no vLLM)."""
     from vllm_ling.configs import FLASH_INT4_DIR
 
-    path = FLASH_INT4_DIR / "config.json"
-    return path if path.is_file() else None
+    return FLASH_INT4_DIR / "config.json"
 
 
 def resolve_model(model: str, tp: int = 1) -> tuple[MoEShape, str]:
-    """`model` is a preset name, a config.json, or a checkpoint folder; returns (shape, source)."""
+    """`model` is a preset name, a config.json, or a checkpoint folder; returns (shape, source). The one preset
+    is read from the bundled config, so tp splits it like any config."""
     if model in PRESETS:
         bundled = bundled_config_path()
-        if bundled is not None:
-            return shape_from_config(json.loads(bundled.read_text()), tp), str(bundled)
-        if tp != 1:
-            base = PRESETS[model]
-            return MoEShape(**{**base.to_dict(), "intermediate": base.intermediate // tp}), f"preset:{model}"
-        return PRESETS[model], f"preset:{model}"
+        return shape_from_config(json.loads(bundled.read_text()), tp), str(bundled)
     path = Path(model)
     if path.is_dir():
         path = path / "config.json"

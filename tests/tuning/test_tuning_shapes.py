@@ -59,15 +59,13 @@ def test_resolve_accepts_folder_file_and_preset(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(LING_CT))
     assert resolve_model(str(tmp_path))[0] == resolve_model(str(tmp_path / "config.json"))[0]
     assert resolve_model("ling-3.0-flash")[0] == PRESETS["ling-3.0-flash"]
+    assert resolve_model("ling-3.0-flash", tp=2)[0].intermediate == 384  # the preset splits over TP like a file
     with pytest.raises(FileNotFoundError, match="ling-3.0-flash"):
         resolve_model(str(tmp_path / "nope"))
 
 
-def test_bundled_ling_config_matches_the_preset_when_present():
-    path = bundled_config_path()
-    if path is None:
-        pytest.skip("vllm_ling/configs/ling-3.0-flash-int4/config.json not written yet")
-    assert shape_from_config(json.loads(path.read_text())) == PRESETS["ling-3.0-flash"]
+def test_bundled_ling_config_matches_the_preset():
+    assert shape_from_config(json.loads(bundled_config_path().read_text())) == PRESETS["ling-3.0-flash"]
 
 
 def test_batch_grid_is_vllms_up_to_the_prefill_chunk():
