@@ -1,0 +1,86 @@
+"""The preflight's per-token KV and per-sequence KDA state bytes in defaults.yaml follow from the bundled
+Ling-3.0-flash config (docs/ops-walls.md "Memory model of the preflight"): a change to the model's geometry or
+to the layer rule must show up here, not silently in a wrong memory verdict."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from ling_watchdog.config import load_config
+
+from vllm_ling.config import is_mla_layer, kda_head_dim
+from vllm_ling.configs import flash_config
+
+REPO = Path(__file__).resolve().parents[2]
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+RECURRENT_BYTES = 4  # the KDA recurrent state accumulates in fp32 whatever the model dtype
+
+
+def recipe_mtp_k() -> int:
+    """MTP k of the shipped recipe (serve/serve-int4-mtp.sh): the KDA conv window holds k extra positions."""
+    text = (REPO / "serve" / "serve-int4-mtp.sh").read_text()
+    return int(re.search(r"MTP_K=\$\{MTP_K:-(\d+)\}", text)[1])
+
+
+def kda_layer_shapes(cfg: dict, num_spec: int) -> tuple[tuple[int, int], tuple[int, int, int]]:
+    """(conv, recurrent) state shapes of one KDA layer at TP 1: K - 1 + num_spec positions of the q, k, v
+    channels, and [H, d, d]."""
+    heads, d, width = cfg["num_attention_heads"], kda_head_dim(cfg), cfg["short_conv_kernel_size"]
+    return (width - 1 + num_spec, 3 * heads * d), (heads, d, d)
+
+
+def layer_counts(cfg: dict) -> tuple[int, int]:
+    """(MLA, KDA) layers of the main stack; the MTP layer is the draft's, counted by the preflight as (1 + k)."""
+    mla = sum(is_mla_layer(cfg, i) for i in range(cfg["num_hidden_layers"]))
+    return mla, cfg["num_hidden_layers"] - mla
+
+
+def kv_bytes_per_token(cfg: dict) -> int:
+    """Each MLA layer caches its latent and its RoPE key in the model dtype."""
+    mla, _ = layer_counts(cfg)
+    return mla * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * DTYPE_BYTES[cfg["torch_dtype"]]
+
+
+def state_bytes_per_seq(cfg: dict, num_spec: int) -> int:
+    """Each KDA layer holds a conv window in the model dtype and the fp32 recurrent state."""
+    (conv_pos, conv_ch), (h, dk, dv) = kda_layer_shapes(cfg, num_spec)
+    _, kda = layer_counts(cfg)
+    return kda * (conv_pos * conv_ch * DTYPE_BYTES[cfg["torch_dtype"]] + h * dk * dv * RECURRENT_BYTES)
+
+
+def test_kv_bytes_per_token_is_the_mla_latent_of_the_bundled_config():
+    assert layer_counts(flash_config()) == (7, 35)  # docs/architecture.md §Layers
+    assert load_config().kv_bytes_per_token == kv_bytes_per_token(flash_config())
+
+
+def test_state_bytes_per_seq_is_the_kda_state_of_the_bundled_config_at_the_recipes_mtp_k():
+    assert recipe_mtp_k() == 1
+    assert load_config().state_bytes_per_seq == state_bytes_per_seq(flash_config(), recipe_mtp_k())
+
+
+def test_the_check_sees_a_changed_geometry():
+    """Negative control: one more MLA layer, or a wider KDA head, and the shipped numbers no longer match."""
+    cfg = flash_config()
+    assert kv_bytes_per_token({**cfg, "num_hidden_layers": 48}) != load_config().kv_bytes_per_token
+    assert state_bytes_per_seq({**cfg, "head_dim": 256}, 1) != load_config().state_bytes_per_seq
+    assert state_bytes_per_seq(cfg, 0) != load_config().state_bytes_per_seq
+
+
+def test_the_kda_state_shapes_are_vllms():
+    """Our shapes are the ones vLLM allocates (vllm_ling.compat), dtypes included; the conv state's two axes are
+    ordered differently across vLLM releases, so its size is what is compared."""
+    pytest.importorskip("vllm")
+    import torch
+
+    from vllm_ling import compat
+
+    cfg = flash_config()
+    h, d, width = cfg["num_attention_heads"], kda_head_dim(cfg), cfg["short_conv_kernel_size"]
+    for k in (0, 1, 2):
+        conv, recurrent = compat.kda_state_shape(1, h, d, width, k)
+        our_conv, our_recurrent = kda_layer_shapes(cfg, k)
+        assert sorted(conv) == sorted(our_conv) and tuple(recurrent) == our_recurrent
+    conv_dtype, recurrent_dtype = compat.kda_state_dtype(getattr(torch, cfg["torch_dtype"]), "auto")
+    assert conv_dtype.itemsize == DTYPE_BYTES[cfg["torch_dtype"]] and recurrent_dtype.itemsize == RECURRENT_BYTES
