@@ -22,10 +22,6 @@ EXTERNAL = re.compile(
     r"|notes §|(?:architecture|integration|baseline) notes",
     re.IGNORECASE,
 )
-# FINDINGS.md and BENCHMARKS.md are being rewritten by hand (the audit of issue #13, item 4): drop each name
-# from this set once its file is clean, so the check covers it again.
-EXTERNAL_PENDING = {"FINDINGS.md", "BENCHMARKS.md"}
-
 # `docs/x.md` then any chain of sections: `§A`, `§A, §B`, `§A/§B`, `§1-§2`, `W6`; a chain may run onto the next
 # (comment) line. `§<Name>` (a placeholder in angle brackets) is not a citation.
 _SEP = r"\s*(?:#\s*)?(?:,|/|-|and)?\s*"
@@ -108,8 +104,7 @@ def test_every_docs_citation_names_an_existing_file_and_heading():
 def test_nothing_cites_the_notes_outside_the_repository():
     problems = []
     for where, text in _scanned():
-        if where not in EXTERNAL_PENDING:
-            problems += external_problems(text, where)
+        problems += external_problems(text, where)
     assert not problems, "\n".join(map(str, problems))
 
 
