@@ -27,7 +27,6 @@ import argparse
 import json
 import logging
 import os
-import re
 import random
 import statistics
 import sys
@@ -101,9 +100,9 @@ IMPLS = {"ours": {"VLLM_LING_MODEL": "vllm-ling"}, "vllm": {"VLLM_LING_MODEL": "
 
 
 class _LogLines(logging.Handler):
-    """Keeps the vLLM log lines the result quotes (weight memory, kernel and backend choices)."""
+    """Keeps the vLLM log lines the result quotes (kernel and backend choices, vllm-ling's own lines)."""
 
-    WANTED = ("Model loading took", "Selected ", "MoE backend", "cudagraph", "FP8 weights", "vllm-ling:")
+    WANTED = ("Selected ", "MoE backend", "cudagraph", "FP8 weights", "vllm-ling:")
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
@@ -143,13 +142,6 @@ def model_shape(model) -> dict:
     width = kda.in_proj.output_sizes[0] if hasattr(kda, "in_proj") else \
         getattr(getattr(kda, "f_proj", None), "output_size", None)
     return {"kda_projection_width": width, "param_gib_by_dtype": {k: v / 2**30 for k, v in by_dtype.items()}}
-
-
-def _weight_gib(lines: list[str]) -> float | None:
-    for line in lines:
-        if m := re.search(r"Model loading took ([\d.]+) GiB", line):
-            return float(m[1])
-    return None
 
 
 def _tensors(value) -> list:
@@ -381,9 +373,10 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     try:  # a diagnostic: it must never cost the run its timings
         memory = llm.collective_rpc(memory_breakdown)[0]
     except Exception as e:  # noqa: BLE001
-        memory = {"error": f"{type(e).__name__}: {e}"[:500], "model_memory_usage_gib": 0.0}
-    result["memory"] = memory  # vLLM 0.33's log lines did not reach `log` in session 11: read the runner instead
-    result["weight_gib"] = _weight_gib(log.lines) or round(memory["model_memory_usage_gib"], 4) or None
+        memory = {"error": f"{type(e).__name__}: {e}"[:500]}
+    result["memory"] = memory
+    # what vLLM logs as "Model loading took" (its log lines did not reach `log` on 0.33), read from the runner
+    result["weight_gib"] = round(memory.get("model_memory_usage_gib", 0), 4) or None
     result["log"] = log.lines[:40]
     copy_gbs = copy_bandwidth_gbs()
     result["roofline"] = roofline(model, mode, len(short) + decode // 2, step, copy_gbs, accepted, bool(fp8))

@@ -30,6 +30,7 @@ TOOLS = ("ling_watchdog", "ling_tuning", "ling_bench", "tests", "vllm_ling.selfc
 def _is_tool(module: str) -> bool:
     return any(module == t or module.startswith(t + ".") for t in TOOLS)
 
+
 CHILD = """
 import importlib, json, sys
 import vllm_ling.plugin
