@@ -78,6 +78,7 @@ class Config:
     model_max_context: int
     weights_gib: float
     kv_bytes_per_token: int
+    draft_kv_bytes_per_token: int
     state_bytes_per_seq: int
     overhead_gib: float
     host_reserve_gib: float

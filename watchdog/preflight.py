@@ -233,6 +233,7 @@ class Footprint:
     kv: int  # MLA KV for ctx tokens + KDA state (one page per layer, x (1 + k) with MTP)
     overhead: int
     ctx: int
+    kv_per_token: int  # the target's MLA layers, plus the MTP draft's own when MTP is on
 
     @property
     def need(self) -> int:
@@ -243,15 +244,21 @@ class Footprint:
                 f"{self.ctx}-token sequence + overhead {gib(self.overhead)} = {gib(self.need)}")
 
 
+def kv_bytes_per_token(args: ServeArgs, cfg: Config) -> int:
+    """MLA KV bytes per token: with MTP on, vLLM gives the draft's MLA layer a cache of its own in the same pool
+    (one layer whatever k: every draft step reuses it; docs/ops-walls.md, "Memory model of the preflight")."""
+    return cfg.kv_bytes_per_token + (cfg.draft_kv_bytes_per_token if args.spec_tokens >= 1 else 0)
+
+
 def footprint(args: ServeArgs, cfg: Config, ctx: int) -> Footprint:
     weights, source = _weights(args, cfg)
-    state = cfg.state_bytes_per_seq * (1 + args.spec_tokens)
-    return Footprint(weights, source, state, ctx * cfg.kv_bytes_per_token + state, int(cfg.overhead_gib * GiB), ctx)
+    state, per_token = cfg.state_bytes_per_seq * (1 + args.spec_tokens), kv_bytes_per_token(args, cfg)
+    return Footprint(weights, source, state, ctx * per_token + state, int(cfg.overhead_gib * GiB), ctx, per_token)
 
 
-def _too_small(fp: Footprint, cfg: Config, demand: int, how: str, total: int, ceiling: float | None) -> str:
+def _too_small(fp: Footprint, demand: int, how: str, total: int, ceiling: float | None) -> str:
     """util x memory cannot hold the model: the least util that does, within the util rule's ceiling."""
-    fit = (demand - fp.weights - fp.overhead - fp.state) // cfg.kv_bytes_per_token
+    fit = (demand - fp.weights - fp.overhead - fp.state) // fp.kv_per_token
     min_util = math.ceil(100 * fp.need / total) / 100
     limit = 1.0 if ceiling is None else ceiling
     if min_util <= limit:
@@ -282,8 +289,8 @@ def check_memory(args: ServeArgs, cfg: Config, dev: Device, host: Host, ctx: int
     discrete = dev.kind == "discrete" and bool(dev.total_bytes)
     total = dev.total_bytes if discrete else host.total
     ceiling = util_ceiling(args, cfg, dev, ctx)
-    values = dict(need=fp.need, weights=fp.weights, kv=fp.kv, overhead=fp.overhead, available=host.available,
-                  total=total, host_reserve=reserve, device=dev.kind, max_model_len=ctx)
+    values = dict(need=fp.need, weights=fp.weights, kv=fp.kv, kv_per_token=fp.kv_per_token, overhead=fp.overhead,
+                  available=host.available, total=total, host_reserve=reserve, device=dev.kind, max_model_len=ctx)
     if not discrete and fp.need + reserve > total:
         return _refuse(rule, f"this machine cannot serve this model: it needs at least {fp}, and with the host "
                        f"reserve {gib(reserve)} that is {gib(fp.need + reserve)}, more than the "
@@ -300,7 +307,7 @@ def check_memory(args: ServeArgs, cfg: Config, dev: Device, host: Host, ctx: int
     else:
         demand, how = int(args.util * total), f"--gpu-memory-utilization {args.util:g} x {gib(total)}"
         if fp.need > demand:
-            return _refuse(rule, _too_small(fp, cfg, demand, how, total, ceiling), values)
+            return _refuse(rule, _too_small(fp, demand, how, total, ceiling), values)
     values.update(demand=demand)
     if discrete:
         return _ok(rule, f"fits on the GPU: {how} = {gib(demand)} covers {fp}", **values)

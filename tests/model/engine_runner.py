@@ -89,6 +89,8 @@ def run(spec: dict) -> dict:
         result["quant_methods"] = _on_model(llm, _quant_methods)[0]
     if spec.get("log_lines"):
         result["log_lines"] = lines.lines
+    if spec.get("kv_cache_layers"):
+        result["kv_cache"] = llm.collective_rpc(_kv_cache_layers)[0]
     if spec.get("engine_kwargs", {}).get("tensor_parallel_size", 1) > 1:
         result["tp_ranks"] = llm.collective_rpc(_tp_rank_info)
     if captured:
@@ -152,6 +154,24 @@ def _tp_rank_info(worker) -> dict:
     return {"rank": group.rank_in_group, "world_size": group.world_size,
             "communicator": getattr(dist, "__name__", type(dist).__name__), "param_shapes": shapes,
             "kda_state": state}
+
+
+def _kv_cache_layers(worker) -> dict:
+    """The KV cache vLLM allocated: each layer with a cache of its own (its spec class), the pool's groups, layers
+    that borrow another layer's cache, the draft's attention layers, and how many blocks each bound cache has."""
+    runner = worker.model_runner
+    ctx = runner.vllm_config.compilation_config.static_forward_context
+    specs = runner.get_kv_cache_spec()
+    drafter = getattr(runner, "drafter", None)
+
+    def blocks(cache) -> int:
+        return (cache[0] if isinstance(cache, (list, tuple)) else cache).shape[0]
+
+    return {"specs": {name: type(s).__name__ for name, s in specs.items()},
+            "groups": [list(g.layer_names) for g in runner.kv_cache_config.kv_cache_groups],
+            "shared": dict(runner.shared_kv_cache_layers),
+            "draft": sorted(getattr(drafter, "_draft_attn_layer_names", None) or ()),
+            "blocks": {name: blocks(ctx[name].kv_cache) for name in specs}}
 
 
 def _moe_method(model) -> str | None:

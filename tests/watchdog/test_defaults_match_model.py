@@ -1,6 +1,7 @@
-"""The preflight's per-token KV and per-sequence KDA state bytes in defaults.yaml follow from the bundled
-Ling-3.0-flash config (docs/ops-walls.md "Memory model of the preflight"): a change to the model's geometry or
-to the layer rule must show up here, not silently in a wrong memory verdict."""
+"""The preflight's per-token KV (the main stack's and, with MTP on, the draft's) and per-sequence KDA state bytes
+in defaults.yaml follow from the bundled Ling-3.0-flash config (docs/ops-walls.md "Memory model of the
+preflight"): a change to the model's geometry or to the layer rule must show up here, not silently in a wrong
+memory verdict."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ from pathlib import Path
 
 import pytest
 from ling_watchdog.config import load_config
+from ling_watchdog.preflight import footprint
+from ling_watchdog.serve_args import ServeArgs
 
-from vllm_ling.config import is_mla_layer, kda_head_dim
+from vllm_ling.config import is_mla_layer, kda_head_dim, num_mtp_layers
 from vllm_ling.configs import flash_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,10 +40,25 @@ def layer_counts(cfg: dict) -> tuple[int, int]:
     return mla, cfg["num_hidden_layers"] - mla
 
 
-def kv_bytes_per_token(cfg: dict) -> int:
+def draft_mla_layers(cfg: dict) -> int:
+    """MLA layers of the MTP draft (the layers after the main stack): each gets its own KV cache in vLLM's pool
+    when MTP is on (docs/ops-walls.md; tests/model/test_kv_layers_engine.py counts them on the CPU engine)."""
+    first = cfg["num_hidden_layers"]
+    return sum(is_mla_layer(cfg, i) for i in range(first, first + num_mtp_layers(cfg)))
+
+
+def mla_bytes_per_token(cfg: dict) -> int:
     """Each MLA layer caches its latent and its RoPE key in the model dtype."""
+    return (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * DTYPE_BYTES[cfg["torch_dtype"]]
+
+
+def kv_bytes_per_token(cfg: dict) -> int:
     mla, _ = layer_counts(cfg)
-    return mla * (cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]) * DTYPE_BYTES[cfg["torch_dtype"]]
+    return mla * mla_bytes_per_token(cfg)
+
+
+def draft_kv_bytes_per_token(cfg: dict) -> int:
+    return draft_mla_layers(cfg) * mla_bytes_per_token(cfg)
 
 
 def state_bytes_per_seq(cfg: dict, num_spec: int) -> int:
@@ -55,6 +73,23 @@ def test_kv_bytes_per_token_is_the_mla_latent_of_the_bundled_config():
     assert load_config().kv_bytes_per_token == kv_bytes_per_token(flash_config())
 
 
+def test_draft_kv_bytes_per_token_is_the_mla_latent_of_the_bundled_configs_mtp_layer():
+    assert num_mtp_layers(flash_config()) == draft_mla_layers(flash_config()) == 1  # docs/architecture.md §MTP
+    assert load_config().draft_kv_bytes_per_token == draft_kv_bytes_per_token(flash_config())
+
+
+@pytest.mark.parametrize("k", [0, 1, 3])
+def test_the_preflights_kv_counts_the_drafts_mla_layer_when_mtp_is_on(k):
+    """7 x 576 x 2 B a token without MTP, (7 + 1) x 576 x 2 B with it, whatever k (every draft step reuses the one
+    draft layer): leaving the draft layer out understates the KV of a long sequence by 1/8."""
+    cfg, ctx = flash_config(), 131072
+    spec = {"method": "mtp", "num_speculative_tokens": k} if k else None
+    mla, _ = layer_counts(cfg)
+    per_token = (mla + (draft_mla_layers(cfg) if k else 0)) * mla_bytes_per_token(cfg)
+    fp = footprint(ServeArgs({"model": "m", "speculative_config": spec}), load_config(), ctx)
+    assert fp.kv_per_token == per_token and fp.kv == ctx * per_token + fp.state
+
+
 def test_state_bytes_per_seq_is_the_kda_state_of_the_bundled_config_at_the_recipes_mtp_k():
     assert recipe_mtp_k() == 1
     assert load_config().state_bytes_per_seq == state_bytes_per_seq(flash_config(), recipe_mtp_k())
@@ -64,6 +99,7 @@ def test_the_check_sees_a_changed_geometry():
     """Negative control: one more MLA layer, or a wider KDA head, and the shipped numbers no longer match."""
     cfg = flash_config()
     assert kv_bytes_per_token({**cfg, "num_hidden_layers": 48}) != load_config().kv_bytes_per_token
+    assert draft_kv_bytes_per_token({**cfg, "num_nextn_predict_layers": 0}) != load_config().draft_kv_bytes_per_token
     assert state_bytes_per_seq({**cfg, "head_dim": 256}, 1) != load_config().state_bytes_per_seq
     assert state_bytes_per_seq(cfg, 0) != load_config().state_bytes_per_seq
 

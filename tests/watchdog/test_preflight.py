@@ -204,5 +204,5 @@ def test_a_model_bigger_than_the_machine_is_told_so_with_numbers_that_add_up():
     v = verdicts(RECIPE.replace("--gpu-memory-utilization 0.72", "--kv-cache-memory-bytes 4294967296"), dev=CPU,
                  host=box)["memory_fit"]
     assert v.verdict == "refuse" and "this machine cannot serve this model" in v.message
-    assert "= 76.8 GiB, and with the host reserve 8.0 GiB that is 84.8 GiB, more than the 23.5 GiB" in v.message
+    assert "= 77.0 GiB, and with the host reserve 8.0 GiB that is 85.0 GiB, more than the 23.5 GiB" in v.message
     assert "free memory" not in v.message and "page cache" not in v.message and "79.7" not in v.message
