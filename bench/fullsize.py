@@ -37,7 +37,7 @@ from vllm_ling.fp8 import KERNELS as FP8_KERNELS
 from vllm_ling.ops.moe_align import ALIGN_ENV, ALIGNS  # our MoE token layout or vLLM's op (--moe-align)
 from vllm_ling.kda_core import GATE_ENV, GATES, default_gate  # KDA gate: in vLLM's kernels or ours (--kda-gate)
 from vllm_ling.ops.routing import ROUTER_ENV, ROUTERS  # our MoE router or vLLM's (--router)
-from vllm_ling.ops.router_gemm import GEMM_ENV, GEMMS  # the router's logits: our kernel or GateLinear
+from vllm_ling.ops.router_gemm import DEFAULT_GEMM, GEMM_ENV, GEMMS  # the router's logits: our kernel or GateLinear
 
 MODES = {
     "eager": {"enforce_eager": True},
@@ -333,7 +333,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
                     "acceptance_length_synthetic": acceptance_length, "moe_backend_asked": moe_backend or "auto",
                     "router_asked": os.environ.get(ROUTER_ENV, "ours") if impl == "ours" else None,
                     "moe_align_asked": os.environ.get(ALIGN_ENV, "vllm"),
-                    "router_gemm_asked": os.environ.get(GEMM_ENV, "vllm") if impl == "ours" else None,
+                    "router_gemm_asked": os.environ.get(GEMM_ENV, DEFAULT_GEMM) if impl == "ours" else None,
                     "kda_gate_asked": os.environ.get(GATE_ENV, default_gate()) if impl == "ours" else None, **shape}
     short = [rng.randrange(10, vocab) for _ in range(32)]
     _progress(t0, f"engine up ({mode})")
@@ -402,6 +402,7 @@ def kernels_per_step(llm, prompt: list[int] | list[list[int]], decode: int) -> d
         return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
     one, many = kernels(1), kernels(1 + decode)
+    busy_us = (busy_us_of(many) - busy_us_of(one)) / decode
     count, us = collections.Counter(), collections.Counter()
     for sign, events in ((-1, one), (1, many)):
         for e in events:
@@ -409,7 +410,20 @@ def kernels_per_step(llm, prompt: list[int] | list[list[int]], decode: int) -> d
             us[e.name] += sign * e.time_range.elapsed_us()
     top = sorted(us, key=lambda n: -us[n])[:30]
     return {"kernels_per_step": (len(many) - len(one)) / decode, "gpu_us_per_step": sum(us.values()) / decode,
+            "gpu_busy_us_per_step": busy_us,
             "top": [{"name": n[:140], "count": count[n] / decode, "us": us[n] / decode} for n in top]}
+
+
+def busy_us_of(events) -> float:
+    """Microseconds in which at least one kernel ran: the union of the kernels' intervals over every stream. Kernel
+    time summed counts overlapped streams twice; the wall-clock step adds the host's gaps (session 13's recipe step took
+    0.7 ms more than session 12's with the same kernel time). The union is the GPU's share of a step, overlap included."""
+    busy, end = 0.0, float("-inf")
+    for start, stop in sorted((e.time_range.start, e.time_range.end) for e in events):
+        if stop > end:
+            busy += stop - max(start, end)
+            end = stop
+    return busy
 
 
 def _decode_step(llm, prompt: list[int], decode: int, repeats: int, one: float | None = None) -> float:
@@ -455,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--moe-align", choices=ALIGNS,
                     help="MoE token layout before the expert GEMMs: vLLM's op (default) or ours at decode sizes")
     ap.add_argument("--router-gemm", choices=GEMMS,
-                    help="our model's router logits: vLLM's GateLinear (default) or our fp32 kernel at <= 16 rows")
+                    help="our model's router logits: our fp32 kernel at <= 16 rows (default) or vLLM's GateLinear")
     ap.add_argument("--kda-gate", choices=GATES,
                     help="our model's KDA gate: inside vLLM's raw-gate kernels (the default where vLLM has them, "
                          ">= 0.32) or computed by ours before the op (the default on 0.26)")

@@ -10,7 +10,7 @@ import pytest
 pytestmark = pytest.mark.engine
 
 
-@pytest.mark.parametrize("mode, extra", [("eager", []), ("mtp", []), ("eager", ["--fp8", "w8a8", "--router", "vllm", "--moe-align", "ours", "--router-gemm", "ours"])])
+@pytest.mark.parametrize("mode, extra", [("eager", []), ("mtp", []), ("eager", ["--fp8", "w8a8", "--router", "vllm", "--moe-align", "ours", "--router-gemm", "vllm"])])
 def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode, extra):
     pytest.importorskip("vllm")
     from vllm_ling.tiny import ensure_tiny
@@ -41,7 +41,7 @@ def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode, extra):
     assert ("float8_e4m3fn" in r["param_gib_by_dtype"]) == bool(extra) and r["fp8"] == (extra[1] if extra else "off")
     assert r["router_asked"] == ("vllm" if extra else "ours")  # the CPU engine routes in torch either way
     assert r["moe_align_asked"] == ("ours" if extra else "vllm")  # and aligns no tokens: its MoE is torch's
-    assert r["router_gemm_asked"] == ("ours" if extra else "vllm")  # asked; the CPU engine keeps GateLinear
+    assert r["router_gemm_asked"] == ("vllm" if extra else "ours")  # asked; the CPU engine keeps GateLinear
     if extra:
         assert any("FP8 weights ON" in line for line in r["log"]), r["log"]
 
@@ -122,3 +122,17 @@ def test_several_lengths_need_mtp_mode():
 
     with pytest.raises(ValueError, match="--mode mtp"):
         run("/nonexistent", "graphs", [], 4, 1, 0.1, 64, acceptance_lengths=[1.94, 1.70])
+
+
+def test_busy_time_is_the_union_of_kernel_intervals_across_streams():
+    """Overlapping kernels (two streams) count once, gaps (the host's) not at all, nested ones not again."""
+    from types import SimpleNamespace
+
+    from ling_bench.fullsize import busy_us_of
+
+    def k(start, end):
+        return SimpleNamespace(time_range=SimpleNamespace(start=start, end=end))
+
+    assert busy_us_of([]) == 0
+    assert busy_us_of([k(0, 10), k(5, 12), k(20, 25)]) == 17  # 0-12 overlapped, a gap, 20-25
+    assert busy_us_of([k(20, 25), k(0, 30), k(2, 3)]) == 30  # nested, out of order

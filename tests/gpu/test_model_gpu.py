@@ -7,7 +7,8 @@ reference checkpoint (ORACLES: fp32, bf16, and the FP8 reference in both) score 
                         compressed-tensors
   int4_triton           the same through vLLM's Triton/CUDA wna16 MoE kernels (what ling-tune tunes)
   int4_align, int4_humming_align   INT4 on Marlin / Humming with our MoE token layout (VLLM_LING_MOE_ALIGN=ours)
-  bf16_rgemm            the router's logits on our fp32 kernel (VLLM_LING_ROUTER_GEMM=ours)
+  bf16_gatelinear       the router's logits on vLLM's GateLinear (VLLM_LING_ROUTER_GEMM=vllm; every other engine of
+                        ours computes them on our fp32 kernel, the default)
   bf16_fp8 / int4_fp8   `--quantization ling_fp8`: every BF16 linear and the LM head in FP8 (vllm_ling.fp8)
   bf16_intree           vLLM's in-tree model (vLLM >= 0.28) with our config class
   int4_intree_fp8       the same on the INT4 checkpoint with FP8
@@ -43,6 +44,7 @@ from gpu_helpers import GPU_ENV, record, run_scripts  # noqa: E402  (skips the m
 from model_helpers import NO_CLAMPS, by_margin  # noqa: E402  (on sys.path via gpu_helpers)
 
 from vllm_ling import compat  # noqa: E402
+from vllm_ling.ops.router_gemm import DEFAULT_GEMM  # noqa: E402
 
 TOKEN_BUDGET = 256
 MAX_TOKENS = 32
@@ -71,7 +73,7 @@ CONFIGS = {
     "bf16_fp8": ("bf16", OURS, FP8),
     "int4_fp8": ("int4", OURS, {**_moe("marlin"), **FP8}),
     "int4_align": ("int4", {**OURS, "VLLM_LING_MOE_ALIGN": "ours"}, _moe("marlin")),  # our MoE token layout
-    "bf16_rgemm": ("bf16", {**OURS, "VLLM_LING_ROUTER_GEMM": "ours"}, {}),  # our fp32 router GEMM
+    "bf16_gatelinear": ("bf16", {**OURS, "VLLM_LING_ROUTER_GEMM": "vllm"}, {}),  # vLLM's GateLinear for the router
 }
 if compat.has_intree_ling3():
     CONFIGS |= {"int4_humming": ("int4", OURS, _moe("humming")),
@@ -240,7 +242,7 @@ def test_the_requested_model_serves(runs, name):
     assert runs[name].engine["implementation"] == IMPLEMENTATION[env["VLLM_LING_MODEL"]]
     if env["VLLM_LING_MODEL"] == "vllm-ling":  # and its KDA layers gate as asked (kda_gate: None for the in-tree)
         assert runs[name].engine["kda_gate"] == env.get("VLLM_LING_KDA_GATE", DEFAULT_KDA_GATE)
-        assert runs[name].engine["router_gemm"] == env.get("VLLM_LING_ROUTER_GEMM", "vllm")
+        assert runs[name].engine["router_gemm"] == env.get("VLLM_LING_ROUTER_GEMM", DEFAULT_GEMM)
 
 
 @pytest.mark.parametrize("name", [n for n in CONFIGS if n.startswith("int4")])

@@ -7,10 +7,12 @@ cuBLAS, always so on a GB10 (sm_121). On the H200 cuBLAS took 4.3 µs a layer fo
 two (`gemmSN_TN`), the MTP verify step's shape: +315 µs per verify step over 40 layers, on the routed experts'
 critical path (session 12's profile, docs/speed.md §Kernels).
 
-Here each program owns BLOCK_E experts and every row (M <= MAX_TOKENS), and reads its [BLOCK_E, K] slice of W once
+Here each program owns a few experts (`block_experts`) and every row (M <= MAX_TOKENS), and reads its slice of W once
 whatever M is: M = 2 costs about what M = 1 does. Products and sums are fp32 FMAs (no tf32 dot), over K in
 fixed chunks: a row's logits depend on its own input only, never on the batch's other rows. Larger batches go to torch's fp32
-GEMM. Opt-in (`VLLM_LING_ROUTER_GEMM=ours`) until a GPU lease times it in the whole step.
+GEMM. The default since session 13: inside the engine on the H200, two rows took 5.6 µs a layer against cuBLAS's
+12.0 (-0.26 ms of GPU time per MTP verify step), one row 4.8 against 4.3, both at 4 experts a program, before
+`block_experts` chose fewer (docs/speed.md §Kernels). `VLLM_LING_ROUTER_GEMM=vllm` goes back to GateLinear.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ from vllm_ling import envs
 logger = logging.getLogger("vllm_ling")
 
 GEMM_ENV = "VLLM_LING_ROUTER_GEMM"
-GEMMS = ("vllm", "ours")  # vLLM's GateLinear (default until measured), or this kernel up to MAX_TOKENS rows
+GEMMS = ("ours", "vllm")  # this kernel up to MAX_TOKENS rows (the default), or vLLM's GateLinear
+DEFAULT_GEMM = "ours"
 MAX_TOKENS = 16  # rows one program holds: decode batches and MTP verify steps of a few sequences
-BLOCK_E = 4  # experts per program: 128 programs for 512 experts, ~40 KB of W each (an H200 has 132 SMs)
 PRODUCT = 8192  # BLOCK_M x BLOCK_E x BLOCK_K products per step: 64 fp32 registers a thread at 4 warps
 
 
@@ -50,8 +52,17 @@ def _router_gemm_kernel(x_ptr, w_ptr, out_ptr, M, K, E, stride_xm, stride_we, st
     tl.store(out_ptr + m[:, None] * stride_om + e[None, :], acc, mask=(m < M)[:, None] & (e < E)[None, :])
 
 
-def router_gemm_small(x: torch.Tensor, weight: torch.Tensor, block_e: int = BLOCK_E) -> torch.Tensor:
-    """fp32 logits [M, E] = x [M, K] · weight [E, K]ᵀ for 1 <= M <= MAX_TOKENS, on the kernel above."""
+def block_experts(m: int) -> int:
+    """Experts per program for M rows: 2 for one row, 1 for more. Timed on the H200 (session 13, µs a call, W from
+    HBM, 512 x 2,560): one row 4.7 / 4.0 / 5.0 / 6.6 at 1 / 2 / 4 / 8 experts a program; two rows 4.3 / 5.0 / 5.8 /
+    8.8; sixteen rows 15.2 / 24.8 / 49.8 / 79.1. More programs (512 at one expert) keep more loads in flight, and
+    fewer experts a program leave room for the rows' products in registers."""
+    return 2 if m == 1 else 1
+
+
+def router_gemm_small(x: torch.Tensor, weight: torch.Tensor, block_e: int | None = None) -> torch.Tensor:
+    """fp32 logits [M, E] = x [M, K] · weight [E, K]ᵀ for 1 <= M <= MAX_TOKENS, on the kernel above
+    (`block_e` experts a program; `block_experts(M)` unless given)."""
     m, k = x.shape
     e = weight.shape[0]
     if not 0 < m <= MAX_TOKENS or weight.shape[1] != k:
@@ -61,6 +72,7 @@ def router_gemm_small(x: torch.Tensor, weight: torch.Tensor, block_e: int = BLOC
     weight = weight if weight.stride(-1) == 1 else weight.contiguous()
     out = torch.empty(m, e, dtype=torch.float32, device=x.device)
     block_m = triton.next_power_of_2(m)
+    block_e = block_e or block_experts(m)
     _router_gemm_kernel[(triton.cdiv(e, block_e),)](
         x, weight, out, m, k, e, x.stride(0), weight.stride(0), out.stride(0),
         BLOCK_M=block_m, BLOCK_E=block_e, BLOCK_K=max(16, PRODUCT // (block_m * block_e)), num_warps=4,
@@ -89,8 +101,8 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def gemm_choice() -> str:
-    """VLLM_LING_ROUTER_GEMM: `vllm` (default) or `ours`; anything else is refused with the choices."""
-    asked = envs.choice(GEMM_ENV, GEMMS, "vllm")
+    """VLLM_LING_ROUTER_GEMM: `ours` (default) or `vllm`; anything else is refused with the choices."""
+    asked = envs.choice(GEMM_ENV, GEMMS, DEFAULT_GEMM)
     _log_choice(asked)
     return asked
 
@@ -98,5 +110,8 @@ def gemm_choice() -> str:
 @functools.cache
 def _log_choice(choice: str) -> None:
     if choice == "ours":
-        logger.info("vllm-ling: MoE router logits at <= %d rows on our fp32 kernel (%s=ours; unset for vLLM's "
+        logger.info("vllm-ling: MoE router logits at <= %d rows on our fp32 kernel (%s=vllm for vLLM's "
                     "GateLinear)", MAX_TOKENS, GEMM_ENV)
+    else:
+        logger.info("vllm-ling: MoE router logits on vLLM's GateLinear (%s=vllm; unset for our fp32 kernel)",
+                    GEMM_ENV)
