@@ -6,7 +6,8 @@
 As in FR-Spec (Zhao et al. 2025), the draft proposes its next token only among these N ids, so its LM-head
 pass reads N rows instead of vocab_size (157,184 for Ling-3.0-flash). The target still verifies every token:
 the output is unchanged, and what a subset can cost is acceptance, when the right token lies outside it.
-The served side reads the file from VLLM_LING_DRAFT_VOCAB and validates it itself (docs/speed.md §MTP).
+The served side (vllm_ling/draft_vocab.py, `load_ids`) reads the file VLLM_LING_DRAFT_VOCAB names and validates
+it itself (docs/speed.md §MTP); this module imports neither vLLM nor torch.
 
 MODEL_DIR holds the model's tokenizer.json and config.json (vocab_size; eos_token_id, an int or a list;
 bos/pad when set). Without --jsonl-field each FILE is one plain-text document (UTF-8). With it, each FILE is
@@ -273,32 +274,6 @@ def write_atomic(path: Path, obj: Any) -> None:
         except FileNotFoundError:
             pass
         raise
-
-
-def load(path: str | os.PathLike, vocab_size: int) -> list[int]:
-    """The token ids of a draft-vocabulary file, checked: the format and version, a non-empty list of unique
-    int ids each in 0..vocab_size-1, and the file's vocab_size equal to `vocab_size`. ValueError otherwise."""
-    try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise ValueError(f"vllm-ling: draft vocabulary {str(path)!r} is not readable JSON ({e}); build it with "
-                         "python3 -m vllm_ling.draft_vocab_tool") from e
-    if not isinstance(data, dict) or data.get("format") != FORMAT or data.get("version") != VERSION:
-        got = (data.get("format"), data.get("version")) if isinstance(data, dict) else type(data).__name__
-        raise ValueError(f"vllm-ling: {str(path)!r} is not a {FORMAT!r} version {VERSION} file (got {got}); "
-                         "build it with python3 -m vllm_ling.draft_vocab_tool")
-    if data.get("vocab_size") != vocab_size:
-        raise ValueError(f"vllm-ling: {str(path)!r} was built for vocab_size {data.get('vocab_size')}, the model "
-                         f"has {vocab_size}; rebuild it with this model's MODEL_DIR")
-    ids = data.get("token_ids")
-    if (not isinstance(ids, list) or not ids
-            or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size for i in ids)):
-        raise ValueError(f"vllm-ling: {str(path)!r}: token_ids must be a non-empty list of ids in "
-                         f"0..{vocab_size - 1}; rebuild it with python3 -m vllm_ling.draft_vocab_tool")
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"vllm-ling: {str(path)!r}: token_ids repeats ids; rebuild it with "
-                         "python3 -m vllm_ling.draft_vocab_tool")
-    return list(ids)
 
 
 # ---------------------------------------------------------------------------------------------- the command
