@@ -37,6 +37,9 @@
 #                (on a GPU it is 4.4% faster on the H200, projected ~1.6x on a GB10; it costs what e4m3
 #                rounding costs: FINDINGS.md §0)
 #   FP8_KERNEL   w8a8 | w8a16 (VLLM_LING_FP8_KERNEL)                                          w8a8
+#   DRAFT_VOCAB  with MTP: a draft vocabulary file (`python3 -m vllm_ling.draft_vocab_tool`): the   unset
+#                draft proposes among its tokens only and reads only their LM-head rows; the output is
+#                the same, acceptance may drop (docs/speed.md §MTP). vLLM >= 0.32, one GPU
 # Which Ling V3 implementation serves: VLLM_LING_MODEL=auto|vllm-ling|vllm in the environment (README).
 #   SELFCHECK    1: once serving, run `python -m vllm_ling.selfcheck` through the watchdog (0: skip)
 # An API key: VLLM_API_KEY in the environment (vLLM reads it; so do the watchdog's probes and the self-check),
@@ -148,7 +151,19 @@ fi
 if [[ $FP8 == 1 ]]; then ARGS+=(--quantization ling_fp8); fi
 # MTP on both devices (the CPU engine verifies drafts with the plugin's torch KDA path).
 if (( 10#$MTP_K > 0 )); then  # MTP_K is digits only (checked above)
-    ARGS+=(--speculative-config "{\"method\":\"mtp\",\"num_speculative_tokens\":$((10#$MTP_K))}")
+    SPEC="{\"method\":\"mtp\",\"num_speculative_tokens\":$((10#$MTP_K))"
+    if [[ -n ${DRAFT_VOCAB:-} ]]; then  # the plugin reads the file; vLLM must ask the draft for top tokens
+        [[ -f $DRAFT_VOCAB ]] || refuse "DRAFT_VOCAB='$DRAFT_VOCAB' is not a file. Build one with" \
+            "python3 -m vllm_ling.draft_vocab_tool MODEL_DIR --text FILE --out FILE, or unset DRAFT_VOCAB"
+        KEY=$("$PYTHON" -c 'from vllm_ling.compat import draft_top_tokens_key as k; print(k() or "")' 2>/dev/null) || KEY=
+        [[ -n $KEY ]] || refuse "DRAFT_VOCAB needs a vLLM whose speculative config can ask the draft for its top" \
+            "token (0.32, 0.33); this one cannot. Safe: unset DRAFT_VOCAB"
+        export VLLM_LING_DRAFT_VOCAB=$DRAFT_VOCAB
+        SPEC+=",\"$KEY\":true"
+    fi
+    ARGS+=(--speculative-config "$SPEC}")
+elif [[ -n ${DRAFT_VOCAB:-} ]]; then
+    refuse "DRAFT_VOCAB='$DRAFT_VOCAB' is for the MTP draft, and MTP_K=0 turns MTP off. Safe: unset DRAFT_VOCAB, or MTP_K=1"
 fi
 read -r -a EXTRA <<<"${EXTRA_ARGS:-}"
 read -r -a WD_ARGS <<<"${WATCHDOG_ARGS:-}"
@@ -166,7 +181,7 @@ fi
 
 CMD=("${WATCHDOG[@]}" --log-dir "$LOG_DIR" "${WD_ARGS[@]}" -- "${LAUNCH[@]}" "${ARGS[@]}" "${EXTRA[@]}")
 if [[ ${DRY_RUN:-0} == 1 ]]; then
-    for v in VLLM_TUNED_CONFIG_FOLDER VLLM_LING_MOE_BACKEND VLLM_LING_FP8_KERNEL VLLM_LING_MODEL VLLM_API_KEY; do  # what the command inherits (stderr)
+    for v in VLLM_TUNED_CONFIG_FOLDER VLLM_LING_MOE_BACKEND VLLM_LING_FP8_KERNEL VLLM_LING_DRAFT_VOCAB VLLM_LING_MODEL VLLM_API_KEY; do  # what the command inherits (stderr)
         if [[ $v == VLLM_API_KEY && -n ${!v:-} ]]; then echo "env: $v=***" >&2
         elif [[ -n ${!v:-} ]]; then echo "env: $v=${!v}" >&2; fi
     done

@@ -13,6 +13,7 @@ parsers where vLLM lacks them. Everything else in the package imports version-de
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 from functools import cache
@@ -162,6 +163,22 @@ def rotate_mla(rotary_emb: Any, positions: torch.Tensor, q_pe: torch.Tensor, k_p
     n = q_pe.shape[0]
     q, k = rotary_emb(positions, q_pe.reshape(n, -1), k_pe.contiguous())
     return q.view(n, heads, -1), k
+
+
+DRAFT_TOP_TOKENS = "use_local_argmax_reduction"  # speculative_config key: greedy drafts via get_top_tokens(h)
+
+
+def draft_top_tokens_key() -> str | None:
+    """The speculative-config key under which vLLM (0.32, 0.33) asks a greedy draft for `get_top_tokens(h)`
+    instead of its logits; None where the release lacks it (0.26)."""
+    from vllm.config import SpeculativeConfig
+
+    return DRAFT_TOP_TOKENS if DRAFT_TOP_TOKENS in {f.name for f in dataclasses.fields(SpeculativeConfig)} else None
+
+
+def draft_top_tokens_on(vllm_config: Any) -> bool:
+    spec = getattr(vllm_config, "speculative_config", None)
+    return bool(getattr(spec, DRAFT_TOP_TOKENS, False))
 
 
 def num_speculative_tokens(vllm_config: Any) -> int:

@@ -23,7 +23,7 @@ from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.models.utils import maybe_prefix
 
-from vllm_ling import compat, draft_check
+from vllm_ling import compat, draft_check, draft_vocab
 from vllm_ling.config import num_mtp_layers
 from vllm_ling.mla import BailingMoeV3MLA
 from vllm_ling.model import HF_TO_VLLM, BailingMoeV3ForCausalLM, layer_index, load_checkpoint_weights
@@ -84,6 +84,7 @@ class BailingMoeV3MTPModel(nn.Module):
                                       quant_config=vllm_config.quant_config, prefix=maybe_prefix(prefix, "lm_head"))
         self.logits_processor = LogitsProcessor(self.config.vocab_size)
         self.checked = False
+        self.draft_vocab = _draft_vocab(vllm_config, self.config.vocab_size)
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
@@ -93,11 +94,20 @@ class BailingMoeV3MTPModel(nn.Module):
     ) -> torch.Tensor:
         if not self.checked:  # first call: after vLLM's proposer has shared the target's head and embedding
             draft_check.check_draft_shares_target(self)
+            if self.draft_vocab is not None:
+                self.draft_vocab.bind(self.lm_head)
             self.checked = True
         return self.model(input_ids, positions, hidden_states, inputs_embeds, spec_step_idx)
 
     def compute_logits(self, hidden_states: torch.Tensor, spec_step_idx: int = 0) -> torch.Tensor:
         return self.logits_processor(self.lm_head, hidden_states)
+
+    def get_top_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """vLLM's greedy draft without logits (speculative_config `use_local_argmax_reduction`): the top token
+        over the draft vocabulary when one is set (vllm_ling/draft_vocab.py), over the whole head otherwise."""
+        if self.draft_vocab is not None:
+            return self.draft_vocab.top_tokens(hidden_states)
+        return self.logits_processor.get_top_tokens(self.lm_head, hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         first, count = self.model.first, self.model.count
@@ -109,3 +119,21 @@ class BailingMoeV3MTPModel(nn.Module):
             return name in ("model.embed_tokens.weight", "lm_head.weight")
 
         return load_checkpoint_weights(self, weights, self.config, keep)
+
+
+def _draft_vocab(vllm_config: VllmConfig, vocab_size: int) -> draft_vocab.DraftVocab | None:
+    """VLLM_LING_DRAFT_VOCAB's vocabulary, read at start-up; it serves only where vLLM asks for top tokens."""
+    vocab = draft_vocab.from_env(vocab_size)
+    if vocab is None:
+        return None
+    if vllm_config.parallel_config.tensor_parallel_size > 1:
+        raise ValueError(f"vllm-ling: {draft_vocab.ENV} is for one GPU (the head's rows are gathered whole); this "
+                         f"engine has tensor_parallel_size {vllm_config.parallel_config.tensor_parallel_size}. "
+                         f"Unset {draft_vocab.ENV} with TP")
+    if not compat.draft_top_tokens_on(vllm_config):
+        key = compat.draft_top_tokens_key()
+        raise ValueError(f"vllm-ling: {draft_vocab.ENV} is set, but vLLM asks the draft for top tokens only with "
+                         + (f"speculative_config {{\"{key}\": true}}, which this engine lacks: add it" if key else
+                            f"a speculative_config key this vLLM ({compat.vllm_version()}) does not have") +
+                         f", or unset {draft_vocab.ENV}")
+    return vocab

@@ -86,3 +86,33 @@ def test_the_setting_is_validated_by_name(monkeypatch):
         gemm_choice()
     monkeypatch.delenv(GEMM_ENV)
     assert gemm_choice() == "ours"  # the default since session 13's timing
+
+
+SCALED_CHILD = r"""
+import json
+import torch
+from vllm_ling.ops.router_gemm import router_gemm_small
+out = {}
+gen = torch.Generator().manual_seed(5)
+w = torch.randn(300, 640, generator=gen) / 640 ** 0.5  # 640: a width off the kernel's K blocks
+scale = w.abs().amax(dim=1) / 448.0
+q = (w / scale[:, None]).to(torch.float8_e4m3fn)
+for m in (1, 2, 5):
+    x = torch.randn(m, 640, generator=gen).to(torch.bfloat16)
+    for name, rows in (("fp8", q), ("bf16", w.to(torch.bfloat16))):
+        ref = (x.double() @ rows.double().t()) * scale.double()
+        got = router_gemm_small(x, rows, scale=scale)
+        unscaled = router_gemm_small(x, rows)
+        top = ref.abs().max().item()
+        out[f"{name}-M{m}"] = {"err": (got.double() - ref).abs().max().item() / top,
+                               "unscaled_err": (unscaled.double() - ref).abs().max().item() / top}
+print(json.dumps(out))
+"""
+
+
+def test_a_per_row_scale_multiplies_each_rows_sums(interpret):
+    """The draft vocabulary's head (vllm_ling/draft_vocab.py): FP8 (and BF16) rows read as stored, widened to fp32,
+    each row's sum times its scale; without the scale the same call is far off (the check can fail)."""
+    for case, r in interpret(SCALED_CHILD).items():
+        assert r["err"] <= TOLERANCE, (case, r)
+        assert r["unscaled_err"] > 1, (case, r)

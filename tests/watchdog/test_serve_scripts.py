@@ -280,3 +280,29 @@ def test_the_self_check_gets_this_launch_and_the_servers_pid():
     wd, _ = dry_run(DEVICE="cuda")
     check = wd[wd.index("--after-serving") + 1]
     assert "--launch {launch} --server-pid {pid}" in check and "--json" in check and check.endswith("{args}")
+
+
+def test_a_draft_vocabulary_sets_the_plugins_file_and_vllms_top_token_key(tmp_path):
+    """DRAFT_VOCAB: the plugin reads the file (VLLM_LING_DRAFT_VOCAB), vLLM asks the draft for its top token."""
+    import json
+
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text("{}")  # the plugin validates the contents at start-up; the recipe checks the path
+    r = script(DEVICE="cpu", DRAFT_VOCAB=str(vocab))
+    assert r.returncode == 0, r.stderr
+    assert f"VLLM_LING_DRAFT_VOCAB={vocab}" in r.stderr
+    spec = json.loads(shlex.split(r.stdout)[shlex.split(r.stdout).index("--speculative-config") + 1])
+    assert spec == {"method": "mtp", "num_speculative_tokens": 1, "use_local_argmax_reduction": True}
+    plain = script(DEVICE="cpu")
+    assert "use_local_argmax_reduction" not in plain.stdout and "DRAFT_VOCAB" not in plain.stderr
+
+
+@pytest.mark.parametrize("env, says", [
+    (dict(MTP_K="0"), "is for the MTP draft, and MTP_K=0 turns MTP off. Safe: unset DRAFT_VOCAB, or MTP_K=1"),
+    (dict(DRAFT_VOCAB="/nonexistent/vocab.json"), "DRAFT_VOCAB='/nonexistent/vocab.json' is not a file"),
+])
+def test_a_draft_vocabulary_without_mtp_or_without_a_file_is_refused(tmp_path, env, says):
+    vocab = tmp_path / "vocab.json"
+    vocab.write_text("{}")
+    r = script(DEVICE="cpu", **{"DRAFT_VOCAB": str(vocab), **env})
+    assert r.returncode == 2 and says in r.stderr and not r.stdout

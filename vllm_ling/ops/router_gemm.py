@@ -13,6 +13,7 @@ fixed chunks: a row's logits depend on its own input only, never on the batch's 
 GEMM. The default since session 13: inside the engine on the H200, two rows took 5.6 µs a layer against cuBLAS's
 12.0 (-0.26 ms of GPU time per MTP verify step), one row 4.8 against 4.3, both at 4 experts a program, before
 `block_experts` chose fewer (docs/speed.md §Kernels). `VLLM_LING_ROUTER_GEMM=vllm` goes back to GateLinear.
+The same kernel, with a per-row scale, gives the MTP draft's logits over a draft vocabulary (vllm_ling/draft_vocab.py).
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ PRODUCT = 8192  # BLOCK_M x BLOCK_E x BLOCK_K products per step: 64 fp32 registe
 
 
 @triton.jit
-def _router_gemm_kernel(x_ptr, w_ptr, out_ptr, M, K, E, stride_xm, stride_we, stride_om,
-                        BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr):
+def _router_gemm_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, K, E, stride_xm, stride_we, stride_om,
+                        BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr, HAS_SCALE: tl.constexpr):
     e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     m = tl.arange(0, BLOCK_M)
     acc = tl.zeros([BLOCK_M, BLOCK_E], dtype=tl.float32)
@@ -49,6 +50,8 @@ def _router_gemm_kernel(x_ptr, w_ptr, out_ptr, M, K, E, stride_xm, stride_we, st
         w = tl.load(w_ptr + e[:, None] * stride_we + k[None, :], mask=(e < E)[:, None] & (k < K)[None, :],
                     other=0.0).to(tl.float32)
         acc += tl.sum(x[:, None, :] * w[None, :, :], axis=2)
+    if HAS_SCALE:  # a per-row weight scale (an FP8 weight's), applied to the fp32 sums
+        acc *= tl.load(s_ptr + e, mask=e < E, other=0.0).to(tl.float32)[None, :]
     tl.store(out_ptr + m[:, None] * stride_om + e[None, :], acc, mask=(m < M)[:, None] & (e < E)[None, :])
 
 
@@ -60,9 +63,12 @@ def block_experts(m: int) -> int:
     return 2 if m == 1 else 1
 
 
-def router_gemm_small(x: torch.Tensor, weight: torch.Tensor, block_e: int | None = None) -> torch.Tensor:
-    """fp32 logits [M, E] = x [M, K] · weight [E, K]ᵀ for 1 <= M <= MAX_TOKENS, on the kernel above
-    (`block_e` experts a program; `block_experts(M)` unless given)."""
+def router_gemm_small(x: torch.Tensor, weight: torch.Tensor, block_e: int | None = None,
+                      scale: torch.Tensor | None = None) -> torch.Tensor:
+    """fp32 logits [M, E] = x [M, K] · weight [E, K]ᵀ (· scale [E], per weight row) for 1 <= M <= MAX_TOKENS, on
+    the kernel above (`block_e` weight rows a program; `block_experts(M)` unless given). Any weight dtype Triton
+    loads (fp32 for the router, FP8 e4m3 rows with their scales for the draft vocabulary's head) is read as is
+    and widened to fp32 in registers."""
     m, k = x.shape
     e = weight.shape[0]
     if not 0 < m <= MAX_TOKENS or weight.shape[1] != k:
@@ -74,8 +80,9 @@ def router_gemm_small(x: torch.Tensor, weight: torch.Tensor, block_e: int | None
     block_m = triton.next_power_of_2(m)
     block_e = block_e or block_experts(m)
     _router_gemm_kernel[(triton.cdiv(e, block_e),)](
-        x, weight, out, m, k, e, x.stride(0), weight.stride(0), out.stride(0),
-        BLOCK_M=block_m, BLOCK_E=block_e, BLOCK_K=max(16, PRODUCT // (block_m * block_e)), num_warps=4,
+        x, weight, out if scale is None else scale, out, m, k, e, x.stride(0), weight.stride(0), out.stride(0),
+        BLOCK_M=block_m, BLOCK_E=block_e, BLOCK_K=max(16, PRODUCT // (block_m * block_e)),
+        HAS_SCALE=scale is not None, num_warps=4,
     )
     return out
 

@@ -1,0 +1,84 @@
+"""A draft vocabulary through a real vLLM engine on CPU (fp32, the `mtp_echo` checkpoint, MTP k=1): vLLM asks the
+draft for its top token (`use_local_argmax_reduction`), and the draft proposes among the file's ids only.
+
+- the whole vocabulary as the file: the same drafts as the plain MTP engine (acceptance counters equal);
+- a vocabulary that leaves out every token the target ends up generating: output still identical to plain greedy
+  (the target verifies every proposal), and no draft accepted but the rare one that reaches a listed id;
+- without `use_local_argmax_reduction`, a set VLLM_LING_DRAFT_VOCAB refuses to start instead of being ignored.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+from model_helpers import CPU_ENGINE_ENV, NO_CLAMPS, first_difference, run_script, spec_acceptance
+
+pytest.importorskip("vllm")
+pytestmark = pytest.mark.engine
+
+PROMPT_LENGTHS = [3, 17, 40]
+MAX_TOKENS = 32
+MTP = {"method": "mtp", "num_speculative_tokens": 1}
+TOP_TOKENS = {**MTP, "use_local_argmax_reduction": True}
+
+
+def _vocab_file(tmp, name: str, ids: list[int]) -> str:
+    from vllm_ling.draft_vocab import FORMAT
+
+    path = tmp / f"{name}.json"
+    path.write_text(json.dumps({"format": FORMAT, "token_ids": ids}))
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    from vllm_ling.tiny import ensure_tiny
+
+    tmp = tmp_path_factory.mktemp("draft-vocab")
+    model = ensure_tiny(variant="mtp_echo")
+    vocab_size = json.loads((model / "config.json").read_text())["vocab_size"]
+    rng = random.Random(5)
+    base = {"model": str(model), "prompts": [[rng.randrange(10, 900) for _ in range(n)] for n in PROMPT_LENGTHS],
+            "max_tokens": MAX_TOKENS, "dtype": "float32", "max_model_len": 256, "max_num_batched_tokens": 64,
+            "prompt_logprobs": False, "hf_overrides": NO_CLAMPS, "log_lines": True}
+    out = {"plain": run_script("engine_runner.py", base, tmp, "plain", CPU_ENGINE_ENV),
+           "mtp": run_script("engine_runner.py", {**base, "speculative_config": MTP}, tmp, "mtp", CPU_ENGINE_ENV)}
+    everything = _vocab_file(tmp, "all", list(range(vocab_size)))
+    out["all"] = run_script("engine_runner.py", {**base, "speculative_config": TOP_TOKENS}, tmp, "all",
+                            {**CPU_ENGINE_ENV, "VLLM_LING_DRAFT_VOCAB": everything})
+    generated = {t for o in out["plain"]["outputs"] for t in o["token_ids"]}
+    rest = _vocab_file(tmp, "rest", [i for i in range(vocab_size) if i not in generated])
+    out["rest"] = run_script("engine_runner.py", {**base, "speculative_config": TOP_TOKENS}, tmp, "rest",
+                             {**CPU_ENGINE_ENV, "VLLM_LING_DRAFT_VOCAB": rest})
+    return out
+
+
+@pytest.mark.parametrize("name", ["all", "rest"])
+def test_output_is_plain_greedy_whatever_the_vocabulary(runs, name):
+    for n, a, b in zip(PROMPT_LENGTHS, runs["plain"]["outputs"], runs[name]["outputs"]):
+        first = first_difference(a["token_ids"], b["token_ids"])
+        assert first is None, f"vocabulary {name}: the {n}-token prompt's output differs from new token {first}"
+
+
+def test_the_whole_vocabulary_drafts_what_the_whole_head_drafts(runs):
+    assert any("proposes among" in line for line in runs["all"]["log_lines"]), runs["all"]["log_lines"]
+    assert runs["mtp"]["spec_decode"]["num_drafts"] > 0
+    assert runs["all"]["spec_decode"] == runs["mtp"]["spec_decode"]  # draft for draft, accepted for accepted
+    assert spec_acceptance(runs["mtp"]) >= 0.8
+
+
+def test_a_vocabulary_without_the_generated_tokens_gets_no_draft_accepted(runs):
+    assert runs["rest"]["spec_decode"]["num_drafts"] > 0
+    assert spec_acceptance(runs["rest"]) == 0, runs["rest"]["spec_decode"]
+
+
+def test_a_set_vocabulary_that_vllm_would_not_ask_for_refuses_to_start(tmp_path):
+    from vllm_ling.tiny import ensure_tiny
+
+    spec = {"model": str(ensure_tiny(variant="mtp_echo")), "prompts": [[11, 12, 13]], "max_tokens": 4,
+            "dtype": "float32", "max_model_len": 128, "prompt_logprobs": False, "speculative_config": MTP}
+    env = {**CPU_ENGINE_ENV, "VLLM_LING_DRAFT_VOCAB": _vocab_file(tmp_path, "v", [1, 2, 3])}
+    with pytest.raises(AssertionError, match="use_local_argmax_reduction"):
+        run_script("engine_runner.py", spec, tmp_path, "refused", env)

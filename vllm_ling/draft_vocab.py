@@ -1,0 +1,115 @@
+"""A draft vocabulary for the MTP draft: it proposes its token among N frequent ids only (as FR-Spec does).
+
+The draft's one costly matrix is the LM head it shares with the target: 157,184 x 2,560, 0.40 GB in FP8, read once
+per verify step just to pick one token. Over a draft vocabulary of N ids the draft reads N rows instead,
+  token = ids[argmax_j h · W[ids_j]ᵀ · s[ids_j]]      (s: the FP8 head's per-row scale; 1 for a BF16 head)
+0.084 GB for N = 32,768 in FP8 (docs/speed.md §MTP). The target still verifies every proposal, so what is served is
+the same whatever the subset; a token outside it can never be proposed, which costs acceptance. The ids come from a
+file `python3 -m vllm_ling.draft_vocab_tool` counts on the owner's own text (`VLLM_LING_DRAFT_VOCAB=<path>`).
+
+vLLM (0.32, 0.33) asks a draft model for `get_top_tokens(h)` instead of its logits when the speculative config has
+`use_local_argmax_reduction: true` and drafts are greedy (its default); `compat.draft_top_tokens_config` says so.
+The rows are gathered once, on the draft's first forward (after vLLM's proposer hands it the target's head, and
+eagerly: vLLM warms each CUDA graph up before capturing it), into tensors of their own: N x 2,560 more bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from vllm_ling.ops.router_gemm import MAX_TOKENS, router_gemm_small
+
+logger = logging.getLogger("vllm_ling")
+
+ENV = "VLLM_LING_DRAFT_VOCAB"  # path to a draft vocabulary file; unset: the draft reads the whole head
+FORMAT = "vllm-ling draft vocabulary"
+FP8 = torch.float8_e4m3fn
+
+
+def requested_path() -> str | None:
+    return os.environ.get(ENV, "").strip() or None
+
+
+def load_ids(path: str | os.PathLike, vocab_size: int) -> list[int]:
+    """The file's `token_ids`: unique ints in [0, vocab_size). Anything else is refused, naming the rule."""
+    safe = f"rebuild it with `python3 -m vllm_ling.draft_vocab_tool MODEL --text ... --out {path}`, or unset {ENV}"
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"vllm-ling: {ENV}={path}: cannot read a draft vocabulary there ({e}); {safe}") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ValueError(f"vllm-ling: {ENV}={path} is not a draft vocabulary file (format {FORMAT!r}); {safe}")
+    ids = doc.get("token_ids")
+    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError(f"vllm-ling: {ENV}={path}: token_ids must be a non-empty list of ints; {safe}")
+    bad = [i for i in ids if not 0 <= i < vocab_size]
+    if bad:
+        raise ValueError(f"vllm-ling: {ENV}={path}: {len(bad)} ids outside this model's vocabulary [0, {vocab_size})"
+                         f" (first {bad[:5]}); the file was made for another tokenizer: {safe}")
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"vllm-ling: {ENV}={path}: token_ids repeat ({len(ids) - len(set(ids))} duplicates); {safe}")
+    return ids
+
+
+def head_rows(lm_head: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The head's rows `ids` as served, [N, hidden], and their per-row scales (FP8) or None (BF16).
+
+    A BF16 head's weight is [V, hidden]; vLLM's per-channel FP8 method (ours, `w8a8`) keeps the FP8 weight as the
+    transpose view [hidden, V] with a [V, 1] fp32 scale. FP8-Marlin (`w8a16`) repacks the weight into tiles whose
+    rows cannot be gathered: refused."""
+    weight, scale = lm_head.weight, getattr(lm_head, "weight_scale", None)
+    if weight.dtype in (torch.bfloat16, torch.float16, torch.float32) and scale is None:
+        return weight[ids].contiguous(), None
+    if weight.dtype == FP8 and scale is not None and scale.numel() in weight.shape:
+        by_row = weight if weight.shape[0] == scale.numel() else weight.t()
+        return by_row[ids].contiguous(), scale.reshape(-1)[ids].to(torch.float32).contiguous()
+    raise ValueError(f"vllm-ling: {ENV} needs an LM head whose rows can be gathered (BF16, or FP8 per channel: "
+                     f"VLLM_LING_FP8_KERNEL=w8a8, the default); this one holds {weight.dtype} {tuple(weight.shape)}"
+                     f" with scale {None if scale is None else tuple(scale.shape)}. Serve with w8a8, or unset {ENV}")
+
+
+class DraftVocab:
+    """The draft's top token over its vocabulary (module docstring); rows gathered by `bind` from the served head."""
+
+    def __init__(self, ids: list[int], vocab_size: int) -> None:
+        self.ids_list, self.vocab_size = ids, vocab_size
+        self.ids: torch.Tensor | None = None
+        self.rows: torch.Tensor | None = None
+        self.scale: torch.Tensor | None = None
+
+    def bind(self, lm_head: torch.nn.Module) -> None:
+        """Gather the rows from the head the draft serves with (once; not while a CUDA graph is captured)."""
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise RuntimeError("vllm-ling: the draft vocabulary's rows must be gathered before CUDA graph capture; "
+                               f"the draft's first forward ran inside a capture. Unset {ENV} to serve without it")
+        device = lm_head.weight.device
+        self.ids = torch.tensor(self.ids_list, dtype=torch.long, device=device)
+        self.rows, self.scale = head_rows(lm_head, self.ids)
+        logger.info("vllm-ling: MTP draft proposes among %d of %d tokens (%s; %.0f MB of head rows, %s)",
+                    len(self.ids_list), self.vocab_size, ENV, self.rows.numel() * self.rows.element_size() / 2**20, self.rows.dtype)
+
+    def top_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """ids[argmax(h · rowsᵀ · scale)] per row of h, the logits in fp32."""
+        if self.rows is None:
+            raise RuntimeError("vllm-ling: DraftVocab.top_tokens before bind(): the draft never ran its forward")
+        return self.ids[self.logits(hidden_states).argmax(dim=-1)]
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        """fp32 logits over the vocabulary's ids: our small-M kernel on CUDA (16 rows a pass), torch elsewhere."""
+        if not h.is_cuda:
+            out = torch.nn.functional.linear(h.to(torch.float32), self.rows.to(torch.float32))
+            return out if self.scale is None else out * self.scale
+        return torch.cat([router_gemm_small(h[i:i + MAX_TOKENS], self.rows, scale=self.scale)
+                          for i in range(0, h.shape[0], MAX_TOKENS)]) if h.shape[0] else \
+            h.new_empty((0, self.rows.shape[0]), dtype=torch.float32)
+
+
+def from_env(vocab_size: int) -> DraftVocab | None:
+    """The draft vocabulary `VLLM_LING_DRAFT_VOCAB` names, validated now (start-up), or None when unset."""
+    path = requested_path()
+    return None if path is None else DraftVocab(load_ids(path, vocab_size), vocab_size)
