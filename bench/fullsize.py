@@ -33,6 +33,7 @@ import sys
 import time
 
 from ling_tuning.engine_compare import BACKENDS as MOE_BACKENDS  # vLLM >= 0.28's --moe-backend for INT4 experts
+from vllm_ling import compat, draft_vocab as draft_vocab_env  # the draft vocabulary file (--draft-vocab)
 from vllm_ling.fp8 import KERNELS as FP8_KERNELS
 from vllm_ling.ops.moe_align import ALIGN_ENV, ALIGNS  # our MoE token layout or vLLM's op (--moe-align)
 from vllm_ling.kda_core import GATE_ENV, GATES, default_gate  # KDA gate: in vLLM's kernels or ours (--kda-gate)
@@ -115,8 +116,16 @@ class _LogLines(logging.Handler):
 
 
 def _engine_kwargs(mode: str, fp8: str | None, acceptance_length: float | None,
-                   moe_backend: str | None = None) -> dict:
+                   moe_backend: str | None = None, draft_vocab: int | None = None) -> dict:
     kwargs = {k: (dict(v) if isinstance(v, dict) else v) for k, v in MODES[mode].items()}
+    if draft_vocab:
+        if mode != "mtp":
+            raise ValueError(f"--draft-vocab {draft_vocab} is the MTP draft's: it needs --mode mtp")
+        key = compat.draft_top_tokens_key()
+        if key is None:
+            raise ValueError("--draft-vocab needs a vLLM that asks the draft for its top token (0.32, 0.33)")
+        kwargs["speculative_config"][key] = True
+        os.environ[draft_vocab_env.ENV] = _first_ids_file(draft_vocab)
     if moe_backend:
         kwargs["moe_backend"] = moe_backend
     if fp8:
@@ -126,6 +135,16 @@ def _engine_kwargs(mode: str, fp8: str | None, acceptance_length: float | None,
         kwargs["speculative_config"] |= {"rejection_sample_method": "synthetic",
                                          "synthetic_acceptance_length": acceptance_length}
     return kwargs
+
+
+def _first_ids_file(n: int) -> str:
+    """A draft vocabulary of ids 0..n-1: on dummy weights which ids does not matter, only how many rows."""
+    import tempfile
+
+    path = os.path.join(tempfile.mkdtemp(prefix="ling-fullsize-"), "draft_vocab.json")
+    with open(path, "w") as f:
+        json.dump({"format": draft_vocab_env.FORMAT, "token_ids": list(range(n))}, f)
+    return path
 
 
 def model_shape(model) -> dict:
@@ -294,7 +313,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
         impl: str = "ours", fp8: str | None = None, kernels: bool = False,
         acceptance_lengths: list[float] | None = None, moe_backend: str | None = None,
         router: str | None = None, moe_align: str | None = None, kda_gate: str | None = None,
-        router_gemm: str | None = None) -> dict:
+        router_gemm: str | None = None, draft_vocab: int | None = None) -> dict:
     acceptance_length, more_lengths = (acceptance_lengths[0], acceptance_lengths[1:]) if acceptance_lengths \
         else (None, [])
     if more_lengths and mode != "mtp":
@@ -322,7 +341,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True,
               max_model_len=max(prefill, default=0) + decode + 64, max_num_seqs=1, max_num_batched_tokens=chunk,
               gpu_memory_utilization=util, enable_prefix_caching=False, seed=0, disable_log_stats=mode != "mtp",
-              **_engine_kwargs(mode, fp8, acceptance_length, moe_backend))
+              **_engine_kwargs(mode, fp8, acceptance_length, moe_backend, draft_vocab))
     vocab = llm.llm_engine.model_config.get_vocab_size()
     rng = random.Random(0)
     served = llm.apply_model(lambda m: f"{type(m).__module__}.{type(m).__name__}")[0]
@@ -331,6 +350,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
                     "vllm": __import__("vllm").__version__, "prefill": {}, "decode_tokens": decode,
                     "repeats": repeats, "chunked_prefill_tokens": chunk, "cudagraph_mode": _cudagraph_mode(llm),
                     "acceptance_length_synthetic": acceptance_length, "moe_backend_asked": moe_backend or "auto",
+                    "draft_vocab": draft_vocab,
                     "router_asked": os.environ.get(ROUTER_ENV, "ours") if impl == "ours" else None,
                     "moe_align_asked": os.environ.get(ALIGN_ENV, "vllm"),
                     "router_gemm_asked": os.environ.get(GEMM_ENV, DEFAULT_GEMM) if impl == "ours" else None,
@@ -473,11 +493,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--kda-gate", choices=GATES,
                     help="our model's KDA gate: inside vLLM's raw-gate kernels (the default where vLLM has them, "
                          ">= 0.32) or computed by ours before the op (the default on 0.26)")
+    ap.add_argument("--draft-vocab", type=int, metavar="N",
+                    help="mtp: the draft proposes among ids 0..N-1 only (a draft vocabulary, vllm_ling.draft_vocab)")
     ap.add_argument("--out", help="write the JSON result here")
     a = ap.parse_args(argv)
     prefill = [int(x) for x in a.prefill.split(",") if x]
     result = run(a.model, a.mode, prefill, a.decode, a.repeats, a.util, a.chunk, a.impl, a.fp8, a.kernels,
-                 a.acceptance_length, a.moe_backend, a.router, a.moe_align, a.kda_gate, a.router_gemm)
+                 a.acceptance_length, a.moe_backend, a.router, a.moe_align, a.kda_gate, a.router_gemm, a.draft_vocab)
     text = json.dumps(result, indent=2)
     print(text)
     if a.out:

@@ -70,9 +70,11 @@ def _weights(c: dict, layer: int, prefix: str, tokens: int, fp8: bool) -> float:
     return dense + routed
 
 
-def decode_step_bytes(c: dict, context: int, tokens: int = 1, mtp: bool = False, fp8: bool = False) -> StepBytes:
+def decode_step_bytes(c: dict, context: int, tokens: int = 1, mtp: bool = False, fp8: bool = False,
+                      draft_vocab: int | None = None) -> StepBytes:
     """Bytes one forward step over `tokens` new tokens of one sequence reads; with `mtp`, plus the draft
-    layer(s) on one token: eh_proj, MLA, MoE, their own KV cache and the shared lm_head again."""
+    layer(s) on one token: eh_proj, MLA, MoE, their own KV cache and the shared lm_head again, or only its
+    `draft_vocab` rows (and their scales) with a draft vocabulary (vllm_ling/draft_vocab.py)."""
     n, heads, d = c["num_hidden_layers"], c["num_attention_heads"], kda_head_dim(c)
     kv_row = (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * BF16  # one token's MLA latent + k_pe
     mla = [i for i in range(n) if is_mla_layer(c, i)]
@@ -90,15 +92,16 @@ def decode_step_bytes(c: dict, context: int, tokens: int = 1, mtp: bool = False,
         "lm_head": lm_head,
     }
     if mtp:
-        parts["MTP draft"] = sum(_weights(c, i, "", 1, fp8) + lm_head + context * kv_row
+        draft_head = lm_head * min(draft_vocab or c["vocab_size"], c["vocab_size"]) / c["vocab_size"]
+        parts["MTP draft"] = sum(_weights(c, i, "", 1, fp8) + draft_head + context * kv_row
                                  for i in range(n, n + num_mtp_layers(c)))
     return StepBytes(parts)
 
 
 def project(c: dict, context: int, bandwidth_gbs: float, efficiency: float, acceptance: float,
-            fp8: bool = False) -> dict:
+            fp8: bool = False, draft_vocab: int | None = None) -> dict:
     plain = decode_step_bytes(c, context, fp8=fp8)
-    verify = decode_step_bytes(c, context, tokens=2, mtp=True, fp8=fp8)
+    verify = decode_step_bytes(c, context, tokens=2, mtp=True, fp8=fp8, draft_vocab=draft_vocab)
     bw = bandwidth_gbs * 1e9 * efficiency
     return {
         "plain_step_gb": plain.total / 1e9,
@@ -116,17 +119,20 @@ def _acceptances(text: str) -> list[float]:
     return values
 
 
-def report(c: dict, context: int, bandwidth_gbs: float, efficiency: float, acceptances: list[float]) -> str:
+def report(c: dict, context: int, bandwidth_gbs: float, efficiency: float, acceptances: list[float],
+           draft_vocab: int | None = None) -> str:
     """The table: a plain step's GB by part, both step totals and tok/s, one column per weight format."""
-    runs = {f: [project(c, context, bandwidth_gbs, efficiency, a, fp8=f == "fp8") for a in acceptances]
-            for f in FORMATS}
+    runs = {f: [project(c, context, bandwidth_gbs, efficiency, a, fp8=f == "fp8", draft_vocab=draft_vocab)
+                for a in acceptances] for f in FORMATS}
     first = {f: r[0] for f, r in runs.items()}
 
     def row(label: str, cells: list[str]) -> str:
         return f"  {label:<44}" + "".join(f"{x:>12}" for x in cells)
 
     lines = [f"PROJECTION (arithmetic, not a measurement) at context {context}, "
-             f"{bandwidth_gbs:.0f} GB/s x {efficiency:.0%}, batch 1:",
+             f"{bandwidth_gbs:.0f} GB/s x {efficiency:.0%}, batch 1"
+             + (f", MTP draft over a {draft_vocab}-token draft vocabulary (acceptance as given)" if draft_vocab else "")
+             + ":",
              row("GB read per step, by part", ["bf16 today", "fp8"])]
     lines += [row(part, [f"{first[f]['parts_gb'][part]:.3f}" for f in FORMATS]) for part in first["bf16"]["parts_gb"]]
     lines += [row("plain decode step, GB", [f"{first[f]['plain_step_gb']:.2f}" for f in FORMATS]),
@@ -148,8 +154,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--acceptance", type=_acceptances, default=[0.94, 0.70],
                     help="MTP k=1 acceptance rates, comma-separated (default 0.94, what Spark owners report, "
                          "and 0.70)")
+    ap.add_argument("--draft-vocab", type=int, metavar="N",
+                    help="the MTP draft reads only N rows of the LM head (a draft vocabulary); the acceptance you "
+                         "give is assumed to hold with it")
     a = ap.parse_args(argv)
-    print(report(json.loads(a.config.read_text()), a.context, a.bandwidth_gbs, a.efficiency, a.acceptance))
+    print(report(json.loads(a.config.read_text()), a.context, a.bandwidth_gbs, a.efficiency, a.acceptance,
+                 a.draft_vocab))
     return 0
 
 

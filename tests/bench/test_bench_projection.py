@@ -88,3 +88,17 @@ def test_fullsize_roofline_counts_the_weight_format_it_served(tmp_path):
     model = str(write_full_config(tmp_path / "flash"))
     bf16, fp8 = (roofline(model, "graphs", 4096, 0.01, None, 0.0, fp8=f)["bytes_per_step_gb"] for f in (False, True))
     assert bf16 == pytest.approx(7.7808, abs=1e-4) and fp8 == pytest.approx(4.65, abs=0.01)
+
+
+def test_a_draft_vocabulary_cuts_only_the_drafts_head_pass_in_proportion():
+    c = flash_config()
+    vocab = c["vocab_size"]
+    for fp8 in (False, True):
+        whole = decode_step_bytes(c, 4096, tokens=2, mtp=True, fp8=fp8)
+        same = decode_step_bytes(c, 4096, tokens=2, mtp=True, fp8=fp8, draft_vocab=vocab)
+        cut = decode_step_bytes(c, 4096, tokens=2, mtp=True, fp8=fp8, draft_vocab=32768)
+        head = whole.parts["lm_head"]  # the target's pass, which a draft vocabulary leaves whole
+        assert same.parts == whole.parts and cut.parts["lm_head"] == head
+        assert cut.parts["MTP draft"] == pytest.approx(whole.parts["MTP draft"] - head * (1 - 32768 / vocab))
+    assert project(c, 4096, 273, 0.7, 0.94, fp8=True, draft_vocab=32768)["mtp_tok_s"] > \
+        project(c, 4096, 273, 0.7, 0.94, fp8=True)["mtp_tok_s"]

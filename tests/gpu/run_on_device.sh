@@ -26,6 +26,8 @@
 #   moe_align   our MoE token layout vs vLLM's op on the same ids, + µs per call                    (~1)
 #   routing     our one-kernel MoE router vs the torch reference and vLLM's grouped_topk, + µs per call (1.3 measured)
 #   router_gemm our fp32 router GEMM (M <= 16) vs an fp64 product, + µs per call beside cuBLAS's fp32 GEMM   (~1)
+#   draft_vocab the MTP draft over a draft vocabulary (FP8 head rows, CUDA graphs, >= 0.32): acceptance with every
+#               id as with the whole head, and lower without the frequent ids; three engines            (~4)
 #   fp8_gemm    BF16 vs FP8 W8A16 vs W8A8 for every BF16 linear shape, M = 1..16, + KDA in_proj merged vs split (~1.5)
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
@@ -37,7 +39,7 @@
 # merged at the end into one $OUT/records.json ({name: record}); split it with `python3 -c` or read it whole.
 set -uo pipefail
 : "${OUT:?run on the device: OUT is the folder that comes back}"
-: "${1:?step: model | kda | kda_core | mtp | routing | router_gemm | moe_align | tuning | engine_race | engine_moe | fullsize_* | fs:NAME:ARGS | fp8_gemm | intree_check}"
+: "${1:?step: model | kda | kda_core | mtp | routing | router_gemm | draft_vocab | moe_align | tuning | engine_race | engine_moe | fullsize_* | fs:NAME:ARGS | fp8_gemm | intree_check}"
 SITE=$HOME/vllm-site; [[ $(python3 -c 'import vllm; print(vllm.__version__)') == 0.33* ]] && SITE=$HOME/v33-site
 if [[ $SITE == "$HOME/vllm-site" ]] && ! python3 -c "import torchvision" 2>/dev/null; then
     echo "vLLM 0.26 needs the image's torchvision (its kernel warm-up imports minimax_m3, which imports it), and the" \
@@ -71,6 +73,7 @@ case $STEP in
     moe_align) run 200 python3 -m pytest -q -p no:cacheprovider -s tests/gpu/test_moe_align_gpu.py ;;
     routing) run 200 python3 -m pytest -q -p no:cacheprovider -s tests/gpu/test_routing_gpu.py ;;
     router_gemm) run 200 python3 -m pytest -q -p no:cacheprovider -s tests/gpu/test_router_gemm_gpu.py ;;
+    draft_vocab) run 400 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_draft_vocab_gpu.py ;;
     fp8_gemm) run 300 python3 tests/gpu/fp8_gemm_bench.py /tmp/flash "$OUT/fp8_gemm.json" ;;
     intree_check) run 400 python3 tests/gpu/intree_check.py "$OUT/intree_check.json" ;;
     *) echo "unknown step $STEP" >&2; exit 2 ;;
