@@ -332,6 +332,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     from vllm import LLM
 
     log = _LogLines()
+    compat.settle_vllm_logging()  # else the engine's own logging set-up drops the handler added below
     for name in ("vllm", "vllm_ling"):
         logger = logging.getLogger(name)
         logger.addHandler(log)

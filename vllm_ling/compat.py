@@ -165,6 +165,19 @@ def rotate_mla(rotary_emb: Any, positions: torch.Tensor, q_pe: torch.Tensor, k_p
     return q.view(n, heads, -1), k
 
 
+def settle_vllm_logging() -> None:
+    """Apply vLLM's default logging configuration now, in this process. vLLM 0.32/0.33's LLMEngine applies it
+    with `dictConfig` when it starts unless the same configuration is already active, and that drops every handler
+    added to the `vllm` logger before (ling_bench.fullsize's capture saw none of vLLM's lines). Settled first, the
+    engine's call changes nothing. A release without that machinery (0.26) is left as it is."""
+    try:
+        from vllm.config.logging import LoggingConfig
+        from vllm.logger import configure_logging_if_needed
+    except ImportError:
+        return
+    configure_logging_if_needed(LoggingConfig())
+
+
 DRAFT_TOP_TOKENS = "use_local_argmax_reduction"  # speculative_config key: greedy drafts via get_top_tokens(h)
 
 

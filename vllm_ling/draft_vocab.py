@@ -90,8 +90,9 @@ class DraftVocab:
         device = lm_head.weight.device
         self.ids = torch.tensor(self.ids_list, dtype=torch.long, device=device)
         self.rows, self.scale = head_rows(lm_head, self.ids)
-        logger.info("vllm-ling: MTP draft proposes among %d of %d tokens (%s; %.0f MB of head rows, %s)",
-                    len(self.ids_list), self.vocab_size, ENV, self.rows.numel() * self.rows.element_size() / 2**20, self.rows.dtype)
+        mib = self.rows.numel() * self.rows.element_size() / 2**20
+        logger.info("vllm-ling: MTP draft proposes among %d of %d tokens (%s; %.0f MiB of head rows, %s)",
+                    len(self.ids_list), self.vocab_size, ENV, mib, self.rows.dtype)
 
     def top_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """ids[argmax(h · rowsᵀ · scale)] per row of h, the logits in fp32."""
@@ -104,9 +105,9 @@ class DraftVocab:
         if not h.is_cuda:
             out = torch.nn.functional.linear(h.to(torch.float32), self.rows.to(torch.float32))
             return out if self.scale is None else out * self.scale
-        return torch.cat([router_gemm_small(h[i:i + MAX_TOKENS], self.rows, scale=self.scale)
-                          for i in range(0, h.shape[0], MAX_TOKENS)]) if h.shape[0] else \
-            h.new_empty((0, self.rows.shape[0]), dtype=torch.float32)
+        chunks = [router_gemm_small(h[i:i + MAX_TOKENS], self.rows, scale=self.scale)
+                  for i in range(0, h.shape[0], MAX_TOKENS)]
+        return torch.cat(chunks) if chunks else h.new_empty((0, self.rows.shape[0]), dtype=torch.float32)
 
 
 def from_env(vocab_size: int) -> DraftVocab | None:

@@ -62,6 +62,7 @@ class Requested:
     tuned_folder: str | None = None
     fp8: bool = False
     kda_gate_kernel: bool = False
+    draft_vocab: bool = False
 
     @classmethod
     def of(cls, args, env: Mapping[str, str]) -> Requested:
@@ -70,11 +71,13 @@ class Requested:
         quantization = str((args.values.get("quantization") if args is not None else None) or "")
         return cls(eager=bool(args and args.enforce_eager), mtp="mtp" in method,
                    tuned_folder=env.get("VLLM_TUNED_CONFIG_FOLDER") or None, fp8=quantization == FP8_METHOD,
-                   kda_gate_kernel=env.get(KDA_GATE_ENV, "").strip().lower() == "kernel")
+                   kda_gate_kernel=env.get(KDA_GATE_ENV, "").strip().lower() == "kernel",
+                   draft_vocab=bool(env.get(DRAFT_VOCAB_ENV, "").strip()))
 
 
 FP8_METHOD = "ling_fp8"  # vllm_ling.fp8.NAME (not imported: this tool runs without vLLM's model code)
 KDA_GATE_ENV = "VLLM_LING_KDA_GATE"  # vllm_ling.kda_core.GATE_ENV (same reason)
+DRAFT_VOCAB_ENV = "VLLM_LING_DRAFT_VOCAB"  # vllm_ling.draft_vocab.ENV (same reason)
 
 
 def inspect_log(log: str, asked: Requested, choice: dict | None = None) -> list[Verdict]:
@@ -94,7 +97,21 @@ def inspect_log(log: str, asked: Requested, choice: dict | None = None) -> list[
     verdicts.append(_tuned_verdict(log, asked.tuned_folder))
     verdicts.append(_fp8_verdict(log, asked.fp8))
     verdicts.append(_kda_gate_verdict(log, asked.kda_gate_kernel, on_cpu))
+    verdicts.append(_draft_vocab_verdict(log, asked.draft_vocab))
     return verdicts
+
+
+def _draft_vocab_verdict(log: str, asked: bool) -> Verdict:
+    """The MTP draft's vocabulary (VLLM_LING_DRAFT_VOCAB): our draft logs how many ids it proposes among once it
+    has gathered their head rows (vllm_ling.draft_vocab). Asked for and absent is a failure: vLLM's in-tree draft,
+    for one, would serve its whole head and ignore the file."""
+    found = re.search(r"vllm-ling: MTP draft proposes among (\d+) of (\d+) tokens .*?, (\S+)\)", log)
+    if found:
+        return Verdict("Draft vocab", True, f"{found.group(1)} of {found.group(2)} tokens ({found.group(3)} rows)",
+                       requested=asked)
+    return Verdict("Draft vocab", False, f"asked for ({DRAFT_VOCAB_ENV}) but the draft never took it: is vllm-ling's "
+                   "MTP draft serving?" if asked else "not asked for: the draft reads the whole LM head",
+                   requested=asked)
 
 
 def _model_verdict(log: str) -> Verdict:

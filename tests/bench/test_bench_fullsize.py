@@ -44,6 +44,7 @@ def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode, extra):
     assert r["moe_align_asked"] == ("ours" if fp8 else "vllm")  # and aligns no tokens: its MoE is torch's
     assert r["router_gemm_asked"] == ("vllm" if fp8 else "ours")  # asked; the CPU engine keeps GateLinear
     assert r["draft_vocab"] == (512 if mode == "mtp" else None)
+    assert any(not line.startswith("vllm-ling:") for line in r["log"]), r["log"]  # vLLM's own lines reach it too
     if mode == "mtp":  # the draft proposed among ids 0..511 only
         assert any("proposes among 512 of" in line for line in r["log"]), r["log"]
     if fp8:

@@ -24,10 +24,10 @@ import pytest
 
 pytest.importorskip("vllm")
 from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without CUDA)
-from model_helpers import NO_CLAMPS, first_difference, run_scripts, spec_acceptance  # noqa: E402
+from model_helpers import NO_CLAMPS, draft_vocab_file, first_difference, run_scripts, spec_acceptance  # noqa: E402
 
 from vllm_ling import compat  # noqa: E402
-from vllm_ling.draft_vocab import ENV, FORMAT  # noqa: E402
+from vllm_ling.draft_vocab import ENV  # noqa: E402
 
 PROMPT_LENGTHS = [3, 17, 64, 130, 400]
 MAX_TOKENS = 128
@@ -37,12 +37,6 @@ SIDE_BY_SIDE = {"gpu_memory_utilization": 0.12, "engine_kwargs": {"kv_cache_memo
 
 if compat.draft_top_tokens_key() is None:
     pytest.skip("this vLLM cannot ask the draft for its top token (0.26)", allow_module_level=True)
-
-
-def _vocab(tmp, name: str, ids: list[int]) -> str:
-    path = tmp / f"{name}.json"
-    path.write_text(json.dumps({"format": FORMAT, "token_ids": ids}))
-    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +59,7 @@ def runs(tmp_path_factory):
     half = [i for i in range(vocab_size) if i not in frequent]
     jobs = [("engine_runner.py", {**base, "speculative_config": top}, "all"),
             ("engine_runner.py", {**base, "speculative_config": top}, "half")]
-    envs = [{ENV: _vocab(tmp, "all", list(range(vocab_size)))}, {ENV: _vocab(tmp, "half", half)}]
+    envs = [{ENV: draft_vocab_file(tmp, "all", list(range(vocab_size)))}, {ENV: draft_vocab_file(tmp, "half", half)}]
     out = dict(zip(("all", "half"), run_scripts(jobs, tmp, GPU_ENV, envs)))
     out["head"] = head
     record("draft_vocab_gpu", {name: {"acceptance": spec_acceptance(r), "counters": r["spec_decode"],

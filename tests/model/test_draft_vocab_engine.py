@@ -13,7 +13,7 @@ import json
 import random
 
 import pytest
-from model_helpers import CPU_ENGINE_ENV, NO_CLAMPS, first_difference, run_script, spec_acceptance
+from model_helpers import CPU_ENGINE_ENV, NO_CLAMPS, draft_vocab_file, first_difference, run_script, spec_acceptance
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.engine
@@ -22,14 +22,6 @@ PROMPT_LENGTHS = [3, 17, 40]
 MAX_TOKENS = 32
 MTP = {"method": "mtp", "num_speculative_tokens": 1}
 TOP_TOKENS = {**MTP, "use_local_argmax_reduction": True}
-
-
-def _vocab_file(tmp, name: str, ids: list[int]) -> str:
-    from vllm_ling.draft_vocab import FORMAT
-
-    path = tmp / f"{name}.json"
-    path.write_text(json.dumps({"format": FORMAT, "token_ids": ids}))
-    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -45,11 +37,11 @@ def runs(tmp_path_factory):
             "prompt_logprobs": False, "hf_overrides": NO_CLAMPS, "log_lines": True}
     out = {"plain": run_script("engine_runner.py", base, tmp, "plain", CPU_ENGINE_ENV),
            "mtp": run_script("engine_runner.py", {**base, "speculative_config": MTP}, tmp, "mtp", CPU_ENGINE_ENV)}
-    everything = _vocab_file(tmp, "all", list(range(vocab_size)))
+    everything = draft_vocab_file(tmp, "all", list(range(vocab_size)))
     out["all"] = run_script("engine_runner.py", {**base, "speculative_config": TOP_TOKENS}, tmp, "all",
                             {**CPU_ENGINE_ENV, "VLLM_LING_DRAFT_VOCAB": everything})
     generated = {t for o in out["plain"]["outputs"] for t in o["token_ids"]}
-    rest = _vocab_file(tmp, "rest", [i for i in range(vocab_size) if i not in generated])
+    rest = draft_vocab_file(tmp, "rest", [i for i in range(vocab_size) if i not in generated])
     out["rest"] = run_script("engine_runner.py", {**base, "speculative_config": TOP_TOKENS}, tmp, "rest",
                              {**CPU_ENGINE_ENV, "VLLM_LING_DRAFT_VOCAB": rest})
     return out
@@ -63,7 +55,10 @@ def test_output_is_plain_greedy_whatever_the_vocabulary(runs, name):
 
 
 def test_the_whole_vocabulary_drafts_what_the_whole_head_drafts(runs):
-    assert any("proposes among" in line for line in runs["all"]["log_lines"]), runs["all"]["log_lines"]
+    from vllm_ling.selfcheck import Requested, inspect_log
+
+    vocab = {v.name: v for v in inspect_log("\n".join(runs["all"]["log_lines"]), Requested(draft_vocab=True))}
+    assert vocab["Draft vocab"].on, vocab["Draft vocab"].line()  # the self-check reads the engine's own line
     assert runs["mtp"]["spec_decode"]["num_drafts"] > 0
     assert runs["all"]["spec_decode"] == runs["mtp"]["spec_decode"]  # draft for draft, accepted for accepted
     assert spec_acceptance(runs["mtp"]) >= 0.8
@@ -79,6 +74,6 @@ def test_a_set_vocabulary_that_vllm_would_not_ask_for_refuses_to_start(tmp_path)
 
     spec = {"model": str(ensure_tiny(variant="mtp_echo")), "prompts": [[11, 12, 13]], "max_tokens": 4,
             "dtype": "float32", "max_model_len": 128, "prompt_logprobs": False, "speculative_config": MTP}
-    env = {**CPU_ENGINE_ENV, "VLLM_LING_DRAFT_VOCAB": _vocab_file(tmp_path, "v", [1, 2, 3])}
+    env = {**CPU_ENGINE_ENV, "VLLM_LING_DRAFT_VOCAB": draft_vocab_file(tmp_path, "v", [1, 2, 3])}
     with pytest.raises(AssertionError, match="use_local_argmax_reduction"):
         run_script("engine_runner.py", spec, tmp_path, "refused", env)

@@ -284,3 +284,22 @@ def test_the_kda_gate_request_is_read_from_the_servers_environment(vllm_parser):
     args = ServeArgs.parse(["vllm", "serve", "/m"])
     assert Requested.of(args, {"VLLM_LING_KDA_GATE": "kernel"}).kda_gate_kernel
     assert not Requested.of(args, {"VLLM_LING_KDA_GATE": "ours"}).kda_gate_kernel
+
+
+VOCAB = ("INFO [draft_vocab.py:94] vllm-ling: MTP draft proposes among 32768 of 157184 tokens (VLLM_LING_DRAFT_VOCAB; "
+         "80 MiB of head rows, torch.float8_e4m3fn)\n")
+
+
+def test_the_draft_vocabulary_line_says_how_many_tokens_the_draft_proposes_among():
+    on = _by_name(inspect_log(V033_LOG + VOCAB, Requested(mtp=True, draft_vocab=True)))["Draft vocab"]
+    assert on.on and not on.failed and on.why == "32768 of 157184 tokens (torch.float8_e4m3fn rows)"
+    off = _by_name(inspect_log(V033_LOG, Requested(mtp=True)))["Draft vocab"]
+    assert not off.on and not off.failed and "whole LM head" in off.why
+    ignored = _by_name(inspect_log(V033_LOG, Requested(mtp=True, draft_vocab=True)))["Draft vocab"]
+    assert ignored.failed and "VLLM_LING_DRAFT_VOCAB" in ignored.why  # asked for, and no draft took it
+
+
+def test_the_draft_vocabulary_request_is_read_from_the_servers_environment(vllm_parser):
+    args = ServeArgs.parse(["vllm", "serve", "/m"])
+    assert Requested.of(args, {"VLLM_LING_DRAFT_VOCAB": "/v.json"}).draft_vocab
+    assert not Requested.of(args, {}).draft_vocab
