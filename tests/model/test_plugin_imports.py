@@ -24,7 +24,7 @@ SERVED = ["vllm_ling.plugin", "vllm_ling.model", "vllm_ling.mtp", "vllm_ling.fp8
           "vllm_ling.kda_core", "vllm_ling.mla", "vllm_ling.moe", "vllm_ling.draft_check", "vllm_ling.smem_guard",
           "vllm_ling.parsers"]
 TOOLS = ("ling_watchdog", "ling_tuning", "ling_bench", "tests", "vllm_ling.selfcheck", "vllm_ling.demo",
-         "vllm_ling.tiny")
+         "vllm_ling.tiny", "vllm_ling.draft_vocab_tool")
 
 
 def _is_tool(module: str) -> bool:
