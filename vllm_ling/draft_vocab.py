@@ -8,7 +8,7 @@ the same whatever the subset; a token outside it can never be proposed, which co
 file `python3 -m vllm_ling.draft_vocab_tool` counts on the owner's own text (`VLLM_LING_DRAFT_VOCAB=<path>`).
 
 vLLM (0.32, 0.33) asks a draft model for `get_top_tokens(h)` instead of its logits when the speculative config has
-`use_local_argmax_reduction: true` and drafts are greedy (its default); `compat.draft_top_tokens_config` says so.
+`use_local_argmax_reduction: true` and drafts are greedy (its default); `compat.draft_top_tokens_key` names that key.
 The rows are gathered once, on the draft's first forward (after vLLM's proposer hands it the target's head, and
 eagerly: vLLM warms each CUDA graph up before capturing it), into tensors of their own: N x 2,560 more bytes.
 """

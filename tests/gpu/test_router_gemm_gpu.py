@@ -13,12 +13,12 @@ import pytest
 import torch
 from gpu_helpers import graph_us, record  # importing gpu_helpers skips the module without CUDA
 
-from vllm_ling.ops.router_gemm import BLOCK_E, MAX_TOKENS, router_gemm_small, router_logits
+from vllm_ling.ops.router_gemm import MAX_TOKENS, block_experts, router_gemm_small, router_logits
 
 E, K = 512, 2560
 COPIES = 48  # 48 x 5.2 MB = 252 MB of weights per pass
 MS = (1, 2, 3, 4, 8, 16)
-BLOCK_ES = (1, 2, 4, 8)  # experts per program, timed side by side (the default is BLOCK_E)
+BLOCK_ES = (1, 2, 4, 8)  # experts per program, timed side by side (the kernel picks `block_experts(M)`)
 TOLERANCE = 1e-5  # relative to the largest logit (fp32 accumulation)
 
 
@@ -56,7 +56,7 @@ def test_router_gemm_time_per_call_beside_cublas():
         rows[m] = {f"ours_block_e{be}_us": round(_us_per_call(lambda a, b, be=be: router_gemm_small(a, b, block_e=be),
                                                              x, weights), 3) for be in BLOCK_ES}
         rows[m]["cublas_fp32_us"] = round(_us_per_call(_cublas, x, weights), 3)
-    record("router_gemm_kernel", {"experts": E, "width": K, "block_e": BLOCK_E, "weights_per_pass": COPIES,
+    record("router_gemm_kernel", {"experts": E, "width": K, "block_experts": {m: block_experts(m) for m in MS}, "weights_per_pass": COPIES,
                                   "per_m": rows, "device": torch.cuda.get_device_name()})
     print(rows)
     assert all(v > 0 for r in rows.values() for v in r.values())
