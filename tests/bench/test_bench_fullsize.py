@@ -10,7 +10,7 @@ import pytest
 pytestmark = pytest.mark.engine
 
 
-@pytest.mark.parametrize("mode, extra", [("eager", []), ("mtp", ["--draft-vocab", "512"]), ("eager", ["--fp8", "w8a8", "--router", "vllm", "--moe-align", "ours", "--router-gemm", "vllm"])])
+@pytest.mark.parametrize("mode, extra", [("eager", []), ("mtp", ["--draft-vocab", "512", "--fp8", "w8a8"]), ("eager", ["--fp8", "w8a8", "--router", "vllm", "--moe-align", "ours", "--router-gemm", "vllm"])])
 def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode, extra):
     pytest.importorskip("vllm")
     from vllm_ling.tiny import ensure_tiny
@@ -38,15 +38,15 @@ def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode, extra):
         assert 0 < phase["verify_steps_per_request"] <= 4 and phase["verify_step_ms"] >= phase["decode_step_ms"]
     # what the engine really built: the tiny config's KDA width (4 heads x 128) and, with --fp8, FP8 weights
     assert r["served_by"] == "vllm_ling.model.BailingMoeV3ForCausalLM" and r["kda_projection_width"] == 512
-    fp8 = "--fp8" in extra
+    fp8, others = "--fp8" in extra, "--router" in extra
     assert ("float8_e4m3fn" in r["param_gib_by_dtype"]) == fp8 and r["fp8"] == ("w8a8" if fp8 else "off")
-    assert r["router_asked"] == ("vllm" if fp8 else "ours")  # the CPU engine routes in torch either way
-    assert r["moe_align_asked"] == ("ours" if fp8 else "vllm")  # and aligns no tokens: its MoE is torch's
-    assert r["router_gemm_asked"] == ("vllm" if fp8 else "ours")  # asked; the CPU engine keeps GateLinear
+    assert r["router_asked"] == ("vllm" if others else "ours")  # the CPU engine routes in torch either way
+    assert r["moe_align_asked"] == ("ours" if others else "vllm")  # and aligns no tokens: its MoE is torch's
+    assert r["router_gemm_asked"] == ("vllm" if others else "ours")  # asked; the CPU engine keeps GateLinear
     assert r["draft_vocab"] == (512 if mode == "mtp" else None)
     assert any(not line.startswith("vllm-ling:") for line in r["log"]), r["log"]  # vLLM's own lines reach it too
-    if mode == "mtp":  # the draft proposed among ids 0..511 only
-        assert any("proposes among 512 of" in line for line in r["log"]), r["log"]
+    if mode == "mtp":  # the draft proposed among ids 0..511 only, over rows gathered from the FP8 head
+        assert any("proposes among 512 of" in line and "float8_e4m3fn" in line for line in r["log"]), r["log"]
     if fp8:
         assert any("FP8 weights ON" in line for line in r["log"]), r["log"]
 
