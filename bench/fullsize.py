@@ -33,7 +33,7 @@ import sys
 import time
 
 from ling_tuning.engine_compare import BACKENDS as MOE_BACKENDS  # vLLM >= 0.28's --moe-backend for INT4 experts
-from vllm_ling import compat, draft_vocab as draft_vocab_env  # the draft vocabulary file (--draft-vocab)
+from vllm_ling import compat, draft_vocab_file  # the draft vocabulary file (--draft-vocab)
 from vllm_ling.fp8 import KERNELS as FP8_KERNELS
 from vllm_ling.ops.moe_align import ALIGN_ENV, ALIGNS  # our MoE token layout or vLLM's op (--moe-align)
 from vllm_ling.kda_core import GATE_ENV, GATES, default_gate  # KDA gate: in vLLM's kernels or ours (--kda-gate)
@@ -125,7 +125,7 @@ def _engine_kwargs(mode: str, fp8: str | None, acceptance_length: float | None,
         if key is None:
             raise ValueError("--draft-vocab needs a vLLM that asks the draft for its top token (0.32, 0.33)")
         kwargs["speculative_config"][key] = True
-        os.environ[draft_vocab_env.ENV] = _first_ids_file(draft_vocab)
+        os.environ[draft_vocab_file.ENV] = _first_ids_file(draft_vocab)
     if moe_backend:
         kwargs["moe_backend"] = moe_backend
     if fp8:
@@ -143,7 +143,7 @@ def _first_ids_file(n: int) -> str:
 
     path = os.path.join(tempfile.mkdtemp(prefix="ling-fullsize-"), "draft_vocab.json")
     with open(path, "w") as f:
-        json.dump({"format": draft_vocab_env.FORMAT, "token_ids": list(range(n))}, f)
+        json.dump({"format": draft_vocab_file.FORMAT, "token_ids": list(range(n))}, f)
     return path
 
 

@@ -5,7 +5,8 @@ per verify step just to pick one token. Over a draft vocabulary of N ids the dra
   token = ids[argmax_j h · W[ids_j]ᵀ · s[ids_j]]      (s: the FP8 head's per-row scale; 1 for a BF16 head)
 0.084 GB for N = 32,768 in FP8 (docs/speed.md §MTP). The target still verifies every proposal, so what is served is
 the same whatever the subset; a token outside it can never be proposed, which costs acceptance. The ids come from a
-file `python3 -m vllm_ling.draft_vocab_tool` counts on the owner's own text (`VLLM_LING_DRAFT_VOCAB=<path>`).
+file `python3 -m vllm_ling.draft_vocab_tool` counts on the owner's own text (`VLLM_LING_DRAFT_VOCAB=<path>`;
+the file: vllm_ling/draft_vocab_file.py).
 
 vLLM (0.32, 0.33) asks a draft model for `get_top_tokens(h)` instead of its logits when the speculative config has
 `use_local_argmax_reduction: true` and drafts are greedy (its default); `compat.draft_top_tokens_key` names that key.
@@ -15,45 +16,16 @@ eagerly: vLLM warms each CUDA graph up before capturing it), into tensors of the
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-from pathlib import Path
 
 import torch
 
+from vllm_ling.draft_vocab_file import ENV, load_ids, requested_path
 from vllm_ling.ops.router_gemm import MAX_TOKENS, router_gemm_small
 
 logger = logging.getLogger("vllm_ling")
 
-ENV = "VLLM_LING_DRAFT_VOCAB"  # path to a draft vocabulary file; unset: the draft reads the whole head
-FORMAT = "vllm-ling draft vocabulary"
 FP8 = torch.float8_e4m3fn
-
-
-def requested_path() -> str | None:
-    return os.environ.get(ENV, "").strip() or None
-
-
-def load_ids(path: str | os.PathLike, vocab_size: int) -> list[int]:
-    """The file's `token_ids`: unique ints in [0, vocab_size). Anything else is refused, naming the rule."""
-    safe = f"rebuild it with `python3 -m vllm_ling.draft_vocab_tool MODEL --text ... --out {path}`, or unset {ENV}"
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"vllm-ling: {ENV}={path}: cannot read a draft vocabulary there ({e}); {safe}") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-        raise ValueError(f"vllm-ling: {ENV}={path} is not a draft vocabulary file (format {FORMAT!r}); {safe}")
-    ids = doc.get("token_ids")
-    if not isinstance(ids, list) or not ids or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-        raise ValueError(f"vllm-ling: {ENV}={path}: token_ids must be a non-empty list of ints; {safe}")
-    bad = [i for i in ids if not 0 <= i < vocab_size]
-    if bad:
-        raise ValueError(f"vllm-ling: {ENV}={path}: {len(bad)} ids outside this model's vocabulary [0, {vocab_size})"
-                         f" (first {bad[:5]}); the file was made for another tokenizer: {safe}")
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"vllm-ling: {ENV}={path}: token_ids repeat ({len(ids) - len(set(ids))} duplicates); {safe}")
-    return ids
 
 
 def head_rows(lm_head: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

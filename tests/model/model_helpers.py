@@ -26,7 +26,7 @@ NO_CLAMPS = {"expert_swiglu_limit_list": [0] * 6, "share_expert_swiglu_limit_lis
 
 def draft_vocab_file(tmp: Path, name: str, ids: list[int]) -> str:
     """A draft vocabulary file (vllm_ling/draft_vocab.py's format) holding `ids`, for VLLM_LING_DRAFT_VOCAB."""
-    from vllm_ling.draft_vocab import FORMAT
+    from vllm_ling.draft_vocab_file import FORMAT
 
     path = tmp / f"{name}.json"
     path.write_text(json.dumps({"format": FORMAT, "token_ids": ids}))

@@ -1,50 +1,21 @@
-"""The MTP draft's vocabulary (vllm_ling/draft_vocab.py): the file it reads, the head rows it gathers (BF16, and
-vLLM's per-channel FP8 layout), and its top token against the full logits restricted to its ids, on the CPU."""
+"""The MTP draft's vocabulary (vllm_ling/draft_vocab.py): the head rows it gathers (BF16, and vLLM's per-channel FP8
+layout), its top token against the full logits restricted to its ids, on the CPU, and when the draft takes it."""
 
 from __future__ import annotations
 
-import json
 from types import SimpleNamespace
 
 import pytest
 import torch
+from model_helpers import draft_vocab_file
 
 pytest.importorskip("vllm")
 
 from vllm_ling import draft_vocab  # noqa: E402
-from vllm_ling.draft_vocab import FORMAT, DraftVocab, head_rows, load_ids  # noqa: E402
+from vllm_ling.draft_vocab import DraftVocab, head_rows  # noqa: E402
+from vllm_ling.draft_vocab_file import FORMAT  # noqa: E402
 
 V, K = 300, 64
-
-
-def _file(tmp_path, doc) -> str:
-    path = tmp_path / "vocab.json"
-    path.write_text(json.dumps(doc))
-    return str(path)
-
-
-def test_a_valid_file_gives_its_ids_in_order(tmp_path):
-    assert load_ids(_file(tmp_path, {"format": FORMAT, "token_ids": [7, 0, 299]}), V) == [7, 0, 299]
-
-
-@pytest.mark.parametrize("doc, rule", [
-    ({"token_ids": [1, 2]}, "not a draft vocabulary file"),
-    ({"format": FORMAT, "token_ids": []}, "non-empty list of ints"),
-    ({"format": FORMAT, "token_ids": [1, "2"]}, "non-empty list of ints"),
-    ({"format": FORMAT, "token_ids": [1, True]}, "non-empty list of ints"),
-    ({"format": FORMAT, "token_ids": [1, 300, -1]}, r"2 ids outside this model's vocabulary \[0, 300\)"),
-    ({"format": FORMAT, "token_ids": [4, 5, 4]}, "repeat"),
-    ([1, 2, 3], "not a draft vocabulary file"),
-])
-def test_a_bad_file_is_refused_naming_the_rule_and_the_way_out(tmp_path, doc, rule):
-    with pytest.raises(ValueError, match=rule) as err:
-        load_ids(_file(tmp_path, doc), V)
-    assert "draft_vocab_tool" in str(err.value) and draft_vocab.ENV in str(err.value)
-
-
-def test_a_missing_file_is_refused(tmp_path):
-    with pytest.raises(ValueError, match="cannot read a draft vocabulary"):
-        load_ids(tmp_path / "absent.json", V)
 
 
 def _bf16_head(seed: int = 0) -> SimpleNamespace:
@@ -117,7 +88,7 @@ def test_the_draft_reads_the_file_only_where_vllm_asks_it_for_top_tokens(tmp_pat
     from vllm_ling.mtp import _draft_vocab
 
     assert _draft_vocab(_vllm_config(), V) is None  # unset: the whole head
-    monkeypatch.setenv(draft_vocab.ENV, _file(tmp_path, {"format": FORMAT, "token_ids": [3, 1]}))
+    monkeypatch.setenv(draft_vocab.ENV, draft_vocab_file(tmp_path, "v", [3, 1]))
     assert _draft_vocab(_vllm_config(), V).ids_list == [3, 1]
     with pytest.raises(ValueError, match="use_local_argmax_reduction.*true"):
         _draft_vocab(_vllm_config(top_tokens=False), V)
