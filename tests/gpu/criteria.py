@@ -19,3 +19,12 @@ BF16_FLIP_MAX_MARGIN = 0.5
 def model_prompts() -> list[list[int]]:
     rng = random.Random(7)
     return [[rng.randrange(10, 900) for _ in range(n)] for n in PROMPT_LENGTHS]
+
+
+ACCEPTANCE_POINTS = 0.03  # two acceptance rates of one draft under different numerics: within 3 points...
+
+
+def acceptance_slack(p1: float, n1: int, p2: float, n2: int) -> float:
+    """...or 3 standard errors of p1 - p2 where the drafts (n1, n2) are too few for 3 points to be more than
+    noise: max(ACCEPTANCE_POINTS, 3 sqrt(p1(1-p1)/n1 + p2(1-p2)/n2)) for two binomial acceptance rates."""
+    return max(ACCEPTANCE_POINTS, 3 * (p1 * (1 - p1) / max(n1, 1) + p2 * (1 - p2) / max(n2, 1)) ** 0.5)

@@ -29,7 +29,7 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("vllm")
-from criteria import BF16_FLIP_MAX_MARGIN, DECIDED, DECIDED_AGREEMENT  # noqa: E402
+from criteria import BF16_FLIP_MAX_MARGIN, DECIDED, DECIDED_AGREEMENT, acceptance_slack  # noqa: E402
 from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without CUDA)
 # on sys.path via gpu_helpers
 from model_helpers import NO_CLAMPS, first_difference, run_scripts, spec_acceptance  # noqa: E402
@@ -44,8 +44,8 @@ VARIANTS = list(CHECKPOINTS)
 # The echo draft's acceptance with FP8 within 3 points of its BF16 run, or 3 standard errors of the difference of
 # the two rates where the drafts are too few for 3 points to be more than noise: on the CPU in bf16, 64 drafts
 # gave 85.3% (FP8) vs 95.3%, 250 drafts 93.1% vs 87.8% (FINDINGS.md §0). The trap it guards (a draft reading FP8
-# bytes as BF16) is accepted ~0%.
-FP8_ACCEPTANCE_SLACK = 0.03
+# bytes as BF16) is accepted ~0%. (criteria.acceptance_slack)
+
 FP8_LOSSLESS_SLACK = 0.01  # FP8: MTP's decided agreement with the FP8 reference at most 1 point below plain's
 # FP8 flips decided positions too (the FP8 engine agreed with the FP8 reference on ~88% of them on random weights,
 # test_model_gpu.py): for one copy's ~30-100 decided tokens the FP8 bar is one a sequence reading another's
@@ -147,11 +147,6 @@ def test_fp8_echo_draft_is_accepted_as_often_as_with_bf16(reports):
     slack = acceptance_slack(bf16, n_bf16, fp8, n_fp8)
     assert abs(fp8 - bf16) <= slack, \
         f"echo draft accepted {fp8:.2%} of {n_fp8} drafts with FP8, {bf16:.2%} of {n_bf16} without (slack {slack:.2%})"
-
-
-def acceptance_slack(p1: float, n1: int, p2: float, n2: int) -> float:
-    """max(3 points, 3 standard errors of p1 - p2) for two binomial acceptance rates."""
-    return max(FP8_ACCEPTANCE_SLACK, 3 * (p1 * (1 - p1) / max(n1, 1) + p2 * (1 - p2) / max(n2, 1)) ** 0.5)
 
 
 def test_mtp_is_lossless(pair):
