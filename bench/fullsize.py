@@ -388,6 +388,8 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
             _set_synthetic_length(llm, length)
             phases.append(_mtp_phase(llm, short, decode, repeats, length))
             _progress(t0, f"synthetic acceptance {length}: {phases[-1]['decode_tok_s']:.1f} tok/s")
+            if kernels:  # is a slower verify step at another acceptance more GPU work, or more time between it?
+                phases[-1]["kernels"] = _kernel_totals(llm, short, decode)
         result["by_acceptance"] = phases
     if torch.cuda.is_available():
         result["peak_gpu_gib"] = torch.cuda.max_memory_reserved() / 2**30
@@ -396,7 +398,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     except Exception as e:  # noqa: BLE001
         memory = {"error": f"{type(e).__name__}: {e}"[:500]}
     result["memory"] = memory
-    # what vLLM logs as "Model loading took" (its log lines did not reach `log` on 0.33), read from the runner
+    # what vLLM logs as "Model loading took", read from the runner it is computed in
     result["weight_gib"] = round(memory.get("model_memory_usage_gib", 0), 4) or None
     result["log"] = log.lines[:40]
     copy_gbs = copy_bandwidth_gbs()
@@ -433,6 +435,15 @@ def kernels_per_step(llm, prompt: list[int] | list[list[int]], decode: int) -> d
     return {"kernels_per_step": (len(many) - len(one)) / decode, "gpu_us_per_step": sum(us.values()) / decode,
             "gpu_busy_us_per_step": busy_us,
             "top": [{"name": n[:140], "count": count[n] / decode, "us": us[n] / decode} for n in top]}
+
+
+def _kernel_totals(llm, prompt: list[int], decode: int) -> dict:
+    """`kernels_per_step`'s totals without its kernel list, or the error (a diagnostic never costs the run)."""
+    try:
+        got = kernels_per_step(llm, prompt, decode)
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}"[:500]}
+    return {k: got[k] for k in ("kernels_per_step", "gpu_us_per_step", "gpu_busy_us_per_step")}
 
 
 def busy_us_of(events) -> float:
