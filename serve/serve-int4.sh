@@ -158,6 +158,10 @@ if (( 10#$MTP_K > 0 )); then  # MTP_K is digits only (checked above)
         KEY=$("$PYTHON" -c 'from vllm_ling.compat import draft_top_tokens_key as k; print(k() or "")' 2>/dev/null) || KEY=
         [[ -n $KEY ]] || refuse "DRAFT_VOCAB needs a vLLM whose speculative config can ask the draft for its top" \
             "token (0.32, 0.33); this one cannot. Safe: unset DRAFT_VOCAB"
+        if [[ $FP8 == 1 && ${FP8_KERNEL:-w8a8} == w8a16 ]]; then
+            refuse "DRAFT_VOCAB gathers LM-head rows, and FP8_KERNEL=w8a16 (FP8-Marlin) repacks the head into tiles" \
+                "whose rows cannot be gathered. Safe: FP8_KERNEL=w8a8 (the default), or unset DRAFT_VOCAB"
+        fi
         export VLLM_LING_DRAFT_VOCAB=$DRAFT_VOCAB
         SPEC+=",\"$KEY\":true"
     fi

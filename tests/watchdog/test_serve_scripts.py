@@ -300,6 +300,7 @@ def test_a_draft_vocabulary_sets_the_plugins_file_and_vllms_top_token_key(tmp_pa
 @pytest.mark.parametrize("env, says", [
     (dict(MTP_K="0"), "is for the MTP draft, and MTP_K=0 turns MTP off. Safe: unset DRAFT_VOCAB, or MTP_K=1"),
     (dict(DRAFT_VOCAB="/nonexistent/vocab.json"), "DRAFT_VOCAB='/nonexistent/vocab.json' is not a file"),
+    (dict(FP8="1", FP8_KERNEL="w8a16"), "FP8_KERNEL=w8a16 (FP8-Marlin) repacks the head into tiles whose rows cannot be gathered. Safe: FP8_KERNEL=w8a8"),
 ])
 def test_a_draft_vocabulary_without_mtp_or_without_a_file_is_refused(tmp_path, env, says):
     vocab = tmp_path / "vocab.json"
