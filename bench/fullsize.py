@@ -143,7 +143,7 @@ def _first_ids_file(n: int) -> str:
 
     path = os.path.join(tempfile.mkdtemp(prefix="ling-fullsize-"), "draft_vocab.json")
     with open(path, "w") as f:
-        json.dump({"format": draft_vocab_file.FORMAT, "token_ids": list(range(n))}, f)
+        json.dump(draft_vocab_file.document(list(range(n))), f)
     return path
 
 

@@ -17,6 +17,11 @@ FORMAT = "vllm-ling draft vocabulary"
 VERSION = 1
 
 
+def document(token_ids: list[int], **fields) -> dict:
+    """The file's contents for `token_ids` (and the writer's own `fields`: counts, coverage, sources)."""
+    return {"format": FORMAT, "version": VERSION, "token_ids": token_ids, **fields}
+
+
 def requested_path() -> str | None:
     return os.environ.get(ENV, "").strip() or None
 

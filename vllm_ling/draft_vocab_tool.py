@@ -41,7 +41,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from vllm_ling.draft_vocab_file import FORMAT, VERSION  # the file's one definition (the served side reads it)
+from vllm_ling.draft_vocab_file import document  # the file's one definition (the served side reads it)
 
 DEFAULT_SIZE = 32768
 PIECE_CHARS = 1 << 18  # a plain-text file is encoded in pieces of at most this many characters
@@ -349,18 +349,9 @@ def build(model_dir: Path, texts: Sequence[Path], out: Path, size: int | None = 
                        + "; pass files with text in them" + ("" if jsonl_field else
                                                              ", or --jsonl-field FIELD for JSON Lines"))
     ids = select_ids(counts, specials, size, vocab_size)
-    result = {
-        "format": FORMAT,
-        "version": VERSION,
-        "token_ids": ids,
-        "size": size,
-        "vocab_size": vocab_size,
-        "counted_tokens": total,
-        "distinct_tokens_seen": len(counts),
-        "coverage": coverage(counts, ids),
-        "tokenizer_sha256": sha256_file(tok_path),
-        "sources": [p.name for p in unique],
-    }
+    result = document(ids, size=size, vocab_size=vocab_size, counted_tokens=total, distinct_tokens_seen=len(counts),
+                      coverage=coverage(counts, ids), tokenizer_sha256=sha256_file(tok_path),
+                      sources=[p.name for p in unique])
     try:
         write_atomic(out, result)
     except OSError as e:

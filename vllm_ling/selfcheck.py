@@ -26,6 +26,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from vllm_ling.draft_vocab_file import ENV as DRAFT_VOCAB_ENV  # standard library only, like this tool
 from vllm_ling.metrics import ZERO, SpecCounters
 
 logger = logging.getLogger("vllm_ling")
@@ -77,7 +78,6 @@ class Requested:
 
 FP8_METHOD = "ling_fp8"  # vllm_ling.fp8.NAME (not imported: this tool runs without vLLM's model code)
 KDA_GATE_ENV = "VLLM_LING_KDA_GATE"  # vllm_ling.kda_core.GATE_ENV (same reason)
-DRAFT_VOCAB_ENV = "VLLM_LING_DRAFT_VOCAB"  # vllm_ling.draft_vocab.ENV (same reason)
 
 
 def inspect_log(log: str, asked: Requested, choice: dict | None = None) -> list[Verdict]:

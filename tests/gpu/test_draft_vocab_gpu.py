@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import collections
 import json
-import random
 
 import pytest
 
 pytest.importorskip("vllm")
 from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without CUDA)
 from criteria import acceptance_slack  # noqa: E402
-from model_helpers import NO_CLAMPS, draft_vocab_file, first_difference, run_scripts, spec_acceptance  # noqa: E402
+from model_helpers import (NO_CLAMPS, draft_vocab_file, first_difference, random_prompts, run_scripts,  # noqa: E402
+                           spec_acceptance)
 
 from vllm_ling import compat  # noqa: E402
 from vllm_ling.draft_vocab import ENV  # noqa: E402
@@ -46,8 +46,7 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("draft-vocab-gpu")
     model = ensure_tiny(variant="mtp_echo")
     vocab_size = json.loads((model / "config.json").read_text())["vocab_size"]
-    rng = random.Random(11)
-    base = {"model": str(model), "prompts": [[rng.randrange(10, 900) for _ in range(n)] for n in PROMPT_LENGTHS],
+    base = {"model": str(model), "prompts": random_prompts(PROMPT_LENGTHS, seed=11),
             "max_tokens": MAX_TOKENS, "dtype": "bfloat16", "enforce_eager": False, "max_model_len": 1024,
             "max_num_batched_tokens": 512, "prompt_logprobs": False, "hf_overrides": NO_CLAMPS, "log_lines": True,
             **SIDE_BY_SIDE}

@@ -23,7 +23,6 @@ Run on the device: VLLM_LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_mt
 
 from __future__ import annotations
 
-import random
 
 import pytest
 
@@ -32,7 +31,7 @@ pytest.importorskip("vllm")
 from criteria import BF16_FLIP_MAX_MARGIN, DECIDED, DECIDED_AGREEMENT, acceptance_slack  # noqa: E402
 from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without CUDA)
 # on sys.path via gpu_helpers
-from model_helpers import NO_CLAMPS, first_difference, run_scripts, spec_acceptance  # noqa: E402
+from model_helpers import NO_CLAMPS, first_difference, random_prompts, run_scripts, spec_acceptance  # noqa: E402
 PROMPT_LENGTHS = [3, 17, 64, 130, 400]
 MAX_TOKENS = 128
 MTP = {"method": "mtp", "num_speculative_tokens": 1}
@@ -58,8 +57,7 @@ SIDE_BY_SIDE = {"gpu_memory_utilization": 0.12, "engine_kwargs": {"kv_cache_memo
 
 
 def _prompts() -> list[list[int]]:
-    rng = random.Random(11)
-    return [[rng.randrange(10, 900) for _ in range(n)] for n in PROMPT_LENGTHS]
+    return random_prompts(PROMPT_LENGTHS, seed=11)
 
 
 def _batch() -> list[list[int]]:

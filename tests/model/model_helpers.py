@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -24,12 +25,18 @@ TIMEOUT_S = 900
 NO_CLAMPS = {"expert_swiglu_limit_list": [0] * 6, "share_expert_swiglu_limit_list": [0] * 6}
 
 
+def random_prompts(lengths: list[int], seed: int) -> list[list[int]]:
+    """One prompt of each length, token ids drawn from [10, 900) (inside every tiny vocabulary, past its specials)."""
+    rng = random.Random(seed)
+    return [[rng.randrange(10, 900) for _ in range(n)] for n in lengths]
+
+
 def draft_vocab_file(tmp: Path, name: str, ids: list[int]) -> str:
     """A draft vocabulary file (vllm_ling/draft_vocab.py's format) holding `ids`, for VLLM_LING_DRAFT_VOCAB."""
-    from vllm_ling.draft_vocab_file import FORMAT
+    from vllm_ling.draft_vocab_file import document
 
     path = tmp / f"{name}.json"
-    path.write_text(json.dumps({"format": FORMAT, "token_ids": ids}))
+    path.write_text(json.dumps(document(ids)))
     return str(path)
 
 

@@ -10,10 +10,10 @@ draft for its top token (`use_local_argmax_reduction`), and the draft proposes a
 from __future__ import annotations
 
 import json
-import random
 
 import pytest
-from model_helpers import CPU_ENGINE_ENV, NO_CLAMPS, draft_vocab_file, first_difference, run_script, spec_acceptance
+from model_helpers import (CPU_ENGINE_ENV, NO_CLAMPS, draft_vocab_file, first_difference, random_prompts, run_script,
+                           spec_acceptance)
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.engine
@@ -31,8 +31,7 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("draft-vocab")
     model = ensure_tiny(variant="mtp_echo")
     vocab_size = json.loads((model / "config.json").read_text())["vocab_size"]
-    rng = random.Random(5)
-    base = {"model": str(model), "prompts": [[rng.randrange(10, 900) for _ in range(n)] for n in PROMPT_LENGTHS],
+    base = {"model": str(model), "prompts": random_prompts(PROMPT_LENGTHS, seed=5),
             "max_tokens": MAX_TOKENS, "dtype": "float32", "max_model_len": 256, "max_num_batched_tokens": 64,
             "prompt_logprobs": False, "hf_overrides": NO_CLAMPS, "log_lines": True}
     out = {"plain": run_script("engine_runner.py", base, tmp, "plain", CPU_ENGINE_ENV),

@@ -14,11 +14,10 @@ tests/gpu/test_mtp_gpu.py (bf16, CUDA kernels).
 
 from __future__ import annotations
 
-import random
 
 import pytest
 import torch
-from model_helpers import CPU_ENGINE_ENV, NO_CLAMPS, first_difference, run_script, spec_acceptance
+from model_helpers import CPU_ENGINE_ENV, NO_CLAMPS, first_difference, random_prompts, run_script, spec_acceptance
 from references import mtp_draft_guesses
 
 pytest.importorskip("vllm")
@@ -42,8 +41,7 @@ def pair(request, tmp_path_factory):
 
 
 def _prompts() -> list[list[int]]:
-    rng = random.Random(11)
-    return [[rng.randrange(10, 900) for _ in range(n)] for n in PROMPT_LENGTHS]
+    return random_prompts(PROMPT_LENGTHS, seed=11)
 
 
 def test_mtp_greedy_output_is_identical_to_plain_greedy(pair):
