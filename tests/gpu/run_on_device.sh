@@ -17,6 +17,7 @@
 #               (stable_router), and the echo one with FP8 (mtp_echo_fp8): six engines side by side, then the
 #               oracles                                        (4.6 on 0.33, measured in session 7: 273 s)
 #   tuning      ling-tune on the H200 + GB10-emulated, vLLM pickup, vs Marlin        (~7)
+#   tuning_gpu  tuning's GPU tests alone (tests/gpu/test_tuning_gpu.py: runner, smem, vLLM lookup, guard)   (~2)
 #   fullsize_eager | fullsize_graphs | fullsize_mtp   124B dummy weights, batch 1   (graphs 5, mtp 4 measured)
 #   fs:NAME:ARGS  ling_bench.fullsize with ARGS (+ for spaces), e.g. fs:intree:--impl+vllm+--prefill=+--kernels
 #               (full size, prefill 4K/16K/64K, --kernels: 6.7 min on a fresh 0.33 machine, 4-6 after; FS_TIMEOUT)
@@ -39,7 +40,7 @@
 # merged at the end into one $OUT/records.json ({name: record}); split it with `python3 -c` or read it whole.
 set -uo pipefail
 : "${OUT:?run on the device: OUT is the folder that comes back}"
-: "${1:?step: model | kda | kda_core | mtp | routing | router_gemm | draft_vocab | moe_align | tuning | engine_race | engine_moe | fullsize_* | fs:NAME:ARGS | fp8_gemm | intree_check}"
+: "${1:?step: model | kda | kda_core | mtp | tuning_gpu | routing | router_gemm | draft_vocab | moe_align | tuning | engine_race | engine_moe | fullsize_* | fs:NAME:ARGS | fp8_gemm | intree_check}"
 SITE=$HOME/vllm-site; [[ $(python3 -c 'import vllm; print(vllm.__version__)') == 0.33* ]] && SITE=$HOME/v33-site
 if [[ $SITE == "$HOME/vllm-site" ]] && ! python3 -c "import torchvision" 2>/dev/null; then
     echo "vLLM 0.26 needs the image's torchvision (its kernel warm-up imports minimax_m3, which imports it), and the" \
@@ -63,6 +64,7 @@ case $STEP in
     kda_core) run 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kda_core_gpu.py ;;
     mtp) run 580 python3 -m pytest -q -p no:cacheprovider --durations=6 tests/gpu/test_mtp_gpu.py ;;
     tuning) bash tests/gpu/tuning_run.sh ;;
+    tuning_gpu) run 200 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/gpu/test_tuning_gpu.py ;;
     fullsize_*) run 560 python3 -m ling_bench.fullsize /tmp/flash --mode "${STEP#fullsize_}" --out "$OUT/$STEP.json" ;;
     fs:*) name=${STEP#fs:}; name=${name%%:*}; args=${STEP#fs:*:}
         run "${FS_TIMEOUT:-560}" python3 -m ling_bench.fullsize /tmp/flash ${args//+/ } --out "$OUT/fs_$name.json" ;;
