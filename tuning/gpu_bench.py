@@ -98,7 +98,7 @@ class CudaRunner:
                            "(run it on the Spark; tests drive the CLI with a fake runner)")
         import triton
         import vllm
-        from vllm import _custom_ops as ops
+        from vllm_ling import compat
         from vllm.model_executor.layers.fused_moe import fused_moe as fm
         from vllm.model_executor.layers.fused_moe import override_config
         from vllm.model_executor.layers.fused_moe.config import int4_w4a16_moe_quant_config
@@ -130,9 +130,8 @@ class CudaRunner:
         self.quant = int4_w4a16_moe_quant_config(w1_scale=self.s13, w2_scale=self.s2, w1_zp=None, w2_zp=None,
                                                  block_shape=[0, g])
         # Marlin: GPTQ layout, then vLLM's repack and scale permutation (oracle/int_wna16.py).
-        perm = torch.empty((e, 0), dtype=torch.int32, device=dev)
-        self.mw13 = ops.gptq_marlin_moe_repack(gptq_pack(q13), perm, k, 2 * n, 4)
-        self.mw2 = ops.gptq_marlin_moe_repack(gptq_pack(q2), perm, n, k, 4)
+        self.mw13 = compat.marlin_moe_repack(gptq_pack(q13), k, 2 * n, 4)
+        self.mw2 = compat.marlin_moe_repack(gptq_pack(q2), n, k, 4)
         del q13, q2
         self.ms13 = marlin_moe_permute_scales(self.s13.transpose(1, 2).contiguous(), k, 2 * n, g)
         self.ms2 = marlin_moe_permute_scales(self.s2.transpose(1, 2).contiguous(), n, k, g)
@@ -187,7 +186,7 @@ class CudaRunner:
         def call(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             return fused_marlin_moe(x, self.mw13, self.mw2, None, None, self.ms13, self.ms2, w, ids,
                                     quant_type_id=self.uint4b8, global_num_experts=self.shape.num_experts,
-                                    workspace=self.ws, is_k_full=True)
+                                    workspace=self.ws)  # is_k_full: True by default (0.26), gone in 0.33
         return call
 
     def _sync(self) -> None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import inspect
 import os
 from functools import cache
 from typing import Any, Callable
@@ -192,6 +193,17 @@ def draft_top_tokens_key() -> str | None:
 def draft_top_tokens_on(vllm_config: Any) -> bool:
     spec = getattr(vllm_config, "speculative_config", None)
     return bool(getattr(spec, DRAFT_TOP_TOKENS, False))
+
+
+def marlin_moe_repack(codes: torch.Tensor, size_k: int, size_n: int, num_bits: int) -> torch.Tensor:
+    """vLLM's Marlin repack of GPTQ-packed expert codes [E, K/8, N], without act-order. 0.26 takes a `perm` (one
+    empty row per expert) before the sizes; 0.33 dropped it, and its first size check then fails on the tensor."""
+    from vllm import _custom_ops as ops
+
+    if "perm" in inspect.signature(ops.gptq_marlin_moe_repack).parameters:
+        perm = torch.empty((codes.shape[0], 0), dtype=torch.int32, device=codes.device)
+        return ops.gptq_marlin_moe_repack(codes, perm, size_k, size_n, num_bits)
+    return ops.gptq_marlin_moe_repack(codes, size_k, size_n, num_bits)
 
 
 def num_speculative_tokens(vllm_config: Any) -> int:

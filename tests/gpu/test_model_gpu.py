@@ -39,7 +39,7 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("vllm")
-from criteria import DECIDED, DECIDED_AGREEMENT, PROMPT_LENGTHS, TOPK, model_prompts as _prompts  # noqa: E402
+from criteria import DECIDED, DECIDED_AGREEMENT, PROMPT_LENGTHS, TOPK, model_prompts as _prompts, paired_slack  # noqa: E402,E501
 from gpu_helpers import GPU_ENV, record, run_scripts  # noqa: E402  (skips the module without CUDA)
 from model_helpers import NO_CLAMPS, by_margin  # noqa: E402  (on sys.path via gpu_helpers)
 
@@ -154,9 +154,13 @@ def _fp8(name: str) -> bool:
 
 def _agreement(pairs: list[tuple[int, int, float]]) -> tuple[float, float, int]:
     """(overall, on decided positions, number decided) for (ours, oracle's, oracle margin) triples."""
-    decided = [(a, b) for a, b, m in pairs if m >= DECIDED]
-    return (sum(a == b for a, b, _ in pairs) / len(pairs),
-            sum(a == b for a, b in decided) / max(len(decided), 1), len(decided))
+    hits, decided = _hits(pairs), _hits(pairs, DECIDED)
+    return sum(hits) / len(hits), sum(decided) / max(len(decided), 1), len(decided)
+
+
+def _hits(pairs: list[tuple[int, int, float]], min_margin: float = float("-inf")) -> list[bool]:
+    """Per position whose oracle margin is at least `min_margin`: does ours pick the oracle's token?"""
+    return [a == b for a, b, m in pairs if m >= min_margin]
 
 
 def _relative_error(pairs: list[tuple[list, list]]) -> float:
@@ -285,12 +289,18 @@ def test_concurrent_greedy_decode_agrees_with_oracle(runs, name):
             ours.append((tok, ref["argmax"][n + j], ref["margin"][n + j]))
             ref_bf16.append((low["argmax"][n + j], ref["argmax"][n + j], ref["margin"][n + j]))
     (agree, decided, n_decided), (floor_agree, floor_decided, _) = _agreement(ours), _agreement(ref_bf16)
+    # the same positions (our tokens, teacher-forced), so the bars allow the paired noise of a few hundred tokens
+    slack_decided = paired_slack(_hits(ours, DECIDED), _hits(ref_bf16, DECIDED), 0.01)
+    slack_all = paired_slack(_hits(ours), _hits(ref_bf16), FLOOR_SLACK)
     record(f"model_{name}_decode", {"requests": len(PROMPT_LENGTHS), "tokens": len(ours), "agreement": agree,
                                     "decided_tokens": n_decided, "agreement_decided": decided,
-                                    "oracle_bf16_floor": floor_agree, "oracle_bf16_floor_decided": floor_decided})
-    assert decided >= _decided_bar(floor_decided), \
-        f"decode agreement {decided:.4f} on {n_decided} decided tokens; reference's bf16 run {floor_decided:.4f}"
-    assert agree >= min(0.99, floor_agree - FLOOR_SLACK), f"decode agreement {agree:.4f}, floor {floor_agree:.4f}"
+                                    "oracle_bf16_floor": floor_agree, "oracle_bf16_floor_decided": floor_decided,
+                                    "slack_decided": slack_decided, "slack": slack_all})
+    bar = DECIDED_AGREEMENT if floor_decided >= DECIDED_AGREEMENT else floor_decided - slack_decided
+    assert decided >= bar, (f"decode agreement {decided:.4f} on {n_decided} decided tokens; reference's bf16 run "
+                            f"{floor_decided:.4f}, paired noise {slack_decided:.4f}")
+    assert agree >= min(0.99, floor_agree - slack_all), \
+        f"decode agreement {agree:.4f}, floor {floor_agree:.4f}, paired noise {slack_all:.4f}"
 
 
 def test_long_prompt_exceeds_token_budget():

@@ -135,3 +135,25 @@ def test_unknown_int4_moe_backend_is_refused_with_the_choices(monkeypatch):
     monkeypatch.setenv(compat.MOE_BACKEND_ENV, "cutlass")
     with pytest.raises(ValueError, match="VLLM_LING_MOE_BACKEND='cutlass' is not one of marlin, triton"):
         compat.install_int4_moe_backend()
+
+
+def _repack_0_26(b_q_weight, perm, size_k: int, size_n: int, num_bits: int, is_a_8bit: bool = False):
+    return ("0.26", b_q_weight, tuple(perm.shape), size_k, size_n, num_bits)  # the 0.26.0 wheel's signature
+
+
+def _repack_0_33(b_q_weight, size_k: int, size_n: int, num_bits: int, is_a_8bit: bool = False):
+    assert isinstance(size_k, int)  # 0.33 asserts size_k % 16 == 0: a tensor there was session 14's device error
+    return ("0.33", b_q_weight, size_k, size_n, num_bits)
+
+
+@pytest.mark.parametrize("fake, expected", [
+    (_repack_0_26, lambda q: ("0.26", q, (3, 0), 64, 128, 4)),
+    (_repack_0_33, lambda q: ("0.33", q, 64, 128, 4)),
+])
+def test_marlin_moe_repack_passes_an_empty_perm_only_where_the_release_takes_one(monkeypatch, fake, expected):
+    import torch
+    from vllm import _custom_ops as ops
+
+    monkeypatch.setattr(ops, "gptq_marlin_moe_repack", fake)
+    q = torch.zeros(3, 8, 128, dtype=torch.int32)
+    assert compat.marlin_moe_repack(q, 64, 128, 4) == expected(q)
