@@ -28,7 +28,9 @@ scale or a linear left out shows there; e4m3's own 3 mantissa bits do not. Both 
 
 Top-1 on random weights: bf16 itself flips near-ties. The independent reference run in bf16 against its own
 fp32 agrees on only ~96% of positions on this checkpoint (FINDINGS.md §1), so "99% of all positions" is below
-bf16's floor; hence the decided-position criterion and the floor measured in the same run.
+bf16's floor; hence the decided-position criterion and the floor measured in the same run. The concurrent-decode
+check scores ~200 decided tokens, where one point is two tokens: its bars below a floor allow three standard errors
+of the paired difference (criteria.paired_slack), never less than the teacher-forced checks' margins.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from vllm_ling import compat  # noqa: E402
 from vllm_ling.ops.router_gemm import DEFAULT_GEMM  # noqa: E402
 
 TOKEN_BUDGET = 256
-MAX_TOKENS = 32
+MAX_TOKENS = 64  # a request (32 until session 14): ~420 decided tokens in all, a paired-noise bar 1/sqrt(2) as wide
 FLOOR_SLACK = 0.005
 FP8_COST_SLACK = 0.02  # agreement points; ~1,550 decided positions, paired; session 6 measured 0.1-0.6
 REL_ERR_FACTOR = 1.5  # an engine in bf16 may add half again the reference's own bf16 error, no more
@@ -261,10 +263,10 @@ def test_int4_experts_use_the_requested_kernels(runs, name):
     assert engine["moe_align"] == CONFIGS[name][1].get("VLLM_LING_MOE_ALIGN", "vllm")
 
 
-def _decided_bar(floor: float) -> float:
-    """>= 99% on decided positions, or within a point of the reference's own bf16 run where FP8's rounding
+def _decided_bar(floor: float, slack: float = 0.01) -> float:
+    """>= 99% on decided positions, or within `slack` (a point) of the reference's own bf16 run where FP8's rounding
     amplifies bf16's noise below that (a near-boundary value rounds the other way: a 1/16 step, not 1/256)."""
-    return DECIDED_AGREEMENT if floor >= DECIDED_AGREEMENT else floor - 0.01
+    return DECIDED_AGREEMENT if floor >= DECIDED_AGREEMENT else floor - slack
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
@@ -296,8 +298,7 @@ def test_concurrent_greedy_decode_agrees_with_oracle(runs, name):
                                     "decided_tokens": n_decided, "agreement_decided": decided,
                                     "oracle_bf16_floor": floor_agree, "oracle_bf16_floor_decided": floor_decided,
                                     "slack_decided": slack_decided, "slack": slack_all})
-    bar = DECIDED_AGREEMENT if floor_decided >= DECIDED_AGREEMENT else floor_decided - slack_decided
-    assert decided >= bar, (f"decode agreement {decided:.4f} on {n_decided} decided tokens; reference's bf16 run "
+    assert decided >= _decided_bar(floor_decided, slack_decided), (f"decode agreement {decided:.4f} on {n_decided} decided tokens; reference's bf16 run "
                             f"{floor_decided:.4f}, paired noise {slack_decided:.4f}")
     assert agree >= min(0.99, floor_agree - slack_all), \
         f"decode agreement {agree:.4f}, floor {floor_agree:.4f}, paired noise {slack_all:.4f}"
