@@ -34,8 +34,8 @@ def paired_slack(ours: list[bool], ref: list[bool], points: float) -> float:
     """How far ours may fall below a reference's hit rate on the same positions before the gap is more than noise:
     max(points, 3 sqrt(b + c) / n), b the positions only the reference gets right, c those only ours does. Under
     equal quality b - c has mean 0 and variance about b + c (McNemar's test). Session 14's 0.26 bf16_fp8 decode
-    missed a 1-point bar by 2 points on 209 decided tokens while its 1,568 teacher-forced positions beat the
-    reference: 1 point is 2 tokens there, below a binomial's noise."""
+    fell 1.9 points (4 of 209 decided tokens) below its reference, under a 1-point bar, while its 1,568
+    teacher-forced positions beat that reference: 1 point was 2 tokens there, below a binomial's noise."""
     n = len(ours)
     discordant = sum(a != b for a, b in zip(ours, ref))
     return max(points, 3 * discordant ** 0.5 / max(n, 1))
