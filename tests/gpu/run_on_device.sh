@@ -9,7 +9,8 @@
 # Steps (minutes on a warm machine, measured or estimated):
 #   model       tiny model vs the oracle (+ its bf16 floor), CUDA graphs: BF16 and INT4 checkpoints, FP8 on and
 #               off, MoE backends, vLLM's in-tree model where it exists; every engine side by side, then
-#               the oracles (fp32, bf16, FP8 reference in both)     (7.3 on 0.33 with 13 engines, session 10)
+#               the oracles (fp32, bf16, FP8 reference in both)   (7.3 on 0.33 with 13 engines, session 10;
+#               5.5 on 0.26 with 7, session 14)
 #   kda         vLLM 0.26 KDA kernels fed our gate vs the fp32 recurrence, + kda_core   (~2)
 #   kda_core    our CUDA glue vs the CPU path on decode and verify batches, our gate and vLLM's
 #               raw-gate kernels (VLLM_LING_KDA_GATE=kernel, >= 0.32)                  (~0.6)
@@ -23,7 +24,7 @@
 #               (full size, prefill 4K/16K/64K, --kernels: 6.7 min on a fresh 0.33 machine, 4-6 after; FS_TIMEOUT)
 #   engine_moe  INT4 MoE backends raced as decode steps, one engine each (ling_tuning.engine_compare), M = 1..1024,
 #               ENGINE_BACKENDS (marlin,humming); engine logs tailed into engine_moe.log  (3.9 measured in session 8)
-#   engine_race the same race as a test: served backend = asked, timed at M = 1, 8, 64 (2 layers)      (~4)
+#   engine_race the same race as a test: served backend = asked, timed at M = 1, 8, 64 (2 layers)  (5.1 in session 14)
 #   moe_align   our MoE token layout vs vLLM's op on the same ids, + µs per call                    (~1)
 #   routing     our one-kernel MoE router vs the torch reference and vLLM's grouped_topk, + µs per call (1.3 measured)
 #   router_gemm our fp32 router GEMM (M <= 16) vs an fp64 product, + µs per call beside cuBLAS's fp32 GEMM   (~1)
