@@ -22,16 +22,17 @@ from pathlib import Path
 FAMILIES = [
     ("norms + FP8 activation quant (Inductor)", r"^triton_.*amax"),
     ("FP8 GEMM (CUTLASS, our GEMV)", r"cutlass.*fp8|_fp8_gemv|scaled_mm"),
-    ("INT4 experts (Humming / Marlin / wna16)", r"humming|marlin|moe_wna16|fused_moe_kernel|process_input_kernel"
-                                                r"|moe_fused_mul_sum"),
+    ("routed experts (Humming / Marlin / Triton MoE)", r"humming|marlin|moe_wna16|fused_moe_kernel"
+                                                       r"|process_input_kernel|moe_fused_mul_sum"),
     ("MoE token layout", r"moe_align|count_and_sort"),
     ("router GEMM (fp32)", r"_router_gemm_kernel|gemvx|gemmsn"),
     ("routing (top-k, groups)", r"_ling_route|grouped_topk"),
     ("KDA (recurrence, conv, gate)", r"kda|delta_rule|causal_conv"),
+    ("sampling", r"sampl|gumbel|top_?k_?top_?p|argmax"),
     ("MLA / attention", r"flash|mla|attention|rotary|concat_and_cache"),
     ("BF16 GEMM (cuBLAS, CUTLASS)", r"nvjet|splitkreduce|gemm|cutlass|xmma"),
-    ("norms, elementwise (Inductor / Triton)", r"^triton_|fused"),
-    ("sampling, copies, other", r""),
+    ("norms, elementwise (Inductor / Triton / torch)", r"^triton_|fused|elementwise"),
+    ("copies, other", r""),
 ]
 
 
@@ -42,19 +43,23 @@ def family(name: str) -> str:
 
 def tokens_per_step(run: dict) -> float:
     """Generated tokens per target step: 1 for a plain run; an MTP run's first acceptance phase's tokens per verify
-    step (its profile was taken at that phase's setting)."""
+    step (its profile was taken at that phase's setting; the profiled request's own count is not recorded, so this
+    is the phase's average: session 13's launch counts put it within 0.5%)."""
     phases = run.get("by_acceptance") or []
     if not phases:
         return 1.0
-    steps = phases[0].get("verify_steps_per_request") or 0
-    return run["decode_tokens"] / steps if steps else 1.0
+    steps = phases[0].get("verify_steps_per_request")
+    if not steps:
+        raise ValueError(f"{run.get('_path', 'run')}: an MTP run without verify steps counted; per-step figures "
+                         "need them (leave out --per-step for per-token figures)")
+    return run["decode_tokens"] / steps
 
 
 def by_family(run: dict, per_step: bool) -> tuple[Counter, dict[str, float]]:
     """(µs per family, the profile's totals), per token or per target step; kernels past the profile's list
     are 'unlisted'."""
     kernels = run.get("kernels") or {}
-    if "top" not in kernels:
+    if "top" not in kernels or "gpu_us_per_step" not in kernels:
         raise ValueError(f"{run.get('_path', 'run')}: no kernel profile (run ling_bench.fullsize with --kernels)")
     scale = tokens_per_step(run) if per_step else 1.0
     us = Counter()
@@ -85,6 +90,8 @@ def report(a: dict, b: dict, per_step: bool) -> str:
 
 def load(path: str) -> dict:
     run = json.loads(Path(path).read_text())
+    if not isinstance(run, dict):
+        raise ValueError(f"{path}: not a ling_bench.fullsize result (a JSON object)")
     run["_path"] = path
     return run
 

@@ -197,7 +197,7 @@ def draft_top_tokens_on(vllm_config: Any) -> bool:
 
 def marlin_moe_repack(codes: torch.Tensor, size_k: int, size_n: int, num_bits: int) -> torch.Tensor:
     """vLLM's Marlin repack of GPTQ-packed expert codes [E, K/8, N], without act-order. 0.26 takes a `perm` (one
-    empty row per expert) before the sizes; 0.33 dropped it, and its first size check then fails on the tensor."""
+    empty row per expert) before the sizes; 0.32 and 0.33 dropped it (0.33's first size check then fails on it)."""
     from vllm import _custom_ops as ops
 
     if "perm" in inspect.signature(ops.gptq_marlin_moe_repack).parameters:

