@@ -1,6 +1,10 @@
 """Shared by the GPU model tests and the bf16-floor script (no CUDA needed to import)."""
 
-import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "model"))
+from model_helpers import random_prompts  # noqa: E402  (standard library only at import)
 
 # 8 concurrent requests; 517 and 1000 exceed the 256-token budget (chunked prefill carries KDA state)
 PROMPT_LENGTHS = [1, 9, 63, 64, 65, 200, 517, 1000]
@@ -17,8 +21,7 @@ BF16_FLIP_MAX_MARGIN = 0.5
 
 
 def model_prompts() -> list[list[int]]:
-    rng = random.Random(7)
-    return [[rng.randrange(10, 900) for _ in range(n)] for n in PROMPT_LENGTHS]
+    return random_prompts(PROMPT_LENGTHS, seed=7)
 
 
 ACCEPTANCE_POINTS = 0.03  # two acceptance rates of one draft under different numerics: within 3 points...
