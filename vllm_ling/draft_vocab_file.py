@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 ENV = "VLLM_LING_DRAFT_VOCAB"  # path to a draft vocabulary file; unset: the draft reads the whole head
@@ -22,8 +23,9 @@ def document(token_ids: list[int], **fields) -> dict:
     return {"format": FORMAT, "version": VERSION, "token_ids": token_ids, **fields}
 
 
-def requested_path() -> str | None:
-    return os.environ.get(ENV, "").strip() or None
+def requested_path(env: Mapping[str, str] = os.environ) -> str | None:
+    """The file VLLM_LING_DRAFT_VOCAB names in `env` (this process's environment unless given), or None if unset."""
+    return env.get(ENV, "").strip() or None
 
 
 def load_ids(path: str | os.PathLike, vocab_size: int) -> list[int]:

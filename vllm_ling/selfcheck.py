@@ -26,7 +26,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from vllm_ling.draft_vocab_file import ENV as DRAFT_VOCAB_ENV  # standard library only, like this tool
+from vllm_ling.draft_vocab_file import ENV as DRAFT_VOCAB_ENV, requested_path  # standard library only, like this tool
 from vllm_ling.metrics import ZERO, SpecCounters
 
 logger = logging.getLogger("vllm_ling")
@@ -73,7 +73,7 @@ class Requested:
         return cls(eager=bool(args and args.enforce_eager), mtp="mtp" in method,
                    tuned_folder=env.get("VLLM_TUNED_CONFIG_FOLDER") or None, fp8=quantization == FP8_METHOD,
                    kda_gate_kernel=env.get(KDA_GATE_ENV, "").strip().lower() == "kernel",
-                   draft_vocab=bool(env.get(DRAFT_VOCAB_ENV, "").strip()))
+                   draft_vocab=requested_path(env) is not None)
 
 
 FP8_METHOD = "ling_fp8"  # vllm_ling.fp8.NAME (not imported: this tool runs without vLLM's model code)
