@@ -6,7 +6,8 @@ RAW_DIR holds the engine and oracle `*.out.json` of one run (the device keeps th
 /tmp/pytest-of-root/pytest-current/gpu-model0; `tar -czf $OUT/raw.tgz *.out.json` brings them back). Writes the
 test's records (`model_<name>_vs_oracle.json`, `model_<name>_fp8_cost.json`) into OUT_DIR and prints every
 criterion of test_teacher_forced_top1_and_logprob_error and test_fp8_costs_no_more_than_the_reference_fp8 with
-its verdict, through the test's own functions: a criterion added after a device run is checked on that run's data.
+its verdict, through the test's own functions: a criterion added after a device run is checked on that run's data
+(runs from session 15 on: before, the FP8 references were one per checkpoint, under other job names).
 """
 
 from __future__ import annotations
@@ -24,8 +25,7 @@ import test_model_gpu as t  # noqa: E402
 
 def main(raw: Path, out: Path) -> int:
     load = lambda name: json.loads((raw / f"{name}.out.json").read_text())  # noqa: E731
-    runs = t.assemble({name: load(name) for name in t.CONFIGS},
-                      [load(f"oracle-{ckpt}-{tag}") for ckpt in t.CHECKPOINTS for tag in t.ORACLES])
+    runs = t.assemble({name: load(name) for name in t.CONFIGS}, {job: load(job) for job, *_ in t.oracle_plan()})
     out.mkdir(parents=True, exist_ok=True)
     failed = 0
     for name, run in runs.items():

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
-from model_helpers import CPU_ENGINE_ENV, NO_CLAMPS, by_margin, run_scripts  # noqa: E402
+from model_helpers import CPU_ENGINE_ENV, FP8_MERGED, NO_CLAMPS, by_margin, run_scripts  # noqa: E402
 
 DECIDED = 0.2
 LENGTHS = [9, 63, 130, 300]
@@ -79,9 +79,10 @@ def main() -> int:
     for job, env in zip(jobs, envs):  # one at a time: a 2-core box
         engines += run_scripts([job], tmp, CPU_ENGINE_ENV, envs=[env])
     job = {"model": model, "prompts": [], "score": prompts}
+    fp8 = {"fp8": "w8a8", "fp8_merged": FP8_MERGED["vllm-ling"]}  # the CPU engine serves ours
     oracle, served, served_bf16 = run_scripts(
-        [("oracle.py", job, "oracle"), ("oracle.py", {**job, "fp8": "w8a8"}, "oracle-fp8"),
-         ("oracle.py", {**job, "fp8": "w8a8", "dtype": "bfloat16"}, "oracle-fp8-bf16")], tmp)
+        [("oracle.py", job, "oracle"), ("oracle.py", {**job, **fp8}, "oracle-fp8"),
+         ("oracle.py", {**job, **fp8, "dtype": "bfloat16"}, "oracle-fp8-bf16")], tmp)
     result = {name: scores(e, oracle["scored"], LENGTHS) for name, e in zip(configs, engines)}
     if "fp8" in configs:
         result["fp8_vs_fp8_oracle"] = scores(engines[list(configs).index("fp8")], served["scored"], LENGTHS)

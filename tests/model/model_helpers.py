@@ -25,6 +25,17 @@ TIMEOUT_S = 900
 NO_CLAMPS = {"expert_swiglu_limit_list": [0] * 6, "share_expert_swiglu_limit_list": [0] * 6}
 
 
+# Which of the oracle's linears each implementation serves as one (oracle.py `fp8_merged`), for the FP8 reference of
+# the model as served. Ours computes KDA's q|k|v|β|f|g as one in_proj padded to a multiple of 16 outputs, so always
+# FP8 (vllm_ling/kda.py): the group rounds β (b_proj, one output a head) with q, k and v; f and g are aligned alone
+# (and transformers nests f_proj under forget_gate). vLLM's in-tree model (>= 0.28) computes q|k|v|β as one
+# qkvb_proj, unpadded, which ling_fp8 keeps BF16 where that width is no multiple of 16: the tiny checkpoints'
+# 3·512 + 4 = 1,540 (4 heads); Ling-3.0-flash's 3·4,096 + 32 = 12,320 is FP8. Session 15's 0.33 run scored the
+# in-tree model against ours and failed by 3.5 points.
+FP8_MERGED = {"vllm-ling": [{"names": ["q_proj", "k_proj", "v_proj", "b_proj"], "pad": True}],
+              "vllm": [{"names": ["q_proj", "k_proj", "v_proj", "b_proj"], "pad": False}]}
+
+
 def random_prompts(lengths: list[int], seed: int) -> list[list[int]]:
     """One prompt of each length, token ids drawn from [10, 900) (inside every tiny vocabulary, past its specials)."""
     rng = random.Random(seed)

@@ -12,8 +12,12 @@ It has no SwiGLU clamps, so engine runs compared against it disable ours through
 alone (no vllm_ling code): every `nn.Linear` but MLA's kv_b_proj gets its weight rounded to e4m3 with one scale
 per output row (s = max|W_row| / 448); with "w8a8" each such linear's input is rounded to e4m3 per token too
 (s = max(max|x_row| / 448, 1 / (448 * 512)), vLLM's dynamic per-token rule). The routed experts and the router
-are no nn.Linear here, as they are no FP8 target there. Computation stays fp32: what differs from the plain
-oracle is exactly FP8's rounding, so an engine scored against it shows the implementation's error alone.
+are no nn.Linear here, as they are no FP8 target there. A linear whose output width is no multiple of 16 stays
+as it is (ling_fp8's rule). `fp8_merged` says which of these linears the served model computes as one, and so
+rounds or keeps together: [{"names": [...], "pad": bool}], each group a set of siblings, rounded where the served
+linear is padded to a multiple of 16 or its summed width is one (the test says why per implementation).
+Computation stays fp32: what differs from the plain oracle is exactly FP8's rounding, so an engine scored against
+it shows the implementation's error alone.
 """
 
 from __future__ import annotations
@@ -37,19 +41,32 @@ def _e4m3_rows(x: torch.Tensor, floor: float = 0.0) -> torch.Tensor:
     return ((x.float() / scale).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn).float() * scale).to(x.dtype)
 
 
-def apply_fp8(model: torch.nn.Module, kernel: str) -> int:
-    """Round the FP8 targets' weights (and, for w8a8, their inputs per token); returns how many linears."""
-    count = 0
-    for name, module in model.named_modules():
-        if not isinstance(module, torch.nn.Linear) or name.rsplit(".", 1)[-1] in FP8_KEEP:
-            continue
-        if module.out_features % FP8_ALIGN:  # ling_fp8 leaves a linear this narrow BF16 (MLA's head-wise gate)
-            continue
+def fp8_targets(model: torch.nn.Module, merged: list[dict] = ()) -> list[str]:
+    """The linears ling_fp8 rounds, by name: every nn.Linear but FP8_KEEP whose served linear is FP8_ALIGN-aligned,
+    a `merged` group deciding for all its members at once (module docstring)."""
+    group_rule: dict[str, bool] = {}
+    for parent_name, parent in model.named_modules():
+        children = dict(parent.named_children())
+        for group in merged:
+            if all(isinstance(children.get(n), torch.nn.Linear) for n in group["names"]):
+                width = sum(children[n].out_features for n in group["names"])
+                for n in group["names"]:
+                    group_rule[f"{parent_name}.{n}"] = group["pad"] or width % FP8_ALIGN == 0
+    return [name for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and name.rsplit(".", 1)[-1] not in FP8_KEEP
+            and group_rule.get(name, module.out_features % FP8_ALIGN == 0)]
+
+
+def apply_fp8(model: torch.nn.Module, kernel: str, merged: list[dict] = ()) -> list[str]:
+    """Round the FP8 targets' weights (and, for w8a8, their inputs per token); returns their names."""
+    targets = fp8_targets(model, merged)
+    modules = dict(model.named_modules())
+    for name in targets:
+        module = modules[name]
         module.weight = torch.nn.Parameter(_e4m3_rows(module.weight.data))  # a new tensor: unties a tied head
         if kernel == "w8a8":
             module.register_forward_pre_hook(lambda _, args: (_e4m3_rows(args[0], 1 / (E4M3_MAX * 512)),))
-        count += 1
-    return count
+    return targets
 
 
 @torch.no_grad()
@@ -59,7 +76,7 @@ def run(spec: dict) -> dict:
     device = spec.get("device", "cpu")
     dtype = getattr(torch, spec.get("dtype", "float32"))
     model = BailingHybridForCausalLM.from_pretrained(spec["model"], dtype=dtype).to(device).eval()
-    fp8_linears = apply_fp8(model, spec["fp8"]) if spec.get("fp8") else 0
+    fp8_names = apply_fp8(model, spec["fp8"], spec.get("fp8_merged", [])) if spec.get("fp8") else []
 
     def logprobs(seq: list[int]) -> torch.Tensor:
         """Row i: log p(· | seq[:i+1])."""
@@ -93,7 +110,7 @@ def run(spec: dict) -> dict:
         hidden = [model.model(torch.tensor([seq], device=device)).last_hidden_state[0].float().cpu()
                   for seq in spec.get("score", [])]
         torch.save(hidden, spec["hidden_path"])
-    return {"outputs": results, "scored": scored, "fp8_linears": fp8_linears}
+    return {"outputs": results, "scored": scored, "fp8_linears": len(fp8_names), "fp8_names": fp8_names}
 
 
 if __name__ == "__main__":
