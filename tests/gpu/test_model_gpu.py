@@ -21,8 +21,9 @@ against the fp32 one); >= 99% top-1 on *decided* positions (fp32 margin >= DECID
 worse than the reference's own bf16 floor.
 FP8 configurations are held to the same criteria against the reference of the model as served (oracle.py
 `fp8`: the rule written again in plain torch, FP8's rounding of weights and per-token inputs, for the linears that
-implementation serves in FP8: model_helpers.FP8_MERGED), its floor being that reference run in bf16. On random weights FP8's rounding amplifies bf16's noise (a value near a rounding
-boundary moves by an e4m3 step, 1/16, not a bf16 one, 1/256), so that floor sits far below bf16's (FINDINGS.md
+implementation serves in FP8: model_helpers.FP8_MERGED), its floor being that reference run in bf16. On random
+weights FP8's rounding amplifies bf16's noise (a value near a rounding boundary moves by an e4m3 step, 1/16, not a
+bf16 one, 1/256), so that floor sits far below bf16's (FINDINGS.md
 §0). And FP8's own cost, the engine against the plain fp32 oracle, must be no more than the reference's cost
 (the FP8 reference in bf16 against the plain fp32 oracle) plus FP8_COST_SLACK: reading FP8 bytes as BF16, a wrong
 scale or a linear left out shows there; e4m3's own 3 mantissa bits do not. Both are recorded (`*_fp8_cost`).
