@@ -73,7 +73,7 @@ def test_each_slice_is_the_configurations_own(t):
     (True, True, True), (False, False, True), (False, True, False), (True, False, False)])
 def test_the_fp8_premise_check_fails_where_engine_and_reference_disagree(t, engine_fp8, reference_rounds, holds):
     name = next(n for n in t.CONFIGS if t._fp8(n))
-    merged = t.KDA_MERGED[t._implementation(name)]
+    merged = t.FP8_MERGED[t._implementation(name)][0]["served_as"]
     engine = {"quant_methods": {f"model.layers.0.self_attn.{merged}": "Fp8W8A8LinearMethod" if engine_fp8
                                 else "UnquantizedLinearMethod", "lm_head": "Fp8W8A8LinearMethod"}}
     rounded = ["model.layers.0.self_attn.q_proj"] if reference_rounds else ["lm_head"]

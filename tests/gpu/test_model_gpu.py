@@ -92,8 +92,6 @@ if compat.has_intree_ling3():
                 "bf16_intree": ("bf16", INTREE, {}), "int4_intree": ("int4", INTREE, _moe("marlin")),
                 "int4_intree_fp8": ("int4", INTREE, {**_moe("marlin"), **FP8})}
 CHECKPOINTS = ("bf16", "int4")  # the reference checkpoints, in the order their oracles run
-# what each implementation serves KDA's merged projection as (FP8_MERGED's group; the engines report its method)
-KDA_MERGED = {"vllm-ling": "in_proj", "vllm": "qkvb_proj"}
 MOE_METHOD = {"marlin": "marlin", "humming": "humming", "triton": "wna16moemethod"}
 SIDE_BY_SIDE = {"gpu_memory_utilization": 0.1, "kv_cache_memory_bytes": 1 << 30}
 IMPLEMENTATION = {"vllm-ling": "vllm_ling.model.BailingMoeV3ForCausalLM",
@@ -313,15 +311,17 @@ def test_fp8_costs_no_more_than_the_reference_fp8(costs, name):
 
 @pytest.mark.parametrize("name", [n for n in CONFIGS if _fp8(n)])
 def test_the_fp8_reference_rounds_kdas_projections_as_the_engine_serves_them(runs, name):
-    """The FP8 reference's premise (FP8_MERGED), against the engine's own quant methods: each KDA layer's merged
-    projection is FP8 on the engine exactly where the reference rounds that layer's q_proj. Session 15's in-tree
-    engine kept its 1,540-wide qkvb_proj BF16 while the one shared reference rounded q, k and v."""
+    """The FP8 reference's premise (FP8_MERGED), against the engine's own quant methods: each merged linear
+    (`served_as`) is FP8 on the engine exactly where the reference rounds that layer's first member (KDA's q_proj).
+    Session 15's in-tree engine kept its 1,540-wide qkvb_proj BF16 while the one shared reference rounded q, k, v."""
     methods, rounded = runs[name].engine["quant_methods"], set(runs[name].fp8_names)
-    merged = {key: method for key, method in methods.items() if key.endswith(f".{KDA_MERGED[_implementation(name)]}")}
-    assert merged, f"no {KDA_MERGED[_implementation(name)]} among the engine's quantized modules"
-    for key, method in merged.items():
-        layer = key.split(".")[2]  # model.layers.<i>.self_attn.<merged>, as transformers names its q_proj too
-        assert ("Fp8" in method) == (f"model.layers.{layer}.self_attn.q_proj" in rounded), (key, method)
+    for group in FP8_MERGED[_implementation(name)]:
+        merged = {key: method for key, method in methods.items() if key.endswith(f".{group['served_as']}")}
+        assert merged, f"no {group['served_as']} among the engine's quantized modules"
+        for key, method in merged.items():
+            layer = key.split(".")[2]  # model.layers.<i>.self_attn.<merged>, as transformers names its linears too
+            member = f"model.layers.{layer}.self_attn.{group['names'][0]}"
+            assert ("Fp8" in method) == (member in rounded), (key, method)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
