@@ -310,7 +310,14 @@ def _set_synthetic_length(llm, length: float) -> None:
     llm.collective_rpc(fill)
 
 
-def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, util: float, chunk: int,
+def default_util(total_bytes: int) -> float:
+    """The engine's share of the card when --util is not given. The full-size dummy model's weights take 67.3-71.9
+    GiB (FP8 or not, draft or not; BENCHMARKS.md), so an 80 GB H100 needs 0.95 of its 79.6 GiB to leave a few GiB
+    of KV cache and activations; a card of 100 GiB or more keeps the 0.85 every H200 lease so far has used."""
+    return 0.85 if total_bytes >= 100 * 2**30 else 0.95
+
+
+def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, util: float | None, chunk: int,
         impl: str = "ours", fp8: str | None = None, kernels: bool = False,
         acceptance_lengths: list[float] | None = None, moe_backend: str | None = None,
         router: str | None = None, moe_align: str | None = None, kda_gate: str | None = None,
@@ -339,6 +346,8 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
         logger.addHandler(log)
         if logger.getEffectiveLevel() > logging.INFO:  # unconfigured: INFO records would never reach `log`
             logger.setLevel(logging.INFO)
+    if util is None:
+        util = default_util(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else 0.85
     t0 = time.perf_counter()
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True,
               max_model_len=max(prefill, default=0) + decode + 64, max_num_seqs=1, max_num_batched_tokens=chunk,
@@ -350,7 +359,8 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     shape = llm.apply_model(model_shape)[0]
     result: dict = {"mode": mode, "model": model, "impl": impl, "served_by": served, "fp8": fp8 or "off",
                     "vllm": __import__("vllm").__version__, "prefill": {}, "decode_tokens": decode,
-                    "repeats": repeats, "chunked_prefill_tokens": chunk, "cudagraph_mode": _cudagraph_mode(llm),
+                    "repeats": repeats, "gpu_memory_utilization": util, "chunked_prefill_tokens": chunk,
+                    "cudagraph_mode": _cudagraph_mode(llm),
                     "acceptance_length_synthetic": acceptance_length, "moe_backend_asked": moe_backend or "auto",
                     "draft_vocab": draft_vocab,
                     "router_asked": os.environ.get(ROUTER_ENV, "ours") if impl == "ours" else None,
@@ -486,7 +496,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefill", default="4096,16384,65536", help="prompt lengths, comma-separated")
     ap.add_argument("--decode", type=int, default=128, help="tokens decoded per measurement")
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--util", type=float, default=0.85)
+    ap.add_argument("--util", type=float,
+                    help="gpu_memory_utilization (default: 0.85 on a card of >= 100 GiB, 0.95 below, where the full-size "
+                         "weights would not fit at 0.85)")
     ap.add_argument("--chunk", type=int, default=8192, help="max_num_batched_tokens (the serve recipe's chunk)")
     ap.add_argument("--impl", choices=sorted(IMPLS), default="ours",
                     help="which model serves: ours, vLLM's in-tree (plugin on), or vLLM as installed (no plugin)")

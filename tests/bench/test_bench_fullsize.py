@@ -27,6 +27,7 @@ def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode, extra):
     assert proc.returncode == 0, f"fullsize exited {proc.returncode}:\n{proc.stderr[-4000:]}"
     r = json.loads(out.read_text())
     assert r["mode"] == mode and set(r["prefill"]) == {"32", "96"} and r["chunked_prefill_tokens"] == 64
+    assert r["gpu_memory_utilization"] == 0.1
     assert all(v["tok_s"] > 0 for v in r["prefill"].values()) and r["decode_tok_s"] > 0
     roof = r["roofline"]
     assert roof["bytes_per_step_gb"] > 0 and roof["achieved_gbs"] > 0 and roof["copy_gbs"] is None  # no GPU
@@ -143,3 +144,12 @@ def test_busy_time_is_the_union_of_kernel_intervals_across_streams():
     assert busy_us_of([]) == 0
     assert busy_us_of([k(0, 10), k(5, 12), k(20, 25)]) == 17  # 0-12 overlapped, a gap, 20-25
     assert busy_us_of([k(20, 25), k(0, 30), k(2, 3)]) == 30  # nested, out of order
+
+
+@pytest.mark.parametrize("gib, util", [(79.6, 0.95), (99.9, 0.95), (100, 0.85), (139.8, 0.85)])
+def test_default_util_leaves_an_80gb_card_room_for_the_full_size_weights(gib, util):
+    """At 0.85 an H100's 79.6 GiB gives the engine 67.7 GiB, less than the 67.3-71.9 GiB of full-size weights
+    plus activations; the H200's leases keep 0.85."""
+    from ling_bench.fullsize import default_util
+
+    assert default_util(int(gib * 2**30)) == util

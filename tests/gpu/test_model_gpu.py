@@ -124,7 +124,7 @@ def runs(tmp_path_factory) -> dict[str, Run]:
             "model": models[ckpt], "prompts": _prompts(), "max_tokens": MAX_TOKENS, "dtype": "bfloat16",
             "hf_overrides": NO_CLAMPS, "enforce_eager": False, "gpu_memory_utilization": SIDE_BY_SIDE[
                 "gpu_memory_utilization"], "max_model_len": 2048, "max_num_batched_tokens": TOKEN_BUDGET,
-            "max_num_seqs": 8, "prompt_topk": TOPK, "quant_methods": _fp8(name),
+            "max_num_seqs": 8, "prompt_topk": TOPK, "quant_methods": _fp8(name), "log_lines": _fp8(name),
             "engine_kwargs": {"kv_cache_memory_bytes": SIDE_BY_SIDE["kv_cache_memory_bytes"], **kwargs},
         }, name))
         envs[name] = {**GPU_ENV, **env}
@@ -322,6 +322,17 @@ def test_the_fp8_reference_rounds_kdas_projections_as_the_engine_serves_them(run
             layer = key.split(".")[2]  # model.layers.<i>.self_attn.<merged>, as transformers names its linears too
             member = f"model.layers.{layer}.self_attn.{group['names'][0]}"
             assert ("Fp8" in method) == (member in rounded), (key, method)
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIGS if _fp8(n)])
+def test_the_fp8_start_up_line_counts_the_engines_fp8_linears(runs, name):
+    """`FP8 weights ON (N linears + LM head)`, which the self-check reads, for whichever model serves: N is the
+    number of FP8 linears the engine holds besides its LM head (vLLM's in-tree model had never been seen to log it)."""
+    engine = runs[name].engine
+    fp8 = [key for key, method in engine["quant_methods"].items() if "Fp8" in method]
+    head = [key for key in fp8 if key.endswith("lm_head")]
+    want = f"FP8 weights ON ({len(fp8) - len(head)} linears{' + LM head' if head else ', LM head BF16'})"
+    assert any(want in line for line in engine["log_lines"]), (want, [x for x in engine["log_lines"] if "FP8" in x])
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
