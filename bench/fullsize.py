@@ -310,11 +310,12 @@ def _set_synthetic_length(llm, length: float) -> None:
     llm.collective_rpc(fill)
 
 
-def default_util(total_bytes: int) -> float:
+def default_util(total_bytes: int | None) -> float:
     """The engine's share of the card when --util is not given. The full-size dummy model's weights take 67.3-71.9
     GiB (FP8 or not, draft or not; BENCHMARKS.md), so an 80 GB H100 needs 0.95 of its 79.6 GiB to leave a few GiB
-    of KV cache and activations; a card of 100 GiB or more keeps the 0.85 every H200 lease so far has used."""
-    return 0.85 if total_bytes >= 100 * 2**30 else 0.95
+    of KV cache and activations; a card of 100 GiB or more keeps the 0.85 every H200 lease so far has used, and so
+    does the CPU engine (`total_bytes` None), whose KV budget is VLLM_CPU_KVCACHE_SPACE rather than this share."""
+    return 0.95 if total_bytes is not None and total_bytes < 100 * 2**30 else 0.85
 
 
 def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, util: float | None, chunk: int,
@@ -347,7 +348,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
         if logger.getEffectiveLevel() > logging.INFO:  # unconfigured: INFO records would never reach `log`
             logger.setLevel(logging.INFO)
     if util is None:
-        util = default_util(torch.cuda.get_device_properties(0).total_memory) if torch.cuda.is_available() else 0.85
+        util = default_util(torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None)
     t0 = time.perf_counter()
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True,
               max_model_len=max(prefill, default=0) + decode + 64, max_num_seqs=1, max_num_batched_tokens=chunk,
