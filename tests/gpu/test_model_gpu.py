@@ -52,6 +52,7 @@ from model_helpers import FP8_MERGED, NO_CLAMPS, by_margin  # noqa: E402  (on sy
 
 from vllm_ling import compat  # noqa: E402
 from vllm_ling.ops.router_gemm import DEFAULT_GEMM  # noqa: E402
+from vllm_ling.selfcheck import Requested, inspect_log  # noqa: E402
 
 TOKEN_BUDGET = 256
 MAX_TOKENS = 64  # a request (32 until session 14): ~420 decided tokens in all, a paired-noise bar 1/sqrt(2) as wide
@@ -326,13 +327,14 @@ def test_the_fp8_reference_rounds_kdas_projections_as_the_engine_serves_them(run
 
 @pytest.mark.parametrize("name", [n for n in CONFIGS if _fp8(n)])
 def test_the_fp8_start_up_line_counts_the_engines_fp8_linears(runs, name):
-    """`FP8 weights ON (N linears + LM head)`, which the self-check reads, for whichever model serves: N is the
+    """`FP8 weights ON (N linears + LM head)`, as the self-check reads it, for whichever model serves: N is the
     number of FP8 linears the engine holds besides its LM head (vLLM's in-tree model had never been seen to log it)."""
     engine = runs[name].engine
     fp8 = [key for key, method in engine["quant_methods"].items() if "Fp8" in method]
     head = [key for key in fp8 if key.endswith("lm_head")]
-    want = f"FP8 weights ON ({len(fp8) - len(head)} linears{' + LM head' if head else ', LM head BF16'})"
-    assert any(want in line for line in engine["log_lines"]), (want, [x for x in engine["log_lines"] if "FP8" in x])
+    want = f"({len(fp8) - len(head)} linears{' + LM head' if head else ', LM head BF16'})"
+    seen = next(v for v in inspect_log("\n".join(engine["log_lines"]), Requested(fp8=True)) if v.name == "FP8 weights")
+    assert seen.on and seen.why.startswith(want), (want, seen)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

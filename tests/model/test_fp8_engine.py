@@ -39,10 +39,13 @@ def test_every_bf16_linear_and_the_lm_head_get_fp8(methods):
 
 
 def test_the_start_up_line_counts_each_fp8_linear_once(methods):
-    """`FP8 weights ON (N linears + LM head)`: N is the number of linears above, each built once (a layer that
-    built a linear twice under one prefix would count it twice and still pass the set comparison)."""
-    want = f"FP8 weights ON ({len(expected_fp8()) - 1} linears + LM head)"
-    assert any(want in line for line in methods["log_lines"]), [l for l in methods["log_lines"] if "FP8" in l]
+    """`FP8 weights ON (N linears + LM head)`, as the self-check reads it from the engine's own log: N is the number
+    of linears above, each built once (a layer that built a linear twice under one prefix would count it twice and
+    still pass the set comparison)."""
+    from vllm_ling.selfcheck import Requested, inspect_log
+
+    fp8 = next(v for v in inspect_log("\n".join(methods["log_lines"]), Requested(fp8=True)) if v.name == "FP8 weights")
+    assert fp8.on and fp8.why.startswith(f"({len(expected_fp8()) - 1} linears + LM head)"), fp8
 
 
 def test_routed_experts_stay_int4_and_kv_b_gate_router_embedding_stay_as_they_were(methods):
