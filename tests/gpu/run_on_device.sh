@@ -21,7 +21,8 @@
 #   tuning_gpu  tuning's GPU tests alone (tests/gpu/test_tuning_gpu.py: runner, smem, vLLM lookup, guard)   (~2)
 #   fullsize_eager | fullsize_graphs | fullsize_mtp   124B dummy weights, batch 1   (graphs 5, mtp 4 measured)
 #   fs:NAME:ARGS  ling_bench.fullsize with ARGS (+ for spaces), e.g. fs:intree:--impl+vllm+--prefill=+--kernels
-#               (full size, prefill 4K/16K/64K, --kernels: 6.7 min on a fresh 0.33 machine, 4-6 after; FS_TIMEOUT)
+#               (full size, prefill 4K/16K/64K, --kernels: 5.0 min first on a fresh 0.33 machine, 3.7-4.9 after;
+#               without prefill 2.8-3.0; 1-1.7 on a warm compile cache of the same settings; sessions 17-18; FS_TIMEOUT)
 #   engine_moe  INT4 MoE backends raced as decode steps, one engine each (ling_tuning.engine_compare), M = 1..1024,
 #               ENGINE_BACKENDS (marlin,humming); engine logs tailed into engine_moe.log  (3.9 measured in session 8)
 #   engine_race the same race as a test: served backend = asked, timed at M = 1, 8, 64 (2 layers)  (5.1 in session 14)
