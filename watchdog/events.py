@@ -92,6 +92,8 @@ class EventLog:
         self.secrets = Secrets()
         self._serve = _logger(self.dir / SERVE_LOG, max_bytes, backups, echo)
         self._events = _logger(self.dir / EVENTS_LOG, max_bytes, backups, echo=False)
+        for name in (SERVE_LOG, EVENTS_LOG):  # an older run's rotated copies hold its secrets' context too
+            _tighten(_newest_first(self.dir / name)[1:])
 
     def output(self, line: str) -> None:
         self._serve.info(self.secrets.mask(line))
@@ -113,6 +115,18 @@ class EventLog:
             for h in list(log.handlers):
                 h.close()
                 log.removeHandler(h)
+
+
+def _tighten(paths: Iterable[Path]) -> None:
+    """Mode 0640 at most for files an older watchdog (or another umask) left looser; the open handlers tighten
+    the live files, and rotation renames those, so only copies from before this run can be looser."""
+    for p in paths:
+        try:
+            mode = p.stat().st_mode
+            if mode & ~LOG_MODE & 0o777:
+                p.chmod(mode & LOG_MODE)
+        except OSError:  # rotated away meanwhile, or not ours to change: reading it stays as it was
+            pass
 
 
 def _newest_first(base: Path) -> list[Path]:

@@ -81,6 +81,20 @@ def test_secrets_are_masked_in_both_logs_and_the_files_are_not_world_readable(tm
         assert (tmp_path / name).stat().st_mode & 0o777 == 0o640
 
 
+def test_an_older_runs_rotated_copies_are_tightened_too(tmp_path):
+    """serve.log.N from a watchdog before the 0640 rule (or another umask) kept its old mode when only the live
+    files were tightened on open."""
+    for name in ("serve.log.1", "serve.log.2", "events.jsonl.1"):
+        (tmp_path / name).write_text("an older run's line\n")
+        (tmp_path / name).chmod(0o644)
+    (tmp_path / "serve.log.bak").write_text("not ours\n")
+    (tmp_path / "serve.log.bak").chmod(0o644)
+    EventLog(tmp_path, 1 << 20, 3, echo=False).close()
+    for name in ("serve.log.1", "serve.log.2", "events.jsonl.1"):
+        assert (tmp_path / name).stat().st_mode & 0o777 == 0o640, name
+    assert (tmp_path / "serve.log.bak").stat().st_mode & 0o777 == 0o644  # not a rotated copy: left alone
+
+
 def test_a_launchs_log_starts_at_its_launch_line_even_across_rotation(tmp_path):
     log = EventLog(tmp_path, 400, 10, echo=False)
     log.emit("launch", "launch aaaa-1: pid 1 (own process group): vllm serve m")
