@@ -5,6 +5,7 @@ watchdog would hold unified memory that the server needs.
 """
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ class Device:
     name: str = "cpu"
     total_bytes: int | None = None  # GPU memory of a discrete GPU
     smem_bytes: int | None = None
+    count: int = 1  # GPUs on this host (nvidia-smi's lines); the rules read the first one's properties
 
 
 def parse_query(line: str) -> Device:
@@ -34,13 +36,13 @@ def parse_query(line: str) -> Device:
 
 
 def detect(run=subprocess.run) -> Device:
-    """The first GPU nvidia-smi lists, or a CPU device when there is none."""
+    """The first GPU nvidia-smi lists (and how many it lists), or a CPU device when there is none."""
     try:
         out = run(QUERY, capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired):
         return Device("cpu")
     lines = out.stdout.strip().splitlines() if out.returncode == 0 else []
     try:
-        return parse_query(lines[0]) if lines else Device("cpu")
+        return dataclasses.replace(parse_query(lines[0]), count=len(lines)) if lines else Device("cpu")
     except ValueError:
-        return Device("unified", lines[0])  # unknown format: assume the cautious memory model
+        return Device("unified", lines[0], count=len(lines))  # unknown format: assume the cautious memory model

@@ -220,6 +220,66 @@ def check_eager(args: ServeArgs, dev: Device) -> Verdict:
                    f"step took 11.9x longer eager (BENCHMARKS.md). Drop --enforce-eager unless you are debugging.")
 
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "")
+
+
+def _two_hosts(world: int, per_host: int) -> str:
+    """The multi-node form of the same world, one host per `per_host` ranks (vLLM's own launch, >= 0.11)."""
+    n = world // per_host
+    return (f"--nnodes {n} on {n} hosts, each `vllm serve` with the same flags plus --node-rank 0..{n - 1} and "
+            f"--master-addr <node 0's address on the link between them>, and --headless on every node but 0")
+
+
+def check_parallel(args: ServeArgs, dev: Device) -> Verdict:
+    """Ranks on this host: vLLM's world (tensor x pipeline x data parallel) split evenly over --nnodes, one GPU a
+    rank. A DGX Spark has one GPU, so --tensor-parallel-size 2 means two Sparks. vLLM checks the split only once
+    the engine starts, and a rank without a GPU, or a node that cannot reach the head, fails or waits at every
+    launch: what a relaunch cannot fix is refused here. A --headless worker node serves no HTTP, which is how the
+    watchdog judges a server (phases.py): it is refused too, with how to run it (docs/ops-walls.md)."""
+    rule = "parallel"
+    (tp, pp, dp), nnodes, rank = args.parallel, args.nnodes, args.node_rank
+    world = tp * pp * dp
+    values = dict(tensor_parallel_size=tp, pipeline_parallel_size=pp, data_parallel_size=dp, world=world,
+                  nnodes=nnodes, node_rank=rank, master_addr=args.master_addr, headless=args.headless,
+                  gpus=dev.count, device=dev.name)
+    sizes = f"--tensor-parallel-size {tp} x --pipeline-parallel-size {pp} x --data-parallel-size {dp} = {world}"
+    if min(tp, pp, dp, nnodes) < 1:
+        return _refuse(rule, f"{sizes} ranks over --nnodes {nnodes}: every size must be at least 1. Safe: "
+                       f"--tensor-parallel-size 1 --nnodes 1 (vLLM's defaults).", values)
+    if world % nnodes:
+        fit = max(d for d in range(1, nnodes + 1) if world % d == 0)
+        return _refuse(rule, f"{sizes} ranks cannot be split evenly over --nnodes {nnodes} (vLLM refuses it "
+                       f"when the engine starts). Safe: --nnodes {fit}.", values)
+    if not 0 <= rank < nnodes:
+        return _refuse(rule, f"--node-rank {rank} is outside 0..{nnodes - 1} for --nnodes {nnodes}. Safe: "
+                       f"this host's zero-based index, 0 on the head node.", values)
+    here = world // nnodes
+    if dev.kind != "cpu" and here > dev.count:
+        one = dev.count if world % dev.count == 0 and world > dev.count else None
+        safe = f"{_two_hosts(world, one)}, or " if one else ""
+        return _refuse(rule, f"{sizes} ranks over --nnodes {nnodes} puts {here} on this host, which has "
+                       f"{dev.count} GPU{'s' if dev.count > 1 else ''} ({dev.name}): a rank without a GPU fails at "
+                       f"every launch. Safe: {safe}--tensor-parallel-size {dev.count} on this host (Ling-3.0-flash "
+                       f"INT4 fits one DGX Spark).", values)
+    if nnodes > 1 and args.master_addr in LOOPBACK:
+        return _refuse(rule, f"--nnodes {nnodes} with --master-addr {args.master_addr or 'unset'} (vLLM's default "
+                       f"is 127.0.0.1): the other nodes cannot reach this host's loopback, so the engine waits for "
+                       f"them at every launch. Safe: --master-addr <node 0's address on the link between the "
+                       f"hosts>, the same on every node.", values)
+    if nnodes > 1 and rank > 0 and not args.headless:
+        return _refuse(rule, f"--node-rank {rank} of --nnodes {nnodes} without --headless: only node 0 serves the "
+                       f"API; the others run their ranks headless. Safe: add --headless here.", values)
+    if args.headless:
+        return _refuse(rule, f"--headless{f' (--node-rank {rank} of {nnodes})' if nnodes > 1 else ''}: a worker "
+                       f"node answers no HTTP, and the watchdog judges a server by its HTTP answers, so it would "
+                       f"take this healthy worker for a stalled load and kill it. Safe: run this node's `vllm "
+                       f"serve ... --headless` without the watchdog (systemd Restart=on-failure), and the "
+                       f"watchdog on node 0, whose probes see the whole engine.", values)
+    where = f"node {rank} of {nnodes}, " if nnodes > 1 else ""
+    return _ok(rule, f"{world} rank{'s' if world > 1 else ''}, {where}{here} on this host"
+               + ("" if dev.kind == "cpu" else f" ({dev.count} GPU{'s' if dev.count > 1 else ''})"), **values)
+
+
 def _refuse(rule: str, message: str, values: dict[str, Any]) -> Verdict:
     return Verdict(rule, "refuse", f"{rule}: {message}", values)
 
@@ -251,8 +311,15 @@ def kv_bytes_per_token(args: ServeArgs, cfg: Config) -> int:
 
 
 def footprint(args: ServeArgs, cfg: Config, ctx: int) -> Footprint:
+    """One rank's share, which is all of it at TP = PP = 1. Over tensor x pipeline ranks the weights split (the
+    tensors vLLM replicates on every rank, the router, the norms, MLA's kv_a, are a small part, inside the
+    overhead); MLA's latent KV is a single head, so every tensor rank keeps all of it; KDA's state splits by
+    heads over the tensor ranks. A rank has a GPU of its own: on a DGX Spark, a host (check_parallel)."""
+    tp, pp, _ = args.parallel
     weights, source = _weights(args, cfg)
-    state, per_token = cfg.state_bytes_per_seq * (1 + args.spec_tokens), kv_bytes_per_token(args, cfg)
+    if tp * pp > 1:
+        weights, source = weights // (tp * pp), f"{source}, one of {tp * pp} ranks"
+    state, per_token = cfg.state_bytes_per_seq * (1 + args.spec_tokens) // tp, kv_bytes_per_token(args, cfg)
     return Footprint(weights, source, state, ctx * per_token + state, int(cfg.overhead_gib * GiB), ctx, per_token)
 
 
@@ -345,7 +412,8 @@ def check(args: ServeArgs, cfg: Config, dev: Device, host: Host, env: Mapping[st
                         f"them.", dict(error=args.error))]
     try:
         ctx = _context(args, cfg)
-        verdicts = [check_model(args), check_port(args, bind), check_sizes(args, cfg, dev, ctx)]
+        verdicts = [check_model(args), check_port(args, bind), check_sizes(args, cfg, dev, ctx),
+                    check_parallel(args, dev)]
         if any(v.verdict == "refuse" for v in verdicts):
             return verdicts  # the rules below would judge numbers that cannot start at all
         return [*verdicts, check_util(args, cfg, dev, ctx), check_chunked_prefill(args, cfg, ctx),

@@ -122,6 +122,13 @@ def minimal_parser() -> argparse.ArgumentParser:
     p.add_argument("--served-model-name", nargs="+")
     p.add_argument("--api-key", nargs="+")
     p.add_argument("--hf-token")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    p.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1)
+    p.add_argument("--data-parallel-size", "-dp", type=int, default=1)
+    p.add_argument("--nnodes", "-n", type=int, default=1)
+    p.add_argument("--node-rank", "-r", type=int, default=0)
+    p.add_argument("--master-addr", default="127.0.0.1")
+    p.add_argument("--headless", action="store_true")
     return p
 
 
@@ -246,6 +253,29 @@ class ServeArgs:
         number of draft layers (1 for Ling-3.0's MTP)."""
         spec = self.speculative
         return int(spec.get("num_speculative_tokens", 1 if spec else 0))
+
+    @property
+    def parallel(self) -> tuple[int, int, int]:
+        """Tensor, pipeline and data parallel sizes (vLLM's world = their product)."""
+        return (int(self._get("tensor_parallel_size", 1)), int(self._get("pipeline_parallel_size", 1)),
+                int(self._get("data_parallel_size", 1)))
+
+    @property
+    def nnodes(self) -> int:
+        return int(self._get("nnodes", 1))
+
+    @property
+    def node_rank(self) -> int:
+        return int(self._get("node_rank", 0))
+
+    @property
+    def master_addr(self) -> str:
+        return str(self._get("master_addr", "127.0.0.1"))
+
+    @property
+    def headless(self) -> bool:
+        """A worker node of a multi-node engine: no API server, so nothing answers HTTP."""
+        return bool(self._get("headless", False))
 
     def api_key(self, env: Mapping[str, str]) -> str | None:
         """The key a client must present: `--api-key` wins over VLLM_API_KEY, as in vLLM's middleware."""

@@ -1,4 +1,4 @@
-"""nvidia-smi answers to a device: memory model and shared memory per block."""
+"""nvidia-smi answers to a device: memory model, shared memory per block and how many GPUs."""
 import subprocess
 
 from ling_watchdog.device import detect, parse_query
@@ -24,3 +24,13 @@ def test_a_failing_nvidia_smi_means_cpu():
     def failing(*a, **k):
         return subprocess.CompletedProcess(a, 9, "", "NVIDIA-SMI has failed")
     assert detect(run=failing).kind == "cpu"
+
+
+def test_every_gpu_nvidia_smi_lists_is_counted():
+    def two(*a, **k):
+        return subprocess.CompletedProcess(a, 0, "NVIDIA H200, 143771, 9.0\nNVIDIA H200, 143771, 9.0\n", "")
+
+    def spark(*a, **k):
+        return subprocess.CompletedProcess(a, 0, "NVIDIA GB10, [N/A], 12.1\n", "")
+    assert (detect(run=two).count, detect(run=two).kind) == (2, "discrete")
+    assert (detect(run=spark).count, detect(run=spark).kind) == (1, "unified")

@@ -31,8 +31,8 @@ def verdicts(cmd, dev=GB10, host=SPARK, env=None, bind=free, **cfg):
 
 def test_the_shipped_recipe_passes_every_rule_on_a_spark():
     assert {r: v.verdict for r, v in verdicts(RECIPE + " --max-num-seqs 2").items()} == dict.fromkeys(
-        ["model", "port", "sizes", "util_ceiling", "chunked_prefill", "spec_tokens_smem", "max_seqs_smem",
-         "enforce_eager", "memory_fit"], "ok")
+        ["model", "port", "sizes", "parallel", "util_ceiling", "chunked_prefill", "spec_tokens_smem",
+         "max_seqs_smem", "enforce_eager", "memory_fit"], "ok")
 
 
 def test_util_above_072_at_long_context_is_refused_with_the_w4_reason():
@@ -146,7 +146,7 @@ def test_more_than_two_lanes_on_a_small_smem_gpu_is_a_warning_with_the_w5_number
 
 def test_a_model_path_that_does_not_exist_is_refused_by_name_and_an_hf_id_is_not(tmp_path):
     v = verdicts("vllm serve /nonexistent --max-model-len 8192")
-    assert list(v) == ["model", "port", "sizes"]  # the memory rules would judge a guessed size: skipped
+    assert list(v) == ["model", "port", "sizes", "parallel"]  # the memory rules would judge a guessed size: skipped
     assert v["model"].verdict == "refuse" and "/nonexistent is a local path and does not exist" in v["model"].message
     assert verdicts(f"vllm serve {tmp_path}")["model"].message.endswith("holds no config.json: not a checkpoint "
                                                                       "directory. Safe: the checkpoint's directory "
@@ -154,6 +154,49 @@ def test_a_model_path_that_does_not_exist_is_refused_by_name_and_an_hf_id_is_not
                                                                       "the Hugging Face id "
                                                                       "inclusionAI/Ling-3.0-flash-int4.")
     assert verdicts("vllm serve inclusionAI/Ling-3.0-flash-int4")["model"].verdict == "ok"
+
+
+SPARK_TP2 = RECIPE + " --max-num-seqs 2 --tensor-parallel-size 2"
+
+
+def test_tensor_parallel_2_on_one_spark_is_refused_with_the_two_host_launch_and_tp1():
+    v = verdicts(SPARK_TP2)["parallel"]
+    assert v.verdict == "refuse" and v.values["world"] == 2 and v.values["gpus"] == 1
+    assert "puts 2 on this host, which has 1 GPU (NVIDIA GB10)" in v.message
+    assert "--nnodes 2 on 2 hosts" in v.message and "--headless on every node but 0" in v.message
+    assert v.message.endswith("--tensor-parallel-size 1 on this host (Ling-3.0-flash INT4 fits one DGX Spark).")
+    assert "memory_fit" not in verdicts(SPARK_TP2)  # what cannot start is not judged further
+
+
+def test_two_sparks_pass_on_the_head_and_each_rank_needs_half_the_weights_and_all_the_latent_kv():
+    head = SPARK_TP2 + " --nnodes 2 --node-rank 0 --master-addr 10.0.0.1"
+    v = verdicts(head)
+    assert v["parallel"].verdict == "ok" and "node 0 of 2, 1 on this host" in v["parallel"].message
+    one, fit = verdicts(RECIPE + " --max-num-seqs 2")["memory_fit"].values, v["memory_fit"].values
+    assert fit["weights"] == one["weights"] // 2  # the weights split over the two ranks
+    assert fit["kv_per_token"] == one["kv_per_token"]  # MLA's latent KV: one head, kept whole on every rank
+    state = one["kv"] - 131072 * one["kv_per_token"]
+    assert fit["kv"] - 131072 * fit["kv_per_token"] == state // 2  # KDA's state: split by heads
+
+
+@pytest.mark.parametrize("flags, said", [
+    ("--nnodes 2 --node-rank 0", "--master-addr 127.0.0.1 (vLLM's default is 127.0.0.1)"),
+    ("--nnodes 2 --node-rank 1 --master-addr 10.0.0.1", "without --headless: only node 0 serves the API"),
+    ("--nnodes 2 --node-rank 2 --master-addr 10.0.0.1 --headless", "--node-rank 2 is outside 0..1"),
+    ("--nnodes 3 --master-addr 10.0.0.1", "cannot be split evenly over --nnodes 3 (vLLM refuses it when the engine "
+                                          "starts). Safe: --nnodes 2."),
+    ("--nnodes 2 --node-rank 1 --master-addr 10.0.0.1 --headless", "it would take this healthy worker for a "
+                                                                    "stalled load and kill it"),
+])
+def test_a_multi_node_launch_that_cannot_work_is_refused_by_name(flags, said):
+    v = verdicts(f"{SPARK_TP2} {flags}")["parallel"]
+    assert v.verdict == "refuse" and v.message.startswith("parallel: ") and said in v.message, v.message
+
+
+def test_tensor_parallel_2_fits_a_host_with_two_gpus():
+    two = Device("discrete", "NVIDIA H200", 141 * GiB, 232_448, count=2)
+    v = verdicts(SPARK_TP2.replace("0.72", "0.85"), dev=two)
+    assert v["parallel"].verdict == "ok" and "2 on this host (2 GPUs)" in v["parallel"].message
 
 
 def test_a_port_out_of_range_or_taken_is_refused():

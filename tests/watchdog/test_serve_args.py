@@ -94,6 +94,17 @@ def test_a_launcher_that_is_not_vllms_is_read_by_the_minimal_parser_and_says_so(
     assert (a.model, a.port, a.api_key({}), a.max_model_len) == ("fake-model", 9, "zz", 8000)
 
 
+@pytest.mark.parametrize("how", ["vLLM", "minimal"])
+def test_the_multi_node_flags_read_the_same_by_vllms_parser_and_the_minimal_one(how):
+    flags = "-tp 2 --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 --headless"
+    cmd = f"vllm serve m {flags}" if how == "vLLM" else f"python3 fake_vllm.py serve m {flags}"
+    a = parse(cmd)
+    assert a.minimal == (how == "minimal")
+    assert (a.parallel, a.nnodes, a.node_rank, a.master_addr, a.headless) == ((2, 1, 1), 2, 1, "10.0.0.1", True)
+    d = parse(cmd.removesuffix(flags))
+    assert (d.parallel, d.nnodes, d.node_rank, d.master_addr, d.headless) == ((1, 1, 1), 1, 0, "127.0.0.1", False)
+
+
 def test_the_watchdog_parses_in_a_subprocess_and_never_imports_vllm_itself():
     """Importing vLLM costs ~10 s and ~650 MB and rewrites os.environ: not in a supervisor's process."""
     code = ("import sys; from ling_watchdog.serve_args import ServeArgs; "
