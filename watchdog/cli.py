@@ -116,7 +116,8 @@ def command_run(argv: list[str], only_preflight: bool) -> int:
             log.emit("final", "exit 0: preflight passed (nothing started)", code=0)
             return ExitCode.OK
         sup = Supervisor(cmd, cfg, log, cfg.url or f"http://{args.host}:{args.port}", args.served_model,
-                         api_key=args.api_key(os.environ), shown=shown, run=run)
+                         api_key=args.api_key(os.environ), shown=shown, run=run,
+                         head=(args.master_addr, args.master_port) if args.worker_node else None)
         procs.become_subreaper()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, sup.request_stop)

@@ -7,6 +7,9 @@ warmup   -> first 1-token completion answered.  The first request spends ~30 s i
          (W8): it gets warmup_grace_s and is never judged by the liveness timeout.
 serving  /health answers 200 even when the engine is wedged, so liveness is decode progress:
          fail_threshold consecutive failed probes = wedged.
+A headless worker node (multi-node TP) has no HTTP: it is loading until it holds a connection to the head
+(then serving), waits for its head without a time limit, and fail_threshold checks without that connection
+mean the head is gone (headlink.py).
 
 The Monitor is pure bookkeeping over observations with explicit times; the supervisor feeds it.
 The walls W7, W8 and the /health fact: docs/ops-walls.md.
@@ -19,6 +22,7 @@ from enum import Enum
 from typing import Any
 
 from ling_watchdog.config import Config
+from ling_watchdog.headlink import LinkResult
 from ling_watchdog.probes import ProbeResult
 from ling_watchdog.procs import Busiest
 from ling_watchdog.vllm_log import LogEvent
@@ -43,8 +47,9 @@ Emit = Callable[..., Any]
 
 
 class Monitor:
-    def __init__(self, cfg: Config, now: float, emit: Emit):
-        self.cfg, self.emit = cfg, emit
+    def __init__(self, cfg: Config, now: float, emit: Emit, worker: bool = False):
+        """worker: a headless worker node, judged by its link to the head instead of by HTTP (headlink.py)."""
+        self.cfg, self.emit, self.worker = cfg, emit, worker
         self.phase, self.phase_t, self.t0 = Phase.LOADING, now, now
         self.last_output = self.last_progress = now
         self.shard: tuple[int, int] | None = None
@@ -118,6 +123,31 @@ class Monitor:
         elif r.kind == "live":
             self._live(r)
 
+    def link(self, r: LinkResult) -> None:
+        """A worker node's link to the head. Before the first connection the worker waits for its head, which
+        may itself be loading or relaunching: no fault. Once joined, fail_threshold checks in a row without
+        the connection mean the head is gone, and a worker does not exit on its own when it is."""
+        if r.up:
+            if self.phase is Phase.LOADING:
+                self._enter(Phase.SERVING, r.t, f"joined the engine: {r.detail}")
+            elif self.failures:
+                self.emit("probe_ok", f"head link back after {self.failures} failed check(s): {r.detail}")
+            self.failures, self.first_failure_t = 0, None
+            return
+        if self.phase is Phase.LOADING:
+            return
+        self.failures += 1
+        if self.first_failure_t is None:
+            self.first_failure_t = r.t
+        k = self.cfg.fail_threshold
+        self.emit("probe_fail", f"head link check failed ({self.failures}/{k}): {r.detail}", level="warning",
+                  failures=self.failures)
+        if self.failures >= k:
+            self._pending = Fault("wedge", "head_lost", f"{k} consecutive checks found no connection to the head "
+                                  f"({r.detail}); a headless worker stays up when its head dies, and the head's "
+                                  f"next launch needs a fresh one", r.t - self.first_failure_t,
+                                  dict(failures=self.failures))
+
     def _live(self, r: ProbeResult) -> None:
         if r.ok:
             if self.failures:
@@ -158,7 +188,7 @@ class Monitor:
 
     def _check_loading(self, t: float) -> Fault | None:
         cfg, stalled = self.cfg, t - self.last_progress
-        if t - self.t0 >= cfg.load_timeout_s:
+        if t - self.t0 >= cfg.load_timeout_s and not self.worker:  # a worker may wait long for its head
             return Fault("stall", "load_timeout", f"start-up not complete after {t - self.t0:.0f}s "
                          f"(load_timeout_s {cfg.load_timeout_s:g})", t - self.t0)
         mid_load = self.shard is not None and self.shard[0] < self.shard[1]
@@ -170,7 +200,7 @@ class Monitor:
                          f"{b.cpu_percent:.0f}% of a CPU (W7 cold-start freeze)", stalled,
                          dict(shard=self.shard[0], total=self.shard[1], pid=b.pid, cpu_percent=b.cpu_percent))
         silent = t - self.last_output
-        if silent >= cfg.load_silent_s:
+        if silent >= cfg.load_silent_s and not self.worker:  # a worker waiting for its head prints nothing
             where = f" at shard {self.shard[0]}/{self.shard[1]}" if self.shard else ""
             return Fault("stall", "silent", f"no output for {silent:.1f}s while loading{where} "
                          f"(load_silent_s {cfg.load_silent_s:g})", silent)

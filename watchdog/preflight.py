@@ -234,8 +234,8 @@ def check_parallel(args: ServeArgs, dev: Device) -> Verdict:
     """Ranks on this host: vLLM's world (tensor x pipeline x data parallel) split evenly over --nnodes, one GPU a
     rank. A DGX Spark has one GPU, so --tensor-parallel-size 2 means two Sparks. vLLM checks the split only once
     the engine starts, and a rank without a GPU, or a node that cannot reach the head, fails or waits at every
-    launch: what a relaunch cannot fix is refused here. A --headless worker node serves no HTTP, which is how the
-    watchdog judges a server (phases.py): it is refused too, with how to run it (docs/ops-walls.md)."""
+    launch: what a relaunch cannot fix is refused here. A --headless worker node (node rank > 0) passes: the
+    watchdog judges it by its link to the head instead of HTTP (headlink.py; docs/ops-walls.md, "Two hosts")."""
     rule = "parallel"
     (tp, pp, dp), nnodes, rank = args.parallel, args.nnodes, args.node_rank
     world = tp * pp * dp
@@ -269,12 +269,18 @@ def check_parallel(args: ServeArgs, dev: Device) -> Verdict:
     if nnodes > 1 and rank > 0 and not args.headless:
         return _refuse(rule, f"--node-rank {rank} of --nnodes {nnodes} without --headless: only node 0 serves the "
                        f"API; the others run their ranks headless. Safe: add --headless here.", values)
-    if args.headless:
-        return _refuse(rule, f"--headless{f' (--node-rank {rank} of {nnodes})' if nnodes > 1 else ''}: a worker "
-                       f"node answers no HTTP, and the watchdog judges a server by its HTTP answers, so it would "
-                       f"take this healthy worker for a stalled load and kill it. Safe: run this node's `vllm "
-                       f"serve ... --headless` without the watchdog (systemd Restart=on-failure), and the "
-                       f"watchdog on node 0, whose probes see the whole engine.", values)
+    if nnodes > 1 and rank == 0 and args.headless:
+        return _refuse(rule, f"--headless on node 0 of --nnodes {nnodes}: node 0 is the head and serves the API "
+                       f"for every node. Safe: drop --headless here; add it on the other nodes.", values)
+    if args.headless and not args.worker_node:
+        return _refuse(rule, "--headless without --nnodes > 1 (vLLM's data-parallel headless engines): they "
+                       "answer no HTTP, and the watchdog judges a single-node server by its HTTP answers, so it "
+                       "would take a healthy engine for a stalled load. Safe: serve without --headless, or run "
+                       "that launch without the watchdog.", values)
+    if args.worker_node:
+        return _ok(rule, f"worker node {rank} of {nnodes} ({here} rank{'s' if here > 1 else ''} here): judged by "
+                   f"its connection to the head at {args.master_addr}:{args.master_port}, node 0 serves the API",
+                   **values)
     where = f"node {rank} of {nnodes}, " if nnodes > 1 else ""
     return _ok(rule, f"{world} rank{'s' if world > 1 else ''}, {where}{here} on this host"
                + ("" if dev.kind == "cpu" else f" ({dev.count} GPU{'s' if dev.count > 1 else ''})"), **values)
@@ -412,8 +418,8 @@ def check(args: ServeArgs, cfg: Config, dev: Device, host: Host, env: Mapping[st
                         f"them.", dict(error=args.error))]
     try:
         ctx = _context(args, cfg)
-        verdicts = [check_model(args), check_port(args, bind), check_sizes(args, cfg, dev, ctx),
-                    check_parallel(args, dev)]
+        port = [] if args.worker_node else [check_port(args, bind)]  # a worker node binds no API port
+        verdicts = [check_model(args), *port, check_sizes(args, cfg, dev, ctx), check_parallel(args, dev)]
         if any(v.verdict == "refuse" for v in verdicts):
             return verdicts  # the rules below would judge numbers that cannot start at all
         return [*verdicts, check_util(args, cfg, dev, ctx), check_chunked_prefill(args, cfg, ctx),

@@ -128,6 +128,7 @@ def minimal_parser() -> argparse.ArgumentParser:
     p.add_argument("--nnodes", "-n", type=int, default=1)
     p.add_argument("--node-rank", "-r", type=int, default=0)
     p.add_argument("--master-addr", default="127.0.0.1")
+    p.add_argument("--master-port", type=int, default=29501)
     p.add_argument("--headless", action="store_true")
     return p
 
@@ -271,6 +272,15 @@ class ServeArgs:
     @property
     def master_addr(self) -> str:
         return str(self._get("master_addr", "127.0.0.1"))
+
+    @property
+    def master_port(self) -> int:
+        return int(self._get("master_port", 29501))
+
+    @property
+    def worker_node(self) -> bool:
+        """A headless node of a multi-node engine (node rank > 0): node 0 serves the API for all of them."""
+        return self.headless and self.nnodes > 1 and self.node_rank > 0
 
     @property
     def headless(self) -> bool:

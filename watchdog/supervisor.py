@@ -24,6 +24,7 @@ from ling_watchdog.check import AfterServing, expand
 from ling_watchdog.child import Child, Line, Output
 from ling_watchdog.config import Config
 from ling_watchdog.events import EventLog
+from ling_watchdog.headlink import HeadLink, LinkResult
 from ling_watchdog.memory import gib
 from ling_watchdog.phases import Fault, Monitor, Phase
 from ling_watchdog.policy import RelaunchPolicy
@@ -61,9 +62,11 @@ class Outcome:
 class Supervisor:
     def __init__(self, cmd: list[str], cfg: Config, log: EventLog, url: str, model: str | None = None,
                  env: Mapping[str, str] | None = None, api_key: str | None = None, shown: list[str] | None = None,
-                 run: str | None = None):
-        """shown: the command as logged (secrets masked); api_key: what probes and the check present."""
+                 run: str | None = None, head: tuple[str, int] | None = None):
+        """shown: the command as logged (secrets masked); api_key: what probes and the check present; head: a
+        headless worker node's --master-addr and --master-port, judged by its link to them (headlink.py)."""
         self.cmd, self.cfg, self.log, self.url, self.model, self.env = cmd, cfg, log, url, model, env
+        self.head = head
         self.api_key, self.shown = api_key, shown or cmd
         self.run_id = run or uuid.uuid4().hex[:8]
         self.policy = RelaunchPolicy(cfg)
@@ -138,7 +141,8 @@ class Supervisor:
         self.log.emit("launch", f"launch {launch}: pid {child.pid} (own process group): {' '.join(self.shown)}",
                       n=self.launches, pid=child.pid, launch=launch)
         child.read()
-        return self._watch(child, Monitor(self.cfg, self._clock(), self.log.emit), inbox, launch)
+        return self._watch(child, Monitor(self.cfg, self._clock(), self.log.emit, worker=self.head is not None),
+                           inbox, launch)
 
     def _after_serving(self, child: Child, launch: str) -> AfterServing:
         """Start `after_serving` for this launch (a thread: supervision goes on)."""
@@ -156,6 +160,9 @@ class Supervisor:
     def _watch(self, child: Child, monitor: Monitor, inbox: queue.Queue, launch: str = "") -> Outcome:
         sampler, prober, stable, check = CpuSampler(), None, False, None
         next_memory = next_log = self._clock()
+        if self.head is not None:  # a worker node: its link to the head instead of HTTP probes
+            prober = HeadLink(child.pid, *self.head, self.cfg, inbox, clock=self._clock)
+            prober.start()
         try:
             while True:
                 self._drain(inbox, monitor, TICK_S)
@@ -171,7 +178,7 @@ class Supervisor:
                 if prober is None and monitor.http_up:
                     prober = Prober(self.url, self.cfg, inbox, self.model, clock=self._clock, api_key=self.api_key)
                     prober.start()
-                if check is None and self.cfg.after_serving and monitor.phase is Phase.SERVING:
+                if check is None and self.cfg.after_serving and monitor.phase is Phase.SERVING and not self.head:
                     check = self._after_serving(child, launch)
                 if not stable and monitor.serving_for(now) >= self.cfg.stable_after_s:
                     stable = True
@@ -193,7 +200,7 @@ class Supervisor:
         finally:
             if prober is not None:
                 prober.stop()
-                prober.join(timeout=self.cfg.health_timeout_s + 1)
+                prober.join(timeout=self.cfg.health_timeout_s + 1)  # a HeadLink returns at once
             if check is not None:
                 check.stop()
 
@@ -211,6 +218,8 @@ class Supervisor:
                     monitor.output(item.t)
                 elif isinstance(item, ProbeResult) and not lines_only:
                     monitor.probe(item)
+                elif isinstance(item, LinkResult) and not lines_only:
+                    monitor.link(item)
                 item = inbox.get_nowait()
         except queue.Empty:
             return

@@ -164,3 +164,40 @@ def test_health_503_while_serving_is_a_dead_engine_at_once(monitor):
                               dead=True))
     fault = monitor.check(t + 1)
     assert (fault.event, fault.cause) == ("crash", "engine_dead") and "during serving" in fault.message
+
+
+@pytest.fixture
+def worker(events):
+    return Monitor(load_config(overrides=CFG), 0.0, lambda kind, msg, **kw: events.append((kind, msg, kw)),
+                   worker=True)
+
+
+def test_a_worker_waits_for_its_head_without_a_time_limit_and_serves_once_linked(worker):
+    from ling_watchdog.headlink import LinkResult
+
+    feed_shards(worker, 24)
+    for t in (100, 700, 5000):  # past load_silent_s and load_timeout_s: the head may be relaunching
+        worker.link(LinkResult(False, "no connection to the head at h:1", t))
+        assert worker.check(t) is None and worker.phase is Phase.LOADING
+    worker.link(LinkResult(True, "connected to the head at h:1", 5001))
+    assert worker.phase is Phase.SERVING and worker.check(5001) is None
+
+
+def test_a_worker_whose_head_link_fails_k_times_in_a_row_has_lost_its_head(worker, events):
+    from ling_watchdog.headlink import LinkResult
+
+    worker.link(LinkResult(True, "connected to the head at h:1", 1))
+    worker.link(LinkResult(False, "connection to the head at h:1 is CLOSE_WAIT", 2))
+    worker.link(LinkResult(True, "connected to the head at h:1", 3))  # one miss, then back: no fault
+    assert worker.check(3) is None and worker.failures == 0
+    for t in (4, 5, 6):
+        worker.link(LinkResult(False, "connection to the head at h:1 is CLOSE_WAIT", t))
+    fault = worker.check(6)
+    assert fault is not None and (fault.event, fault.cause) == ("wedge", "head_lost") and fault.held_s == 2
+    assert "CLOSE_WAIT" in fault.message and [e[0] for e in events].count("probe_fail") == 4
+
+
+def test_a_worker_frozen_mid_load_is_still_a_stall(worker):
+    t = feed_shards(worker, 5)
+    worker.cpu(BUSY, t)
+    assert worker.check(t + 11).cause == "shard_freeze"

@@ -185,12 +185,23 @@ def test_two_sparks_pass_on_the_head_and_each_rank_needs_half_the_weights_and_al
     ("--nnodes 2 --node-rank 2 --master-addr 10.0.0.1 --headless", "--node-rank 2 is outside 0..1"),
     ("--nnodes 3 --master-addr 10.0.0.1", "cannot be split evenly over --nnodes 3 (vLLM refuses it when the engine "
                                           "starts). Safe: --nnodes 2."),
-    ("--nnodes 2 --node-rank 1 --master-addr 10.0.0.1 --headless", "it would take this healthy worker for a "
-                                                                    "stalled load and kill it"),
+    ("--nnodes 2 --node-rank 0 --master-addr 10.0.0.1 --headless", "node 0 is the head and serves the API"),
 ])
 def test_a_multi_node_launch_that_cannot_work_is_refused_by_name(flags, said):
     v = verdicts(f"{SPARK_TP2} {flags}")["parallel"]
     assert v.verdict == "refuse" and v.message.startswith("parallel: ") and said in v.message, v.message
+
+
+def test_a_single_node_headless_engine_is_refused_it_serves_no_http_to_judge():
+    v = verdicts(RECIPE + " --max-num-seqs 2 --headless")["parallel"]
+    assert v.verdict == "refuse" and "--headless without --nnodes > 1" in v.message
+
+
+def test_the_worker_node_passes_is_judged_by_its_head_link_and_binds_no_port():
+    worker = SPARK_TP2 + " --nnodes 2 --node-rank 1 --master-addr 10.0.0.1 --master-port 29611 --headless"
+    v = verdicts(worker, bind=lambda host, port: "Address already in use")  # its API port is node 0's affair
+    assert "port" not in v and all(x.verdict == "ok" for x in v.values()), {r: x.message for r, x in v.items()}
+    assert "judged by its connection to the head at 10.0.0.1:29611" in v["parallel"].message
 
 
 def test_tensor_parallel_2_fits_a_host_with_two_gpus():

