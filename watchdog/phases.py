@@ -136,17 +136,9 @@ class Monitor:
             return
         if self.phase is Phase.LOADING:
             return
-        self.failures += 1
-        if self.first_failure_t is None:
-            self.first_failure_t = r.t
-        k = self.cfg.fail_threshold
-        self.emit("probe_fail", f"head link check failed ({self.failures}/{k}): {r.detail}", level="warning",
-                  failures=self.failures)
-        if self.failures >= k:
-            self._pending = Fault("wedge", "head_lost", f"{k} consecutive checks found no connection to the head "
-                                  f"({r.detail}); a headless worker stays up when its head dies, and the head's "
-                                  f"next launch needs a fresh one", r.t - self.first_failure_t,
-                                  dict(failures=self.failures))
+        self._failed(r.t, "head link check", r.detail, "head_lost", f"{self.cfg.fail_threshold} consecutive checks "
+                     f"found no connection to the head ({r.detail}); a headless worker stays up when its head "
+                     f"dies, and the head's next launch needs a fresh one")
 
     def _live(self, r: ProbeResult) -> None:
         if r.ok:
@@ -156,16 +148,20 @@ class Monitor:
                 self.emit("probe_busy", r.detail, quiet=True)
             self.failures, self.first_failure_t = 0, None
             return
+        self._failed(r.t, "liveness probe", r.detail, "liveness", f"{self.cfg.fail_threshold} consecutive liveness "
+                     f"probes failed (last: {r.detail}); /health alone would not show this")
+
+    def _failed(self, t: float, what: str, detail: str, cause: str, message: str) -> None:
+        """One more failed check in a row (a liveness probe, a worker's head link): fail_threshold of them is a
+        wedge, `cause`, said with `message`."""
         self.failures += 1
         if self.first_failure_t is None:
-            self.first_failure_t = r.t
+            self.first_failure_t = t
         k = self.cfg.fail_threshold
-        self.emit("probe_fail", f"liveness probe failed ({self.failures}/{k}): {r.detail}", level="warning",
+        self.emit("probe_fail", f"{what} failed ({self.failures}/{k}): {detail}", level="warning",
                   failures=self.failures)
         if self.failures >= k:
-            self._pending = Fault("wedge", "liveness", f"{k} consecutive liveness probes failed (last: "
-                                  f"{r.detail}); /health alone would not show this", r.t - self.first_failure_t,
-                                  dict(failures=self.failures))
+            self._pending = Fault("wedge", cause, message, t - self.first_failure_t, dict(failures=self.failures))
 
     def _enter(self, phase: Phase, t: float, why: str) -> None:
         self.emit("phase", f"phase {self.phase.value} -> {phase.value}: {why}", **{"from": self.phase.value},
