@@ -224,7 +224,8 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "")
 
 
 def _two_hosts(world: int, per_host: int) -> str:
-    """The multi-node form of the same world, one host per `per_host` ranks (vLLM's own launch, >= 0.11)."""
+    """The multi-node form of the same world, one host per `per_host` ranks (vLLM's own launch; its flags are
+    the same in 0.26, 0.32 and 0.33)."""
     n = world // per_host
     return (f"--nnodes {n} on {n} hosts, each `vllm serve` with the same flags plus --node-rank 0..{n - 1} and "
             f"--master-addr <node 0's address on the link between them>, and --headless on every node but 0")

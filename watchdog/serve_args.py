@@ -284,7 +284,8 @@ class ServeArgs:
 
     @property
     def headless(self) -> bool:
-        """A worker node of a multi-node engine: no API server, so nothing answers HTTP."""
+        """No API server, so nothing answers HTTP: a worker node of a multi-node engine, or vLLM's data-parallel
+        headless engines."""
         return bool(self._get("headless", False))
 
     def api_key(self, env: Mapping[str, str]) -> str | None:
