@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
+from ling_watchdog import procs
 from ling_watchdog.config import Config
 
 UP = psutil.CONN_ESTABLISHED
@@ -43,12 +44,7 @@ def addresses(host: str) -> set[str]:
 def link_state(pid: int, host: str, port: int) -> list[str]:
     """The states of the TCP connections from pid's process tree to host:port (empty when there are none)."""
     wanted, states = addresses(host), []
-    try:
-        root = psutil.Process(pid)
-        tree = [root, *root.children(recursive=True)]
-    except psutil.Error:
-        return states
-    for proc in tree:
+    for proc in procs.tree(pid):
         try:
             states += [c.status for c in proc.net_connections(kind="tcp")
                        if c.raddr and c.raddr.port == port and c.raddr.ip in wanted]
