@@ -318,3 +318,64 @@ def make_tool_call_id() -> str:
     except ImportError:  # vLLM 0.26
         from vllm.entrypoints.chat_utils import make_tool_call_id as make  # type: ignore[no-redef]
     return make()
+
+
+# --- routed-expert SwiGLU clamp ---------------------------------------------------------------------------
+# Ling-3.0 clamps its SwiGLUs as min(SiLU(g), L) · clamp(u, −L, L) (docs/architecture.md §MoE). vLLM's fused MoE
+# computes that form as activation "swiglustep"; "silu" + swiglu_limit computes SiLU(min(g, L)) · clamp(u, ±L).
+# 0.33's fused-MoE "swiglustep" ignores swiglu_limit (L = 7 hard-coded in apply_moe_activation and in Humming),
+# so there the nearest available form is the "silu" one; 0.34's apply_moe_activation reads the limit (Marlin,
+# Triton), Humming's expression still hard-codes 7 (install_humming_swiglustep_limit mends that).
+
+CLAMP_TRAINED, CLAMP_SILU_OF_MIN = "min(silu(g),L)", "silu(min(g,L))"
+_HUMMING_ACTIVATION = "vllm.model_executor.layers.quantization.utils.humming.activation"
+
+
+def fused_swiglustep_reads_limit() -> bool:
+    """vLLM's fused-MoE "swiglustep" honours `swiglu_limit` from 0.34 on (0.33: always L = 7)."""
+    return vllm_version() >= Version("0.34")
+
+
+def routed_clamp_activation() -> tuple[str, str]:
+    """(FusedMoE `activation` for a clamped routed layer, the form it computes on this release)."""
+    if fused_swiglustep_reads_limit():
+        return "swiglustep", CLAMP_TRAINED
+    return "silu", CLAMP_SILU_OF_MIN
+
+
+def clamp_form_gap(limit: float) -> float:
+    """Largest relative gap between the two forms on one element: where g > L, SiLU(min(g, L)) = σ(L)·L while
+    min(SiLU(g), L) ∈ (σ(L)·L, L], so the served value is low by at most 1 − σ(L) (1.8% at L = 4, 27% at L = 1)."""
+    from math import exp
+
+    return 1.0 - 1.0 / (1.0 + exp(-limit))
+
+
+def _humming_with_limit(original: Callable[..., dict]) -> Callable[..., dict]:
+    def get_humming_activation(activation: Any, config: Any = None) -> dict:
+        definition = original(activation, config)
+        limit = getattr(config, "clamp_limit", None)
+        if getattr(activation, "value", None) != "swiglustep" or limit is None:
+            return definition
+        impl = definition["activation_impl"]
+        if impl.count("7.f") != 3:  # the expression changed: refuse rather than serve an unknown clamp
+            raise RuntimeError(f"vllm-ling: Humming's swiglustep expression is not the one 0.33/0.34 ship "
+                               f"(three '7.f' limits); cannot apply swiglu_limit={limit}. Serve with "
+                               f"--moe-backend marlin or triton, which read the limit.")
+        return {**definition, "activation_impl": impl.replace("7.f", f"({float(limit)}f)")}
+
+    get_humming_activation._vllm_ling = True  # type: ignore[attr-defined]
+    return get_humming_activation
+
+
+def install_humming_swiglustep_limit() -> bool:
+    """Make Humming's fused-MoE "swiglustep" use the layer's swiglu_limit instead of its hard-coded 7. Humming
+    imports `get_humming_activation` from its module at each call, so replacing the module attribute suffices.
+    Returns whether the wrapper is in place. Idempotent."""
+    try:
+        module = importlib.import_module(_HUMMING_ACTIVATION)
+    except ImportError:
+        return False
+    if not getattr(module.get_humming_activation, "_vllm_ling", False):
+        module.get_humming_activation = _humming_with_limit(module.get_humming_activation)
+    return True

@@ -5,9 +5,11 @@ top-4 of 8 groups scored by the sum of their top-2 biased scores, top-8 overall;
 unbiased s renormalised over the top-8, times 2.5. One shared expert is added unweighted.
 The router runs as one Triton kernel of ours on a GPU (vllm_ling/ops/routing.py; VLLM_LING_ROUTER=vllm for
 vLLM's grouped_topk) and as the torch reference (vllm_ling/ops/moe.py) on the CPU engine.
-Per-layer SwiGLU clamps L (trained in; 0 means none):
-  shared expert  min(SiLU(g), L) ⊙ clamp(u, −L, L)
-  routed experts SiLU(min(g, L)) ⊙ clamp(u, −L, L)   (vLLM's fused-MoE clamp, as the vendor's vLLM fork)
+Per-layer SwiGLU clamps L (trained in; 0 means none), one form for the shared and the routed experts:
+  min(SiLU(g), L) ⊙ clamp(u, −L, L)
+On the CPU engine the routed experts compute it in torch (ops/moe.py). On a GPU vLLM's fused MoE computes it as
+activation "swiglustep" where the release honours the limit (0.34); on 0.33 only SiLU(min(g, L)) ⊙ clamp(u, ±L)
+reads the limit, so that is served there and said once at start-up (compat's routed-expert clamp section).
 """
 
 from __future__ import annotations
@@ -61,6 +63,30 @@ def ling_routing_function(bias: torch.Tensor, n_group: int, topk_group: int, sca
         return ling_grouped_topk(gating_output, bias, n_group, topk_group, topk, renormalize, scale)
 
     return route
+
+
+_clamp_notes: set[str] = set()  # what `routed_activation` has logged in this process
+
+
+def routed_activation(limit: float | None) -> str:
+    """FusedMoE's `activation` for routed experts clamped at `limit` (None: plain "silu").
+
+    Where the release's fused MoE cannot compute min(SiLU(g), L) ⊙ clamp(u, ±L) with this L, it serves
+    SiLU(min(g, L)) ⊙ clamp(u, ±L) and says so once, with the largest per-element gap 1 − σ(L).
+    """
+    if limit is None:
+        return "silu"
+    activation, form = compat.routed_clamp_activation()
+    if activation == "swiglustep":
+        compat.install_humming_swiglustep_limit()  # Humming hard-codes L = 7 for swiglustep otherwise
+    elif form not in _clamp_notes:
+        _clamp_notes.add(form)
+        logger.warning(
+            "vllm-ling: vLLM %s's fused MoE reads swiglu_limit only as %s, not Ling-3.0's %s (its 'swiglustep' "
+            "fixes L = 7): clamped routed layers serve %s. Where a gate value exceeds L the activation is low "
+            "by up to 1 - sigmoid(L) (%.1f%% at L = %g); vLLM 0.34 serves the trained form.",
+            compat.vllm_version(), form, compat.CLAMP_TRAINED, form, 100 * compat.clamp_form_gap(limit), limit)
+    return activation
 
 
 class BailingMoeV3MLP(nn.Module):
@@ -187,6 +213,7 @@ class BailingMoeV3MoE(nn.Module):
             return
         # The shared expert goes to FusedMoE, which runs it on vLLM's auxiliary CUDA stream beside the routed
         # experts at decode sizes and adds the two.
+        activation = routed_activation(self.routed_limit)
         self.experts = compat.fused_moe_factory()(
             shared_experts=self.shared_experts,
             num_experts=num_experts,
@@ -200,7 +227,7 @@ class BailingMoeV3MoE(nn.Module):
             swiglu_limit=self.routed_limit,
             **self._routing(config),
             router_logits_dtype=torch.float32,
-            activation="silu",
+            activation=activation,
         )
 
     def _routing(self, config) -> dict:

@@ -24,9 +24,20 @@ def checkpoint_tensors(model_dir: str, prefix: str) -> dict[str, torch.Tensor]:
     return out
 
 
-def moe_reference(x: torch.Tensor, w: dict, cfg: dict, layer: int, clamps: bool = True, groups: bool = True):
+def swiglu_trained(g: torch.Tensor, u: torch.Tensor, limit: float) -> torch.Tensor:
+    """Ling-3.0's clamped SwiGLU, shared and routed experts alike: min(SiLU(g), L) · clamp(u, ±L)."""
+    return F.silu(g).clamp(max=limit) * u.clamp(-limit, limit)
+
+
+def swiglu_silu_of_min(g: torch.Tensor, u: torch.Tensor, limit: float) -> torch.Tensor:
+    """The other form, vLLM's fused-MoE "silu" + swiglu_limit: SiLU(min(g, L)) · clamp(u, ±L)."""
+    return F.silu(g.clamp(max=limit)) * u.clamp(-limit, limit)
+
+
+def moe_reference(x: torch.Tensor, w: dict, cfg: dict, layer: int, clamps: bool = True, groups: bool = True,
+                  routed_swiglu=swiglu_trained):
     """Ling-3.0 MoE (docs/architecture.md §MoE) in fp64: grouped noaux_tc routing, renormalised ×2.5, clamped
-    SwiGLUs, shared expert."""
+    SwiGLUs, shared expert. `routed_swiglu` swaps the routed experts' clamp form (tests show it is pinned)."""
     x = x.double()
     n_exp, k = cfg["num_experts"], cfg["num_experts_per_tok"]
     n_group, top_groups = (cfg["n_group"], cfg["topk_group"]) if groups else (1, 1)
@@ -45,10 +56,8 @@ def moe_reference(x: torch.Tensor, w: dict, cfg: dict, layer: int, clamps: bool 
         g, u = h @ w[f"{prefix}.gate_proj.weight"].T, h @ w[f"{prefix}.up_proj.weight"].T
         if limit is None:
             a = F.silu(g) * u
-        elif routed:  # vLLM's fused-MoE clamp: SiLU(min(g, L)) · clamp(u, ±L)
-            a = F.silu(g.clamp(max=limit)) * u.clamp(-limit, limit)
-        else:  # shared expert: min(SiLU(g), L) · clamp(u, ±L)
-            a = F.silu(g).clamp(max=limit) * u.clamp(-limit, limit)
+        else:
+            a = (routed_swiglu if routed else swiglu_trained)(g, u, limit)
         return a @ w[f"{prefix}.down_proj.weight"].T
 
     out = expert("shared_experts", x, lim_s, routed=False)

@@ -2,7 +2,8 @@
 
 transformers has no clamps, so this is where they are pinned: the engine's MoE output for layers with
 routed and shared clamps equals the equations of docs/architecture.md §MoE computed here from the
-checkpoint's tensors; the same reference without clamps, or without group-limited routing, does not.
+checkpoint's tensors; the same reference without clamps, without group-limited routing, or with the routed
+clamp in the other form (SiLU(min(g, L)), vLLM 0.33's fused-MoE clamp), does not.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from references import checkpoint_tensors as _tensors, moe_reference
+from references import checkpoint_tensors as _tensors, moe_reference, swiglu_silu_of_min
 
 from vllm.config import VllmConfig, set_current_vllm_config
 
@@ -69,3 +70,16 @@ def test_reference_without_clamps_or_groups_is_caught(captured, tiny_bf16, layer
         want = moe_reference(x, w, cfg, layer, **broken)
         err = ((y.double() - want).norm() / want.norm()).item()
         assert err > 100 * REL_TOL, f"layer {layer}: {broken} still matched (error {err:.2e})"
+
+
+@pytest.mark.parametrize("layer", [4, 5])
+def test_routed_clamp_form_is_the_trained_one(captured, tiny_bf16, layer):
+    """The CPU engine's routed experts clamp as min(SiLU(g), L) · clamp(u, ±L): the other form,
+    SiLU(min(g, L)) · clamp(u, ±L), differs on the same weights wherever a gate exceeds L = 1 (SiLU(1) = 0.73)."""
+    cfg = json.loads((Path(tiny_bf16) / "config.json").read_text())
+    assert cfg["expert_swiglu_limit_list"][layer] == 1.0, "the tiny config's routed clamp moved; pick its layers"
+    w = _tensors(tiny_bf16, f"model.layers.{layer}.mlp.")
+    for x, y in captured[f"mlp{layer}"]:
+        other = moe_reference(x, w, cfg, layer, routed_swiglu=swiglu_silu_of_min)
+        err = ((y.double() - other).norm() / other.norm()).item()
+        assert err > 100 * REL_TOL, f"layer {layer}: the SiLU(min(g, L)) form matched too (error {err:.2e})"

