@@ -1,31 +1,31 @@
 #!/usr/bin/env bash
 # One device call = one or more steps of the GPU plan, from the repo root on the H200. vLLM comes from a bundle
-# (git-ignored: .devbundle/1-4 for vLLM 0.26, .devbundle33/1-18 for 0.33) cut into chunks that each fit one call's
-# carry. First one stash call per chunk but the last, on the same warm machine: carry [".devbundle33/K"], command
-# `bash .devbundle33/K/stash.sh` (copies the chunk to $HOME/vllm-stage, which lasts while the machine stays warm).
-# Then this call, with carry [".devbundle/4"] (vLLM 0.26) or [".devbundle33/18"] (vLLM 0.33); its activate.sh
-# stashes the last chunk, assembles $HOME/vllm-site once (~30 s) and puts it on PYTHONPATH:
-#   source .devbundle33/18/activate.sh || exit 1; bash tests/gpu/run_on_device.sh STEP [STEP ...]
+# (git-ignored: .devbundle34/1-N for vLLM 0.34, .devbundle33/1-18 for 0.33; built by the device folder's build.sh)
+# cut into chunks that each fit one call's carry. First one stash call per chunk but the last, on the same warm
+# machine: carry [".devbundle34/K"], command `bash .devbundle34/K/stash.sh` (copies the chunk to $HOME/v34-stage,
+# which lasts while the machine stays warm). Then this call, with carry [".devbundle34/N"]; its activate.sh stashes
+# the last chunk, assembles $HOME/v34-site once (~60 s) and puts it on PYTHONPATH:
+#   source .devbundle34/N/activate.sh || exit 1; bash tests/gpu/run_on_device.sh STEP [STEP ...]
+# (0.33 likewise with .devbundle33 and $HOME/v33-site; both can share one warm machine, one release per call.)
 # Steps (minutes on a warm machine, measured or estimated):
 #   model       tiny model vs the oracle (+ its bf16 floor), CUDA graphs: BF16 and INT4 checkpoints, FP8 on and
 #               off, MoE backends, vLLM's in-tree model where it exists; every engine side by side, then
-#               the oracles (fp32, bf16, FP8 reference in both)   (7.3 on 0.33 with 13 engines, session 10;
-#               5.5 on 0.26 with 7, session 14)
-#   kda         vLLM 0.26 KDA kernels fed our gate vs the fp32 recurrence, + kda_core   (~2)
+#               the oracles (fp32, bf16, FP8 reference in both)   (7.3 on 0.33 with 13 engines)
+#   kda         vLLM's KDA kernels fed our gate vs the fp32 recurrence, + kda_core   (~2)
 #   kda_core    our CUDA glue vs the CPU path on decode and verify batches, our gate and vLLM's
-#               raw-gate kernels (VLLM_LING_KDA_GATE=kernel, >= 0.32)                  (~0.6)
+#               raw-gate kernels (VLLM_LING_KDA_GATE=kernel)                           (~0.6)
 #   mtp         MTP k=1 lossless + acceptance, for a draft built to agree (mtp_echo) and a random one
 #               (stable_router), and the echo one with FP8 (mtp_echo_fp8): six engines side by side, then the
-#               oracles                                        (4.6 on 0.33, measured in session 7: 273 s)
+#               oracles                                        (4.6 on 0.33: 273 s measured)
 #   tuning      ling-tune on the H200 + GB10-emulated, vLLM pickup, vs Marlin        (~7)
 #   tuning_gpu  tuning's GPU tests alone (tests/gpu/test_tuning_gpu.py: runner, smem, vLLM lookup, guard)   (~2)
 #   fullsize_eager | fullsize_graphs | fullsize_mtp   124B dummy weights, batch 1   (graphs 5, mtp 4 measured)
 #   fs:NAME:ARGS  ling_bench.fullsize with ARGS (+ for spaces), e.g. fs:intree:--impl+vllm+--prefill=+--kernels
 #               (full size, prefill 4K/16K/64K, --kernels: 5.0 min first on a fresh 0.33 machine, 3.7-4.9 after;
-#               without prefill 2.8-3.0; 1-1.7 on a warm compile cache of the same settings; sessions 17-18; FS_TIMEOUT)
+#               without prefill 2.8-3.0; 1-1.7 on a warm compile cache of the same settings; FS_TIMEOUT)
 #   engine_moe  INT4 MoE backends raced as decode steps, one engine each (ling_tuning.engine_compare), M = 1..1024,
-#               ENGINE_BACKENDS (marlin,humming); engine logs tailed into engine_moe.log  (3.9 measured in session 8)
-#   engine_race the same race as a test: served backend = asked, timed at M = 1, 8, 64 (2 layers)  (5.1 in session 14)
+#               ENGINE_BACKENDS (marlin,humming); engine logs tailed into engine_moe.log  (3.9 measured)
+#   engine_race the same race as a test: served backend = asked, timed at M = 1, 8, 64 (2 layers)  (5.1 measured)
 #   moe_align   our MoE token layout vs vLLM's op on the same ids, + µs per call                    (~1)
 #   routing     our one-kernel MoE router vs the torch reference and vLLM's grouped_topk, + µs per call (1.3 measured)
 #   router_gemm our fp32 router GEMM (M <= 16) vs an fp64 product, + µs per call beside cuBLAS's fp32 GEMM   (~1)
@@ -34,27 +34,22 @@
 #   fp8_gemm    BF16 vs FP8 W8A16 vs W8A8 for every BF16 linear shape, M = 1..16, + KDA in_proj merged vs split (~1.5)
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
-# On one machine, 0.26 steps come first: activating the 0.33 bundle uninstalls the image's torchvision, which
-# 0.26 imports at engine start-up (session 9 lost its 0.26 model run that way; the check below says so at once).
-# A machine idle for 30 s goes back (and the bundle must be stashed again: ~2.2 min for 0.33): issue the stash
-# calls and every working call in one batch of tool calls, and fix code between sessions, not between calls.
+# A machine idle for 30 s goes back (and the bundle must be stashed again: ~2.2 min): issue the stash
+# calls and every working call in one batch of tool calls, and fix code before the batch, not between calls.
 # Results land in $OUT. At most 8 files come back, so the per-test records (model_*.json, mtp_*.json, ...) are
 # merged at the end into one $OUT/records.json ({name: record}); split it with `python3 -c` or read it whole.
 set -uo pipefail
 : "${OUT:?run on the device: OUT is the folder that comes back}"
 : "${1:?step: model | kda | kda_core | mtp | tuning_gpu | routing | router_gemm | draft_vocab | moe_align | tuning | engine_race | engine_moe | fullsize_* | fs:NAME:ARGS | fp8_gemm | intree_check}"
-SITE=$HOME/vllm-site; [[ $(python3 -c 'import vllm; print(vllm.__version__)') == 0.33* ]] && SITE=$HOME/v33-site
-if [[ $SITE == "$HOME/vllm-site" ]] && ! python3 -c "import torchvision" 2>/dev/null; then
-    echo "vLLM 0.26 needs the image's torchvision (its kernel warm-up imports minimax_m3, which imports it), and the" \
-         "0.33 bundle's activation uninstalls it: on one machine, run every 0.26 step before the first 0.33 one" >&2
-    exit 2
-fi
-rm -rf /tmp/vllm-ling-src && mkdir /tmp/vllm-ling-src && tar --exclude=./.devbundle --exclude=./.devbundle33 --exclude=./.git -cf - . | tar -xf - -C /tmp/vllm-ling-src
+VLLM_RELEASE=$(python3 -c 'import vllm; v = vllm.__version__.split("."); print(v[0] + v[1])') || exit 2
+case $VLLM_RELEASE in 033|034) SITE=$HOME/v${VLLM_RELEASE#0}-site ;;
+    *) echo "activate a vLLM 0.33 or 0.34 bundle first (found release code $VLLM_RELEASE)" >&2; exit 2 ;; esac
+rm -rf /tmp/vllm-ling-src && mkdir /tmp/vllm-ling-src && tar --exclude='./.devbundle*' --exclude=./.git -cf - . | tar -xf - -C /tmp/vllm-ling-src
 python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --target "$SITE" /tmp/vllm-ling-src \
     2>&1 | grep -v "already exists" || true
 export VLLM_LING_GPU_RESULTS=$OUT
 # Triton keeps compiled kernels on disk but re-times every autotuned kernel in each new process unless told to keep
-# the timings: session 12 saw ~80 s of each engine's start-up in its first CUDA-graph capture, warm machine or not.
+# the timings: we saw ~80 s of each engine's start-up in its first CUDA-graph capture, warm machine or not.
 export TRITON_CACHE_AUTOTUNING=1
 [ -f /tmp/flash/config.json ] || python3 -m vllm_ling.tiny /tmp/flash --full-config --force >/dev/null
 for STEP in "$@"; do
