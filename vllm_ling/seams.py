@@ -273,8 +273,8 @@ def _gaps(root: Path, seam: Seam, dotted: str) -> list[str]:
     have, why = _have(root, seam, dotted)
     if why:
         return [why]
-    label = {"module": "{}", "names": "{}", "members": "{}.{{}}", "fields": "field {}.{{}}",
-             "params": "parameter {}({{}})"}[seam.kind].format(seam.owner)
+    label = {"names": "{}", "members": f"{seam.owner}.{{}}", "fields": f"field {seam.owner}.{{}}",
+             "params": f"parameter {seam.owner}({{}})"}.get(seam.kind, "{}")
     return [f"{dotted}: " + label.format(" or ".join(n.split("|"))) for n in seam.names
             if not set(n.split("|")) & have]
 
