@@ -32,6 +32,7 @@
 #   draft_vocab the MTP draft over a draft vocabulary (FP8 head rows, CUDA graphs, >= 0.32): acceptance with every
 #               id as with the whole head, and lower without the frequent ids; three engines            (~4)
 #   fp8_gemm    BF16 vs FP8 W8A16 vs W8A8 for every BF16 linear shape, M = 1..16, + KDA in_proj merged vs split (~1.5)
+#   kv_memory   when the KV cache takes its memory: used MiB at ready, after requests; extensible cache default vs off (~2)
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
 # A machine idle for 30 s goes back (and the bundle must be stashed again: ~2.2 min): issue the stash
@@ -74,6 +75,8 @@ case $STEP in
     router_gemm) run 200 python3 -m pytest -q -p no:cacheprovider -s tests/gpu/test_router_gemm_gpu.py ;;
     draft_vocab) run 400 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_draft_vocab_gpu.py ;;
     fp8_gemm) run 300 python3 tests/gpu/fp8_gemm_bench.py /tmp/flash "$OUT/fp8_gemm.json" ;;
+    kv_memory) [ -f /tmp/tiny/config.json ] || python3 -m vllm_ling.tiny /tmp/tiny --force >/dev/null
+        run 500 python3 tests/gpu/kv_memory_probe.py /tmp/tiny "$OUT/kv_memory.json" ;;
     intree_check) run 400 python3 tests/gpu/intree_check.py "$OUT/intree_check.json" ;;
     *) echo "unknown step $STEP" >&2; exit 2 ;;
 esac
