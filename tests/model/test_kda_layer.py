@@ -1,6 +1,6 @@
 """The KDA layer: its merged in_proj is padded to an aligned width (vllm_ling/kda.py says why: on the H200 the
 compile padded the tiny checkpoint's 2,564-wide GEMM output to row stride 2,568 and the output gate then failed
-the next graph piece's stride check; vLLM 0.26's CUTLASS FP8 kernel asserts on such a width), and what the
+the next graph piece's stride check; a CUTLASS FP8 kernel asserts on such a width), and what the
 layer hands the KDA op under each VLLM_LING_KDA_GATE."""
 
 from __future__ import annotations
@@ -97,20 +97,22 @@ def test_the_op_gets_our_fp32_gate_or_the_raw_projections(monkeypatch, mode):
         torch.testing.assert_close(seen["beta"], want_beta, rtol=0, atol=0)
 
 
-def test_kernel_gate_without_the_kernels_falls_back_with_a_warning(monkeypatch, caplog):
-    """On a CUDA vLLM without the raw-gate kernels (0.26), =kernel logs why and keeps our gate; a value outside
-    the list is refused with the choices."""
+def test_the_gate_switch_on_cuda_defaults_to_the_kernels_and_refuses_unknown_values(monkeypatch, caplog):
+    """On CUDA the default is vLLM's raw-gate kernels (every supported release ships them; the choice is logged
+    once, the self-check reads that line), =ours keeps our gate, and a value outside the list is refused with
+    the choices."""
     pytest.importorskip("vllm")
     from vllm_ling import compat, kda
 
     monkeypatch.setattr(compat, "is_cpu", lambda: False)
-    monkeypatch.setattr(compat, "kda_gate_kernels", lambda: None)
     kda._gate_in_kernel.cache_clear()
-    monkeypatch.setenv(kda.GATE_ENV, "kernel")
+    monkeypatch.delenv(kda.GATE_ENV, raising=False)
     try:
-        with caplog.at_level("WARNING", logger="vllm_ling"):
-            assert kda.gate_in_kernel() is False
-        assert "VLLM_LING_KDA_GATE=kernel" in caplog.text and "=ours" in caplog.text
+        with caplog.at_level("INFO", logger="vllm_ling"):
+            assert kda.gate_in_kernel() is True
+        assert "KDA gate and β inside vLLM's KDA kernels" in caplog.text
+        monkeypatch.setenv(kda.GATE_ENV, "ours")
+        assert kda.gate_in_kernel() is False
         monkeypatch.setenv(kda.GATE_ENV, "fused")
         with pytest.raises(ValueError, match="VLLM_LING_KDA_GATE='fused' is not one of ours, kernel"):
             kda.gate_in_kernel()
