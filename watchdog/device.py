@@ -13,6 +13,7 @@ from dataclasses import dataclass
 # GB10's 101,376 B is docs/ops-walls.md, "The box").
 from vllm_ling.smem import SMEM_PER_BLOCK
 UNIFIED = {(8, 7), (12, 1)}  # Jetson Orin, GB10 (DGX Spark): the GPU's memory is host RAM
+UNIFIED_NAMES = ("GB10",)  # by name too, whatever capability or memory total a driver reports for it
 QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,compute_cap", "--format=csv,noheader,nounits"]
 
 
@@ -26,11 +27,12 @@ class Device:
 
 
 def parse_query(line: str) -> Device:
-    """One line of QUERY's output, e.g. 'NVIDIA GB10, [N/A], 12.1'."""
+    """One line of QUERY's output, e.g. 'NVIDIA GB10, [N/A], 12.1'. Unified memory: a capability or a name known
+    to share host RAM, or no memory total of its own ('[N/A]', what a DGX Spark's driver reports)."""
     name, mem, cc = (part.strip() for part in line.split(","))
     major, minor = (int(x) for x in cc.split("."))
     total = int(float(mem)) << 20 if mem.replace(".", "").isdigit() else None
-    unified = (major, minor) in UNIFIED or total is None
+    unified = (major, minor) in UNIFIED or total is None or any(n in name for n in UNIFIED_NAMES)
     return Device("unified" if unified else "discrete", name, None if unified else total,
                   SMEM_PER_BLOCK.get((major, minor)))
 

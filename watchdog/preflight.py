@@ -10,7 +10,13 @@ util 0.80 leaves 23.9 GiB and hard-hung the box at long context (NV_ERR_NO_MEMOR
 prefill capped at 8192 tokens per step. Hence at long context: util <= 0.72 and chunks <= 8192. At
 short context only the start-up limit applies (vLLM's default 0.92 OOMs at start-up on GB10; <= 0.85).
 Where "long" starts is a setting (long_context_tokens, 32,768 by default): the hang was reported at
-long context and nothing above 0.72 was verified there, so the default errs low.
+long context and nothing above 0.72 was verified there, so the default errs low. On a discrete GPU util
+is a fraction of the GPU's own memory and the host is not at stake: no ceiling there.
+
+The KV cache is sized explicitly (rule kv_cache_size). vLLM 0.34 sizes it, when neither
+--gpu-memory-utilization nor --kv-cache-memory-bytes is set, from all the memory free after warm-up
+(util resolves to 1.0 with its extensible KV cache, on by default on CUDA): on unified memory that is the
+whole box, so such a launch is refused there, and warned about on a discrete GPU.
 
 Every rule's safe alternative agrees with the others' (one util ceiling, `util_ceiling()`), and fits the
 machine: a model that cannot fit the box at all is said to be so, not met with "free memory first".
@@ -22,6 +28,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +41,8 @@ from ling_watchdog.ports import bind_error, free_port
 from ling_watchdog.serve_args import ServeArgs
 
 MTP_K1 = """--speculative-config '{"method":"mtp","num_speculative_tokens":1}'"""
+DEFAULT_UTIL = 0.92  # vLLM's --gpu-memory-utilization when unset, before its extensible KV cache
+EXTENSIBLE_KV = (0, 34)  # from this release, unset util resolves to 1.0 on CUDA (vllm/config/cache.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,6 +62,27 @@ class Host:
 
 def _ok(rule: str, message: str, **values: Any) -> Verdict:
     return Verdict(rule, "ok", message, values)
+
+
+def vllm_release(args: ServeArgs) -> tuple[int, int] | None:
+    """(major, minor) of the vLLM whose parser read the command ("vLLM 0.34.0"); None when the watchdog's
+    minimal parser read it (vLLM's did not run, so its release is unknown)."""
+    m = re.match(r"vLLM (\d+)\.(\d+)", args.parser)
+    return (int(m[1]), int(m[2])) if m else None
+
+
+def extensible_kv(args: ServeArgs, dev: Device) -> bool:
+    """Whether vLLM sizes the KV cache from all memory free after warm-up: vLLM >= 0.34 on a GPU, unless
+    --kv-cache-memory-bytes sizes it. An unknown release counts as the newest (the cautious reading)."""
+    release = vllm_release(args)
+    return dev.kind != "cpu" and args.kv_cache_bytes is None and (release is None or release >= EXTENSIBLE_KV)
+
+
+def util(args: ServeArgs, dev: Device) -> float:
+    """The --gpu-memory-utilization vLLM will use: the flag, else its default for this release and device."""
+    if args.util_given:
+        return args.util
+    return 1.0 if extensible_kv(args, dev) else DEFAULT_UTIL
 
 
 def _context(args: ServeArgs, cfg: Config) -> int:
@@ -106,8 +136,9 @@ def check_port(args: ServeArgs, bind: Callable[[str, int], str | None] = bind_er
 
 def util_ceiling(args: ServeArgs, cfg: Config, dev: Device, ctx: int) -> float | None:
     """The highest --gpu-memory-utilization the util rule allows here; None where it does not apply
-    (the CPU engine; a KV cache sized in bytes, which makes vLLM ignore util)."""
-    if dev.kind == "cpu" or args.kv_cache_bytes is not None:
+    (the CPU engine; a discrete GPU, whose util spares the host; a KV cache sized in bytes, which makes vLLM
+    ignore util)."""
+    if dev.kind != "unified" or args.kv_cache_bytes is not None:
         return None
     return cfg.max_util_long_context if ctx > cfg.long_context_tokens else cfg.max_util
 
@@ -116,7 +147,7 @@ def check_sizes(args: ServeArgs, cfg: Config, dev: Device, ctx: int) -> Verdict:
     """Zero, negative and out-of-range sizes: vLLM refuses them at start-up, every time."""
     rule, bad = "sizes", []
     ceiling = util_ceiling(args, cfg, dev, ctx) or cfg.max_util
-    if not 0 < args.util <= 1:
+    if not 0 < util(args, dev) <= 1:
         bad.append(f"--gpu-memory-utilization {args.util:g} is not a fraction in (0, 1]; safe: "
                    f"--gpu-memory-utilization {ceiling:g}")
     for flag, value, safe in (("--max-model-len", args.max_model_len, "131072 (the recipe's CTX)"),
@@ -126,7 +157,7 @@ def check_sizes(args: ServeArgs, cfg: Config, dev: Device, ctx: int) -> Verdict:
                               ("--kv-cache-memory-bytes", args.kv_cache_bytes, "4G")):
         if value is not None and value < 1:
             bad.append(f"{flag} {value} must be at least 1; safe: {flag} {safe}")
-    values = dict(util=args.util, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+    values = dict(util=util(args, dev), max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                   max_num_batched_tokens=args.max_batched_tokens, kv_cache_memory_bytes=args.kv_cache_bytes)
     if bad:
         return _refuse(rule, "; ".join(bad) + ".", values)
@@ -146,15 +177,17 @@ def check_util(args: ServeArgs, cfg: Config, dev: Device, ctx: int) -> Verdict:
         return _ok(rule, "CPU engine: no GB10 ceiling (util reserves CPU memory there: see memory_fit)")
     if args.kv_cache_bytes is not None:
         return _ok(rule, "--kv-cache-memory-bytes is set: vLLM ignores --gpu-memory-utilization")
-    util, long, limit = args.util, ctx > cfg.long_context_tokens, util_ceiling(args, cfg, dev, ctx)
-    values = dict(util=util, max_model_len=ctx, limit=limit, long_context=long)
-    if util <= limit:
-        return _ok(rule, f"--gpu-memory-utilization {util} <= {limit}", **values)
+    if dev.kind == "discrete":
+        return _ok(rule, "discrete GPU: util is a fraction of its own memory, the host's is not at stake")
+    taken, long, limit = util(args, dev), ctx > cfg.long_context_tokens, util_ceiling(args, cfg, dev, ctx)
+    values = dict(util=taken, max_model_len=ctx, limit=limit, long_context=long)
+    if taken <= limit:
+        return _ok(rule, f"--gpu-memory-utilization {taken} <= {limit}", **values)
     why = (f"at {ctx} tokens (> {cfg.long_context_tokens} = long context); W4: 0.80 at long context "
            f"hard-hung a DGX Spark (NV_ERR_NO_MEMORY), 0.72 with chunked prefill 8192 was verified at "
            f"131,072" if long else "vLLM's default 0.92 OOMs at start-up on GB10")
     unset = "" if args.util_given else " (vLLM's default, flag unset)"
-    return Verdict(rule, "refuse", f"{rule}: --gpu-memory-utilization {util}{unset} is above {limit} {why}. "
+    return Verdict(rule, "refuse", f"{rule}: --gpu-memory-utilization {taken}{unset} is above {limit} {why}. "
                    f"Safe: --gpu-memory-utilization {limit}, or size the KV cache with "
                    f"--kv-cache-memory-bytes.", values)
 
@@ -218,6 +251,42 @@ def check_eager(args: ServeArgs, dev: Device) -> Verdict:
     return Verdict(rule, "warn", f"{rule}: --enforce-eager disables CUDA graphs; W2: 20.8 tok/s eager vs "
                    f"22.9 with graphs on a Spark (in-tree model, before MTP); with this plugin an H200 decode "
                    f"step took 11.9x longer eager (BENCHMARKS.md). Drop --enforce-eager unless you are debugging.")
+
+
+def check_kv_size(args: ServeArgs, cfg: Config, dev: Device, ctx: int) -> Verdict:
+    """The KV cache must be sized by the command (--gpu-memory-utilization or --kv-cache-memory-bytes) on unified
+    memory. Left to vLLM, 0.34 sizes it from all memory free after warm-up (util resolves to 1.0: its extensible KV
+    cache, vllm/config/cache.py `resolved_gpu_memory_utilization`), which on a GB10 is the whole box: the OS, the
+    page cache and the watchdog's memory guard get nothing (its own docstring warns unified-memory devices); older
+    releases take 0.92, which OOMs at start-up there. On a discrete GPU vLLM 0.34's default is sound for a GPU of
+    its own, so the rule only warns there."""
+    rule, release = "kv_cache_size", vllm_release(args)
+    shown = ".".join(map(str, release)) if release else "of unknown release (vLLM's parser did not run)"
+    values = dict(util_given=args.util_given, kv_cache_memory_bytes=args.kv_cache_bytes, device=dev.kind,
+                  vllm=shown, default_util=util(args, dev))
+    if dev.kind == "cpu":
+        return _ok(rule, "CPU engine: util or VLLM_CPU_KVCACHE_SPACE size the KV cache (see memory_fit)", **values)
+    if args.kv_cache_bytes is not None:
+        return _ok(rule, f"--kv-cache-memory-bytes {args.kv_cache_bytes} sizes the KV cache", **values)
+    if args.util_given:
+        return _ok(rule, f"--gpu-memory-utilization {args.util:g} sizes the KV cache", **values)
+    grows = extensible_kv(args, dev)
+    what = (f"vLLM {shown} sizes the KV cache from all memory free after warm-up (util resolves to 1.0)" if grows
+            else f"vLLM {shown} takes its default --gpu-memory-utilization {DEFAULT_UTIL}")
+    kv_gib = math.ceil(footprint(args, cfg, ctx).kv / GiB)
+    limit = util_ceiling(args, cfg, dev, ctx) or cfg.max_util
+    safe = (f"Safe: --gpu-memory-utilization {limit:g} (serve-int4.sh: UTIL={limit:g}), or "
+            f"--kv-cache-memory-bytes {kv_gib}G, one {ctx}-token sequence (serve-int4.sh: KV_CACHE_GIB={kv_gib}).")
+    if dev.kind == "unified":
+        cost = ("the whole box: the OS, the page cache and the memory guard's floor included" if grows
+                else "a share of the whole box that OOMs at start-up on GB10")
+        return _refuse(rule, f"neither --gpu-memory-utilization nor --kv-cache-memory-bytes is set on {dev.name}, "
+                       f"whose GPU memory is this machine's RAM: {what}, {cost}. {safe}", values)
+    if grows:
+        return Verdict(rule, "warn", f"{rule}: neither --gpu-memory-utilization nor --kv-cache-memory-bytes is "
+                       f"set: {what}, every byte of {dev.name} left after warm-up; right for a GPU of its own, not "
+                       f"for one another process shares or allocates on later. {safe}", values)
+    return _ok(rule, f"{what} of {dev.name}'s own memory", **values)
 
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1", "0.0.0.0", "")
@@ -379,7 +448,8 @@ def check_memory(args: ServeArgs, cfg: Config, dev: Device, host: Host, ctx: int
         how = (f"weights {gib(fp.weights)} + KV cache {gib(kv_bytes)} (--kv-cache-memory-bytes) + overhead "
                f"{gib(fp.overhead)}")
     else:
-        demand, how = int(args.util * total), f"--gpu-memory-utilization {args.util:g} x {gib(total)}"
+        taken = util(args, dev)
+        demand, how = int(taken * total), f"--gpu-memory-utilization {taken:g} x {gib(total)}"
         if fp.need > demand:
             return _refuse(rule, _too_small(fp, demand, how, total, ceiling), values)
     values.update(demand=demand)
@@ -420,7 +490,8 @@ def check(args: ServeArgs, cfg: Config, dev: Device, host: Host, env: Mapping[st
     try:
         ctx = _context(args, cfg)
         port = [] if args.worker_node else [check_port(args, bind)]  # a worker node binds no API port
-        verdicts = [check_model(args), *port, check_sizes(args, cfg, dev, ctx), check_parallel(args, dev)]
+        verdicts = [check_model(args), *port, check_sizes(args, cfg, dev, ctx), check_parallel(args, dev),
+                    check_kv_size(args, cfg, dev, ctx)]
         if any(v.verdict == "refuse" for v in verdicts):
             return verdicts  # the rules below would judge numbers that cannot start at all
         return [*verdicts, check_util(args, cfg, dev, ctx), check_chunked_prefill(args, cfg, ctx),

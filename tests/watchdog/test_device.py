@@ -34,3 +34,10 @@ def test_every_gpu_nvidia_smi_lists_is_counted():
         return subprocess.CompletedProcess(a, 0, "NVIDIA GB10, [N/A], 12.1\n", "")
     assert (detect(run=two).count, detect(run=two).kind) == (2, "discrete")
     assert (detect(run=spark).count, detect(run=spark).kind) == (1, "unified")
+
+
+def test_a_gb10_is_unified_whatever_memory_total_its_driver_reports():
+    """DGX Spark drivers report '[N/A]' for memory.total; a GB10 that reports a number is still unified."""
+    assert parse_query("NVIDIA GB10, 122502, 12.1").kind == "unified"
+    assert parse_query("NVIDIA GB10, [N/A], 12.1").total_bytes is None
+    assert parse_query("NVIDIA GeForce RTX 5090, 32607, 12.0").kind == "discrete"

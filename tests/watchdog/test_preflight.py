@@ -1,7 +1,10 @@
 """Each safety rule: when it refuses, what it says, and the safe alternative it names."""
-import pytest
+import dataclasses
 import json
+import re
 import shlex
+
+import pytest
 
 from ling_watchdog.config import load_config
 from ling_watchdog.device import Device
@@ -31,8 +34,8 @@ def verdicts(cmd, dev=GB10, host=SPARK, env=None, bind=free, **cfg):
 
 def test_the_shipped_recipe_passes_every_rule_on_a_spark():
     assert {r: v.verdict for r, v in verdicts(RECIPE + " --max-num-seqs 2").items()} == dict.fromkeys(
-        ["model", "port", "sizes", "parallel", "util_ceiling", "chunked_prefill", "spec_tokens_smem",
-         "max_seqs_smem", "enforce_eager", "memory_fit"], "ok")
+        ["model", "port", "sizes", "parallel", "kv_cache_size", "util_ceiling", "chunked_prefill",
+         "spec_tokens_smem", "max_seqs_smem", "enforce_eager", "memory_fit"], "ok")
 
 
 def test_util_above_072_at_long_context_is_refused_with_the_w4_reason():
@@ -48,9 +51,64 @@ def test_util_above_072_is_allowed_at_short_context_up_to_085():
     assert v.verdict == "refuse" and "0.92 OOMs at start-up on GB10" in v.message
 
 
-def test_unset_util_means_vllms_092_default_and_is_refused():
-    v = verdicts("vllm serve m --max-model-len 131072")["util_ceiling"]
-    assert v.verdict == "refuse" and "0.92 (vLLM's default, flag unset)" in v.message
+def on(release, cmd):
+    """The command as the parser of vLLM `release` would have read it (this machine has one vLLM)."""
+    return dataclasses.replace(ServeArgs.parse(shlex.split(cmd)), parser=f"vLLM {release}")
+
+
+def rule(args, dev=GB10, name="kv_cache_size"):
+    (v,) = [v for v in check(args, load_config(), dev, SPARK, {}, bind=free) if v.rule == name]
+    return v
+
+
+@pytest.mark.parametrize("release, says", [
+    ("0.34.0", "vLLM 0.34 sizes the KV cache from all memory free after warm-up (util resolves to 1.0), the whole "
+               "box"),
+    ("0.33.0", "vLLM 0.33 takes its default --gpu-memory-utilization 0.92, a share of the whole box that OOMs"),
+])
+def test_a_launch_that_leaves_the_kv_cache_to_vllm_is_refused_on_unified_memory(release, says):
+    v = rule(on(release, "vllm serve m --max-model-len 131072"))
+    assert v.verdict == "refuse" and v.message.startswith("kv_cache_size: neither --gpu-memory-utilization nor "
+                                                          "--kv-cache-memory-bytes is set on NVIDIA GB10")
+    assert says in v.message, v.message
+    assert ("Safe: --gpu-memory-utilization 0.72 (serve-int4.sh: UTIL=0.72), or --kv-cache-memory-bytes 2G, one "
+            "131072-token sequence (serve-int4.sh: KV_CACHE_GIB=2).") in v.message
+    assert "util_ceiling" not in {x.rule for x in check(on(release, "vllm serve m --max-model-len 131072"),
+                                                         load_config(), GB10, SPARK, {}, bind=free)}
+
+
+def test_the_safe_values_follow_the_context_and_agree_with_the_util_and_memory_rules():
+    v = rule(on("0.34.0", "vllm serve m --max-model-len 8192"))
+    assert "Safe: --gpu-memory-utilization 0.85 (serve-int4.sh: UTIL=0.85)" in v.message
+    assert verdicts("vllm serve m --max-model-len 8192 --gpu-memory-utilization 0.85")["util_ceiling"].verdict == "ok"
+    for ctx in (131072, 262144):
+        ours = re.search(r"--kv-cache-memory-bytes (\d+)G, one", rule(on("0.34.0", f"vllm serve m --max-model-len "
+                                                                          f"{ctx}")).message)[1]
+        fit = verdicts(f"vllm serve m --max-model-len {ctx} --kv-cache-memory-bytes 1000000")["memory_fit"].message
+        assert f"Safe: --kv-cache-memory-bytes {ours}G or a lower --max-model-len" in fit
+
+
+@pytest.mark.parametrize("flag", ["--gpu-memory-utilization 0.72", "--kv-cache-memory-bytes 8G"])
+def test_either_flag_sizes_the_kv_cache_on_every_release(flag):
+    for release in ("0.33.0", "0.34.0"):
+        v = rule(on(release, f"vllm serve m --max-model-len 131072 {flag}"))
+        assert v.verdict == "ok" and "sizes the KV cache" in v.message
+
+
+def test_on_a_discrete_gpu_vllm_034s_default_is_a_warning_and_033s_passes():
+    v = rule(on("0.34.0", "vllm serve m --max-model-len 131072"), dev=H200)
+    assert v.verdict == "warn" and "every byte of NVIDIA H200 left after warm-up" in v.message
+    assert v.values["default_util"] == 1.0
+    assert rule(on("0.33.0", "vllm serve m --max-model-len 131072"), dev=H200).verdict == "ok"
+    args = on("0.34.0", "vllm serve m --max-model-len 131072")
+    assert {v.rule: v.verdict for v in check(args, load_config(), H200, SPARK, {}, bind=free)}["util_ceiling"] == "ok"
+    assert rule(args, dev=H200, name="memory_fit").values["demand"] == H200.total_bytes  # util 1.0 of its memory
+
+
+def test_a_release_the_watchdog_could_not_read_counts_as_the_newest():
+    args = dataclasses.replace(ServeArgs.parse(shlex.split("vllm serve m")), parser="minimal (no vLLM here)")
+    assert rule(args, dev=H200).verdict == "warn" and "unknown release" in rule(args, dev=H200).message
+    assert rule(args, dev=CPU).verdict == "ok"
 
 
 def test_unset_context_means_the_models_262144_and_counts_as_long():
@@ -146,7 +204,7 @@ def test_more_than_two_lanes_on_a_small_smem_gpu_is_a_warning_with_the_w5_number
 
 def test_a_model_path_that_does_not_exist_is_refused_by_name_and_an_hf_id_is_not(tmp_path):
     v = verdicts("vllm serve /nonexistent --max-model-len 8192")
-    assert list(v) == ["model", "port", "sizes", "parallel"]  # the memory rules would judge a guessed size: skipped
+    assert list(v) == ["model", "port", "sizes", "parallel", "kv_cache_size"]  # the memory rules: skipped
     assert v["model"].verdict == "refuse" and "/nonexistent is a local path and does not exist" in v["model"].message
     assert verdicts(f"vllm serve {tmp_path}")["model"].message.endswith("holds no config.json: not a checkpoint "
                                                                       "directory. Safe: the checkpoint's directory "
