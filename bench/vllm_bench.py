@@ -7,7 +7,7 @@ its CLI cannot express: a fresh vLLM `cache_salt` per request (so the prefix cac
 prefill), warm-up requests that are separate from the measured ones, per-request prefill and decode
 rates, and a refusal to guess token counts when a server streams no usage.
 
-`benchmark()` keeps the same keyword arguments from vLLM 0.26 to 0.33; we pass only those.
+`benchmark()` keeps the same keyword arguments in vLLM 0.32, 0.33 and 0.34; we pass only those.
 """
 
 from __future__ import annotations
@@ -85,7 +85,7 @@ def _spec(result: dict[str, Any]) -> SpecCounters | None:
 
 
 def _requests(result: dict[str, Any]) -> list[RequestResult]:
-    """Per-request records; latency is TTFT plus the chunk gaps (0.26's result has no `latencies`)."""
+    """Per-request records; latency is TTFT plus the chunk gaps."""
     return [RequestResult(int(n_in), int(n_out), 1 + len(itl), ttft, ttft + sum(itl))
             for n_in, n_out, ttft, itl in zip(result["input_lens"], result["output_lens"], result["ttfts"],
                                               result["itls"])]

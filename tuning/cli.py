@@ -105,15 +105,14 @@ def _outcome_json(o: MOutcome) -> dict[str, Any]:
 
 
 def engine_backends(text: str) -> list[str]:
-    """--engine-backends resolved: 'auto' is every backend where vLLM honours --moe-backend on a GPU."""
+    """--engine-backends resolved: 'auto' is every backend on a GPU (every supported vLLM honours --moe-backend
+    for compressed-tensors INT4 experts), none without one."""
     if text == "none":
         return []
     if text == "auto":
         import torch
 
-        from vllm_ling.compat import honours_moe_backend_flag
-
-        return list(ENGINE_BACKENDS) if torch.cuda.is_available() and honours_moe_backend_flag() else []
+        return list(ENGINE_BACKENDS) if torch.cuda.is_available() else []
     try:
         return check_backends([b for b in text.split(",") if b])
     except ValueError as e:

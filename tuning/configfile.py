@@ -35,7 +35,7 @@ def device_name_as_file_name(name: str) -> str:
 
 
 def config_file_name(shape: MoEShape, device_name: str) -> str:
-    """The file name vLLM 0.26 looks up for `shape` on a device reporting `device_name`."""
+    """The file name vLLM (0.32-0.34, one rule) looks up for `shape` on a device reporting `device_name`."""
     dev = device_name_as_file_name(device_name)
     if "H200" in dev.split("_"):
         dev = "NVIDIA_H200"

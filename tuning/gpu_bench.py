@@ -1,4 +1,4 @@
-"""The CUDA runner: one MoE layer of random INT4 experts, in both layouts vLLM 0.26 serves them.
+"""The CUDA runner: one MoE layer of random INT4 experts, in both layouts vLLM serves them.
 
 * wna16 (CUDA `moe_wna16_gemm` / Triton `fused_moe_kernel_gptq_awq`): w13 uint8 [E, 2N, hidden/2],
   w2 uint8 [E, hidden, N/2], low nibble = even k, code c means (c - 8)·scale; scales bf16
@@ -90,7 +90,7 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30, reps: int = 10) -> float:
 
 
 class CudaRunner:
-    """`ling_tuning.runner.Runner` on the current CUDA device, through vLLM 0.26's own kernels."""
+    """`ling_tuning.runner.Runner` on the current CUDA device, through vLLM's own kernels."""
 
     def __init__(self, shape: MoEShape, seed: int = 0, rotations: int = 16, replays: int = 7):
         if not torch.cuda.is_available():
@@ -178,15 +178,12 @@ class CudaRunner:
         return call
 
     def _marlin_call(self) -> Callable[..., torch.Tensor]:
-        try:
-            from vllm.model_executor.layers.fused_moe.experts.marlin_moe import fused_marlin_moe
-        except ImportError:  # older layout
-            from vllm.model_executor.layers.fused_moe.fused_marlin_moe import fused_marlin_moe
+        from vllm.model_executor.layers.fused_moe.experts.marlin_moe import fused_marlin_moe
 
         def call(x: torch.Tensor, ids: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
             return fused_marlin_moe(x, self.mw13, self.mw2, None, None, self.ms13, self.ms2, w, ids,
                                     quant_type_id=self.uint4b8, global_num_experts=self.shape.num_experts,
-                                    workspace=self.ws)  # is_k_full: True by default (0.26), gone in 0.33
+                                    workspace=self.ws)  # 0.33/0.34: no is_k_full
         return call
 
     def _sync(self) -> None:

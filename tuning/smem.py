@@ -4,7 +4,7 @@ GB10 (sm_121) allows 101,376 B per block; a Triton launch that needs more raises
 `OutOfResources: shared memory, Required: ..., Hardware limit: 101376`. The tuner prunes on these
 estimates before compiling anything, and checks the compiled kernel's real figure after.
 
-Triton `fused_moe_kernel_gptq_awq` (vLLM 0.26), int4, bf16 activations:
+Triton `fused_moe_kernel_gptq_awq` (identical in vLLM 0.32, 0.33 and 0.34), int4, bf16 activations:
 
     smem = max(num_stages·BM·BK·2 + BK·BN·2,  BM·BN·2)
 

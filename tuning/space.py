@@ -191,7 +191,7 @@ def candidates(m: int, shape: MoEShape, smem_limit: int, space: str = "quick",
 
 
 def vllm_default_config(m: int, shape: MoEShape) -> Config:
-    """What vLLM 0.26 runs with no tuned file (get_default_config + get_moe_wna16_block_config).
+    """What vLLM (0.32-0.34, one rule) runs with no tuned file (get_default_config + get_moe_wna16_block_config).
 
     CUDA path: BLOCK_SIZE_M = min(16, M); N/K come from a heuristic evaluated per GEMM at launch
     (left out here, as vLLM leaves them out). Triton path: M tile 16/32/64 by M, N/K 32/64 at

@@ -74,7 +74,7 @@ def _measure_and_log(runner: Runner, store: ResultStore, out: MOutcome, cfg: Con
 def measure_default(runner: Runner, store: ResultStore, out: MOutcome, shape: MoEShape,
                     smem_limit: int) -> Result:
     """vLLM's default at out.m, timed like any candidate (reused when stored). One the kernel rejects
-    (vLLM 0.26's CUDA default at M <= 2: BLOCK_SIZE_K // group = 16) is an 'error' Result, not
+    (vLLM's CUDA default at M <= 2: BLOCK_SIZE_K // group = 16) is an 'error' Result, not
     launched and not stored (it may be valid under another run's limit); one that raises when
     launched is stored as 'error' like any candidate. Either way tuning goes on without it."""
     cfg = explicit_default_config(out.m, shape)

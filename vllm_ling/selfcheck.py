@@ -171,7 +171,7 @@ def _tuned_verdict(log: str, folder: str | None) -> Verdict:
 def served_int4_backend(log: str) -> tuple[str, str] | None:
     """(backend, as logged) of the INT4 MoE experts from vLLM's start-up log, or None. 0.33 names its backend
     ('HUMMING', 'MARLIN', 'TRITON', ...) after a line naming the one method class all of them share
-    (CompressedTensorsWNA16MoEMethod), so the backend line wins; 0.26 names only the class (Marlin or not)."""
+    (CompressedTensorsWNA16MoEMethod), so the backend line wins; a log without it names only the class."""
     named = re.search(r"Using '(\w+)' WNA16 MoE backend", log)  # 0.33 also logs the method class, earlier
     if named:
         return named.group(1).lower(), named.group(1)

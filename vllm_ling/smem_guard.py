@@ -1,6 +1,6 @@
 """Keep vLLM's vendored FLA (KDA) Triton autotuners inside the device's shared memory (docs/ops-walls.md W6).
 
-vLLM 0.26's `vllm/third_party/flash_linear_attention/ops/*.py` autotune over fixed config lists
+vLLM's vendored `vllm/third_party/flash_linear_attention/ops/*.py` autotune over fixed config lists
 (num_stages up to 4-5, BK/BV up to 128); only chunk_o/cumsum shrink theirs, via `check_shared_mem()`,
 whose 102,400 B threshold GB10's 101,376 B just misses. On GB10, KDA's stage-3/4 configs need
 133-139 KB: autotuning them mid-serve failed and wedged the box. Triton compiles a config without

@@ -24,7 +24,7 @@ from vllm_ling.metrics import tokens_total
 
 READY_POLL_S = 0.5
 REFUSED = (401, 403)
-DEAD = 503  # vLLM 0.26-0.33 answer /health with 503 only on EngineDeadError (docs/ops-walls.md)
+DEAD = 503  # vLLM 0.32-0.34 answer /health with 503 only on EngineDeadError (docs/ops-walls.md)
 
 
 @dataclass(frozen=True, slots=True)

@@ -105,7 +105,9 @@ def _vllm_parse(python: str, args: tuple[str, ...]) -> dict[str, Any]:
 
 
 def minimal_parser() -> argparse.ArgumentParser:
-    """The flags the watchdog's rules read, with vLLM's names, types and defaults (vLLM 0.26-0.33)."""
+    """The flags the watchdog's rules read, with vLLM's names, types and defaults (vLLM 0.32-0.34; 0.34 leaves
+    --gpu-memory-utilization unset, None, and resolves it to 1.0 under its extensible KV cache: the preflight's
+    kv_cache_size rule reads which, here 0.32/0.33's 0.92 stands in)."""
     p = argparse.ArgumentParser(add_help=False, allow_abbrev=False, exit_on_error=False)
     p.add_argument("model_tag", nargs="?")
     p.add_argument("--model", default="Qwen/Qwen3-0.6B")

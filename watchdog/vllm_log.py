@@ -1,4 +1,4 @@
-"""What a line of vLLM's log means to the watchdog (vLLM 0.26, 0.32, 0.33; docs/ops-walls.md, "vLLM's log")."""
+"""What a line of vLLM's log means to the watchdog (vLLM 0.32, 0.33, 0.34; docs/ops-walls.md, "vLLM's log")."""
 from __future__ import annotations
 
 import re
@@ -43,7 +43,7 @@ FATAL = (
     (re.compile(r"EngineDeadError"), True),
     (re.compile(r"CUDA out of memory"), True),
 )
-# vLLM's signal handler (0.26-0.33 launcher.py): the server was asked to stop, by a signal.
+# vLLM's signal handler (0.32-0.34 launcher.py): the server was asked to stop, by a signal.
 STOP_REQUESTED = "API server: shutdown triggered"
 # The last line of a traceback, bare or behind vLLM's "ERROR ... [file.py:N] " prefix. The first one
 # of a launch is the root cause; vLLM's own fatal lines come after it ("See root cause above").

@@ -23,7 +23,7 @@ import sys
 from typing import Any
 
 RESULT_TAG = "ling-watchdog vllm-parse:"
-# Where make_arg_parser lives: 0.26 (and earlier), 0.32, 0.33.
+# Where make_arg_parser lives: older releases, then (0.32-0.34) vllm.entrypoints.common.cli_args.
 MODULES = ("vllm.entrypoints.openai.cli_args", "vllm.entrypoints.launchers.cli_args",
            "vllm.entrypoints.common.cli_args")
 

@@ -36,9 +36,9 @@ def acceptance_slack(p1: float, n1: int, p2: float, n2: int) -> float:
 def paired_slack(ours: list[bool], ref: list[bool], points: float) -> float:
     """How far ours may fall below a reference's hit rate on the same positions before the gap is more than noise:
     max(points, 3 sqrt(b + c) / n), b the positions only the reference gets right, c those only ours does. Under
-    equal quality b - c has mean 0 and variance about b + c (McNemar's test). Session 14's 0.26 bf16_fp8 decode
-    fell 1.9 points (4 of 209 decided tokens) below its reference, under a 1-point bar, while its 1,568
-    teacher-forced positions beat that reference: 1 point was 2 tokens there, below a binomial's noise."""
+    equal quality b - c has mean 0 and variance about b + c (McNemar's test). One H200 bf16_fp8 decode fell 1.9
+    points (4 of 209 decided tokens) below its reference, under a 1-point bar, while its 1,568 teacher-forced
+    positions beat that reference: 1 point was 2 tokens there, below a binomial's noise."""
     n = len(ours)
     discordant = sum(a != b for a, b in zip(ours, ref))
     return max(points, 3 * discordant ** 0.5 / max(n, 1))

@@ -36,7 +36,7 @@ SIDE_BY_SIDE = {"gpu_memory_utilization": 0.12, "engine_kwargs": {"kv_cache_memo
                                                                    "quantization": "ling_fp8"}}
 
 if compat.draft_top_tokens_key() is None:
-    pytest.skip("this vLLM cannot ask the draft for its top token (0.26)", allow_module_level=True)
+    pytest.skip("this vLLM cannot ask the draft for its top token", allow_module_level=True)
 
 
 @pytest.fixture(scope="module")

@@ -11,11 +11,6 @@ from pathlib import Path
 import pytest
 from gpu_helpers import record  # importing gpu_helpers skips the module without CUDA
 
-from vllm_ling.compat import honours_moe_backend_flag
-
-if not honours_moe_backend_flag():
-    pytest.skip("vLLM < 0.28 ignores --moe-backend for compressed-tensors experts", allow_module_level=True)
-
 from ling_tuning.engine_compare import compare_engines, report  # noqa: E402
 from ling_tuning.shapes import bundled_config_path  # noqa: E402
 

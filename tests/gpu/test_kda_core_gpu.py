@@ -29,7 +29,6 @@ except ImportError:  # a bare checkout on the GPU host
     sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from vllm.model_executor.layers.mamba.mamba_utils import is_conv_state_dim_first  # noqa: E402
 
-from vllm_ling import compat  # noqa: E402
 from vllm_ling.kda_core import Gate, gate_torch, run_cuda, run_cuda_gate_in_kernel, run_torch  # noqa: E402
 
 H, D, K_CONV, NUM_SPEC, N = 4, 128, 4, 1, 3  # Ling's head_dim; 3 sequences per batch
@@ -73,8 +72,6 @@ class Caches:
             g, beta = gate_torch(f.cuda(), b.cuda(), gpu_gate)
             got = run_cuda(qkv.cuda(), g, beta, conv_w, conv, rec, meta_gpu, D)
         else:
-            if compat.kda_gate_kernels() is None:
-                pytest.skip(f"vLLM {compat.vllm_version()} has no raw-gate KDA kernels")
             row = torch.cat([qkv, b, f], dim=1).cuda()  # one fused row again, so the views keep its stride
             qkv_v, b_v, f_v = row[:, :CH], row[:, CH:CH + H], row[:, CH + H:]
             got = run_cuda_gate_in_kernel(qkv_v, f_v, b_v, gpu_gate, conv_w, conv, rec, meta_gpu, D)

@@ -1,6 +1,6 @@
-"""vLLM 0.26's Triton KDA kernels fed our fp32 safe gate, against our torch ops (and FLA's naive op if present).
+"""vLLM's vendored Triton KDA kernels fed our fp32 safe gate, against our torch ops (and FLA's naive op if present).
 
-Run on a CUDA host with vLLM 0.26.0:  VLLM_LING_GPU_RESULTS=/tmp/out pytest tests/gpu/test_kda_kernels_gpu.py -v
+Run on a CUDA host with vLLM 0.34 or 0.33:  VLLM_LING_GPU_RESULTS=/tmp/out pytest tests/gpu/test_kda_kernels_gpu.py -v
 Writes the measured errors to $VLLM_LING_GPU_RESULTS/kda_kernels.json when that variable is set.
 
 The references run on the CPU in fp32 from the same bf16 inputs: `recurrent_kda_torch`, which tests/ops proves

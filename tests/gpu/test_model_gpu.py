@@ -50,7 +50,7 @@ from criteria import model_prompts as _prompts  # noqa: E402
 from gpu_helpers import GPU_ENV, record, run_scripts  # noqa: E402  (skips the module without CUDA)
 from model_helpers import FP8_MERGED, NO_CLAMPS, by_margin  # noqa: E402  (on sys.path via gpu_helpers)
 
-from vllm_ling import compat  # noqa: E402
+from vllm_ling import kda_core  # noqa: E402
 from vllm_ling.ops.router_gemm import DEFAULT_GEMM  # noqa: E402
 from vllm_ling.selfcheck import Requested, inspect_log  # noqa: E402
 
@@ -66,32 +66,31 @@ FP8_KERNEL = "w8a8"  # the FP8 reference's kernel: vllm_ling.fp8's default, whic
 # checkpoint and implementation (oracle_plan)
 PLAIN_ORACLES = {"fp32": {}, "bf16": {"dtype": "bfloat16"}}
 FP8_ORACLES = {"fp8": {"fp8": FP8_KERNEL}, "fp8_bf16": {"fp8": FP8_KERNEL, "dtype": "bfloat16"}}
-DEFAULT_KDA_GATE = "kernel" if compat.kda_gate_kernels() is not None else "ours"  # where vLLM ships the kernels
-MOE_FLAG = compat.has_intree_ling3()  # vLLM >= 0.28 honours --moe-backend for compressed-tensors INT4 experts
+DEFAULT_KDA_GATE = kda_core.default_gate()
 
 
 def _moe(backend: str) -> dict:
-    return {"moe_backend": backend} if MOE_FLAG else {}
+    """--moe-backend: which kernel serves compressed-tensors INT4 experts (vLLM honours it since 0.28)."""
+    return {"moe_backend": backend}
 
 
 # name -> (checkpoint, environment, engine kwargs)
 CONFIGS = {
     "bf16": ("bf16", OURS, {}),
     "int4": ("int4", OURS, _moe("marlin")),
-    "int4_triton": ("int4", {**OURS, "VLLM_LING_MOE_BACKEND": "triton"}, _moe("triton")),
+    "int4_triton": ("int4", OURS, _moe("triton")),
     "bf16_fp8": ("bf16", OURS, FP8),
     "int4_fp8": ("int4", OURS, {**_moe("marlin"), **FP8}),
     "int4_align": ("int4", {**OURS, "VLLM_LING_MOE_ALIGN": "ours"}, _moe("marlin")),  # our MoE token layout
     "bf16_gatelinear": ("bf16", {**OURS, "VLLM_LING_ROUTER_GEMM": "vllm"}, {}),  # vLLM's GateLinear for the router
+    "int4_humming": ("int4", OURS, _moe("humming")),
+    "int4_humming_align": ("int4", {**OURS, "VLLM_LING_MOE_ALIGN": "ours"}, _moe("humming")),
+    # the default is the gate inside vLLM's raw-gate KDA kernels; ours stays served on request
+    "bf16_ourgate": ("bf16", {**OURS, "VLLM_LING_KDA_GATE": "ours"}, {}),
+    "int4_fp8_ourgate": ("int4", {**OURS, "VLLM_LING_KDA_GATE": "ours"}, {**_moe("marlin"), **FP8}),
+    "bf16_intree": ("bf16", INTREE, {}), "int4_intree": ("int4", INTREE, _moe("marlin")),
+    "int4_intree_fp8": ("int4", INTREE, {**_moe("marlin"), **FP8}),
 }
-if compat.has_intree_ling3():
-    CONFIGS |= {"int4_humming": ("int4", OURS, _moe("humming")),
-                "int4_humming_align": ("int4", {**OURS, "VLLM_LING_MOE_ALIGN": "ours"}, _moe("humming")),
-                # the default there is the gate inside vLLM's raw-gate KDA kernels; ours stays served on request
-                "bf16_ourgate": ("bf16", {**OURS, "VLLM_LING_KDA_GATE": "ours"}, {}),
-                "int4_fp8_ourgate": ("int4", {**OURS, "VLLM_LING_KDA_GATE": "ours"}, {**_moe("marlin"), **FP8}),
-                "bf16_intree": ("bf16", INTREE, {}), "int4_intree": ("int4", INTREE, _moe("marlin")),
-                "int4_intree_fp8": ("int4", INTREE, {**_moe("marlin"), **FP8})}
 CHECKPOINTS = ("bf16", "int4")  # the reference checkpoints, in the order their oracles run
 MOE_METHOD = {"marlin": "marlin", "humming": "humming", "triton": "wna16moemethod"}
 SIDE_BY_SIDE = {"gpu_memory_utilization": 0.1, "kv_cache_memory_bytes": 1 << 30}
@@ -282,7 +281,7 @@ def test_the_requested_model_serves(runs, name):
 @pytest.mark.parametrize("name", [n for n in CONFIGS if n.startswith("int4")])
 def test_int4_experts_use_the_requested_kernels(runs, name):
     engine = runs[name].engine
-    backend = CONFIGS[name][2].get("moe_backend") or CONFIGS[name][1].get("VLLM_LING_MOE_BACKEND", "marlin")
+    backend = CONFIGS[name][2].get("moe_backend", "marlin")
     assert engine.get("moe_method"), "engine_runner reported no MoE quant method"
     method = engine["moe_method"].lower()
     assert MOE_METHOD[backend] in method, engine["moe_method"]

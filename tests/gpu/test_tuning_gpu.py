@@ -1,4 +1,4 @@
-"""ling_tuning on a real GPU with vLLM 0.26: runner correctness, compiled shared memory vs the
+"""ling_tuning on a real GPU with vLLM 0.34 or 0.33: runner correctness, compiled shared memory vs the
 estimate, vLLM's lookup of a written file, and the smem guard's compile probe. Small shapes
 (64 experts) keep the module to about a minute; the full Ling run is tests/gpu/tuning_run.sh."""
 

@@ -175,8 +175,8 @@ def _kv_cache_layers(worker) -> dict:
 
 
 def _moe_method(model) -> str | None:
-    """Class name of the first MoE quant method vLLM built (e.g. CompressedTensorsWNA16MarlinMoEMethod on vLLM
-    0.26), with the kernel backend it chose where the method records one (0.33: `...MoEMethod:humming`)."""
+    """Class name of the first MoE quant method vLLM built, with the kernel backend it chose where the method
+    records one (0.33/0.34: `CompressedTensorsWNA16MoEMethod:humming`)."""
     for module in model.modules():
         method = getattr(module, "quant_method", None)
         if method is not None and "MoE" in type(method).__name__:

@@ -22,7 +22,7 @@ from vllm_ling.selfcheck import (Requested, inspect_log, judge_acceptance, judge
 
 FAKE = Path(__file__).parents[1] / "watchdog" / "fake_vllm.py"
 
-GPU_LOG = """INFO [core.py:116] Initializing a V1 LLM engine (v0.26.0) with config: model='/m', speculative_config=SpeculativeConfig(method='mtp', model='/m', num_spec_tokens=1), device_config=cuda, ...
+GPU_LOG = """INFO [core.py:116] Initializing a V1 LLM engine (v0.34.0) with config: model='/m', speculative_config=SpeculativeConfig(method='mtp', model='/m', num_spec_tokens=1), device_config=cuda, ...
 INFO [int_wna16.py:157] Using 'MARLIN' WNA16 MoE backend.
 INFO [gpu_model_runner.py:6845] Graph capturing finished in 21 secs, took 0.55 GiB
 """

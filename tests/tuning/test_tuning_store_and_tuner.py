@@ -136,7 +136,7 @@ def test_vllms_default_is_measured_first_whatever_the_budget_and_kept_when_it_wi
 
 
 def test_a_default_the_kernel_rejects_is_recorded_and_tuning_goes_on(tmp_path, fake_runner, fake_clock):
-    """vLLM 0.26's CUDA default at M <= 2 picks BLOCK_SIZE_K // group = 16: rejected, never launched."""
+    """vLLM's CUDA default at M <= 2 picks BLOCK_SIZE_K // group = 16: rejected, never launched."""
     out = tune(LING, [1, 2], fake_runner, ResultStore(tmp_path, META), GB10_SMEM_PER_BLOCK, "quick", 1e9, fake_clock,
                False)
     for m, o in out.items():

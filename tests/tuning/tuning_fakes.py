@@ -29,7 +29,7 @@ class FakeRunner:
                  name: str = "NVIDIA GB10", smem: int = 101_376, marlin_us: float = 50.0):
         self.shape, self.clock, self.cost_s, self.marlin_us = shape, clock or FakeClock(), cost_s, marlin_us
         self.device = DeviceInfo(name=name, smem_limit=smem, copy_gbs=200.0, triton_version="3.6.0",
-                                 vllm_version="0.26.0", vllm_file_name=None)
+                                 vllm_version="0.34.0", vllm_file_name=None)
         self.calls: list[tuple[int, Config | None]] = []
         self.meta = {"fake": True}
 

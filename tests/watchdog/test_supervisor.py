@@ -294,7 +294,7 @@ def test_an_api_key_server_is_probed_with_its_key_and_the_key_is_masked_everywhe
     status = subprocess.run([sys.executable, "-m", "ling_watchdog", "status", "--log-dir", str(run.log_dir)],
                             capture_output=True, text=True, check=True).stdout
     assert run.stop() == 143
-    if how == "flag":  # the fake prints its non-default args with the key, like vLLM 0.26
+    if how == "flag":  # the fake prints its non-default args with the key in plain text
         assert "'api_key': ['***']" in run.serve_log() and "--api-key ***" in run.serve_log()
     for text in (run.serve_log(), (run.log_dir / "events.jsonl").read_text(), status):
         assert key not in text

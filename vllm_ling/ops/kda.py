@@ -1,7 +1,7 @@
 """Torch-native KDA (Kimi Delta Attention) ops: the forget gate, the chunked prefill and the recurrent decode.
 
 vLLM's KDA kernels (`vllm.third_party.flash_linear_attention.ops.kda`) are Triton-only, so vLLM's CPU engine
-runs these instead. `chunk_kda_torch` and `recurrent_kda_torch` keep the calling convention of vLLM 0.26's
+runs these instead. `chunk_kda_torch` and `recurrent_kda_torch` keep the calling convention of vLLM's vendored
 `chunk_kda` / `fused_recurrent_kda`: q, k `[B, T, H, K]`, v `[B, T, H, V]`, natural-log decay g `[B, T, H, K]`,
 beta `[B, T, H]`, packed varlen through `cu_seqlens` (then B = 1), and recurrent states stored **V-major**,
 `[N, H, V, K]`, the transpose of the math layout below (and of FLA-naive's `[K, V]`).
@@ -58,8 +58,9 @@ def kda_safe_gate(
     """Ling-3.0's bounded forget gate, in fp32: g = λ · sigmoid(exp(A_log_h) · (f + dt_bias)), λ = `lower_bound`.
 
     g ∈ (λ, 0), so the per-step decay exp(g) ∈ (e^λ, 1); with λ = -5 the strongest forgetting keeps
-    e⁻⁵ ≈ 0.0067 of the state. vLLM 0.26's `fused_kda_gate` only knows Kimi's softplus law, so the plugin
-    computes this gate itself and hands the log-space g to `chunk_kda` / `fused_recurrent_kda`.
+    e⁻⁵ ≈ 0.0067 of the state. With VLLM_LING_KDA_GATE=ours (and on the CPU) the plugin computes this gate
+    itself and hands the log-space g to `chunk_kda` / `fused_recurrent_kda`; vLLM's raw-gate kernels apply the
+    same law inside (docs/vllm-seams.md §KDA kernels).
 
     Args:
         f: forget-gate projection, `[T, H*K]` or `[..., H, K]`, any float dtype.
@@ -216,7 +217,7 @@ def chunk_kda_torch(
     cu_seqlens: torch.Tensor | None = None,
     chunk_size: int = CHUNK_SIZE,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Chunked KDA for prefill; same calling convention as vLLM 0.26's `chunk_kda`.
+    """Chunked KDA for prefill; same calling convention as vLLM's vendored `chunk_kda`.
 
     Vectorised over heads, looping over sequences and chunks of `chunk_size` tokens (the last chunk of a
     sequence may be shorter, so any length works). Computed in fp32 throughout; unlike vLLM's kernel, the
