@@ -33,6 +33,7 @@
 #               id as with the whole head, and lower without the frequent ids; three engines            (~4)
 #   fp8_gemm    BF16 vs FP8 W8A16 vs W8A8 for every BF16 linear shape, M = 1..16, + KDA in_proj merged vs split (~1.5)
 #   kv_memory   when the KV cache takes its memory: used MiB at ready, after requests; extensible cache default vs off (~2)
+#   clamp       the routed experts' SwiGLU clamp as vLLM's fused MoE serves it (BF16 Triton, INT4 Marlin/Triton/Humming) vs the fp64 reference (~2)
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
 # A machine idle for 30 s goes back (and the bundle must be stashed again: ~2.2 min): issue the stash
@@ -78,6 +79,7 @@ case $STEP in
     kv_memory) [ -f /tmp/tiny/config.json ] || python3 -m vllm_ling.tiny /tmp/tiny --force >/dev/null
         run 500 python3 tests/gpu/kv_memory_probe.py /tmp/tiny "$OUT/kv_memory.json" ;;
     intree_check) run 400 python3 tests/gpu/intree_check.py "$OUT/intree_check.json" ;;
+    clamp) run 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_clamp_gpu.py ;;
     *) echo "unknown step $STEP" >&2; exit 2 ;;
 esac
 done
