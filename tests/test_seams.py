@@ -98,33 +98,37 @@ def test_a_removed_module_is_named(tree):
 
 
 def test_either_spelling_of_a_name_will_do_but_not_a_third(tree):
-    """FusedMoEFactory|FusedMoE: compat takes whichever the release has."""
-    edit(tree, "vllm.model_executor.layers.fused_moe", r"\bFusedMoEFactory\b", "FusedMoE")
-    assert not [x for x in seams.missing(tree) if "FusedMoEFactory or FusedMoE" in x]
-    edit(tree, "vllm.model_executor.layers.fused_moe", r"\bFusedMoE\b", "MoEFactory")
-    assert "vllm.model_executor.layers.fused_moe: FusedMoEFactory or FusedMoE" in seams.missing(tree)
+    """"A|B" in a seam: a name the releases spell two ways."""
+    seam = seams.names("vllm.model_executor.layers.fused_moe", "FusedMoEFactory|FusedMoEMaker")
+    assert seams.check(seam, tree) == []
+    edit(tree, "vllm.model_executor.layers.fused_moe", r"\bFusedMoEFactory\b", "FusedMoEMaker")
+    assert seams.check(seam, tree) == []
+    edit(tree, "vllm.model_executor.layers.fused_moe", r"\bFusedMoEMaker\b", "MoEFactory")
+    assert seams.check(seam, tree) == ["vllm.model_executor.layers.fused_moe: FusedMoEFactory or FusedMoEMaker"]
 
 
 def test_a_seam_with_two_homes_needs_one_of_them(tree):
-    """The OpenAI protocol classes the parsers build moved once: either module passes, neither fails."""
+    """A module that moved between releases: either path passes, neither fails with both named."""
+    seam = seams.names(("vllm.entrypoints.generate.base.protocol", "vllm.entrypoints.openai.engine.protocol"),
+                       "DeltaMessage ToolCall")
+    assert seams.check(seam, tree) == []
     protocol = seams._file(tree, "vllm.entrypoints.generate.base.protocol")
     text = protocol.read_text()
     protocol.unlink()
-    lines = seams.missing(tree)
-    assert [x for x in lines if "vllm.entrypoints.openai.engine.protocol" in x and x.endswith("(needs one of these)")]
-    old = tree / "vllm/entrypoints/openai/engine/protocol.py"
-    old.parent.mkdir(parents=True, exist_ok=True)
-    old.write_text(text)
-    assert seams.missing(tree) == []
+    assert seams.check(seam, tree) == ["no module vllm.entrypoints.generate.base.protocol | no module "
+                                       "vllm.entrypoints.openai.engine.protocol (needs one of these)"]
+    moved = tree / "vllm/entrypoints/openai/engine/protocol.py"
+    moved.parent.mkdir(parents=True)
+    moved.write_text(text)
+    assert seams.check(seam, tree) == []
 
 
 def test_a_seam_the_plugin_works_without_is_listed_apart_with_what_happens_instead(tree):
-    gate = seams._file(tree, seams.KDA_GATE)
-    edit(tree, seams.KDA_GATE, r"\bchunk_kda_with_fused_gate\b", "chunk_kda_gated")
+    edit(tree, seams.HUMMING_ACTIVATION, r"def get_humming_activation\b", "def humming_activation")
     assert seams.missing(tree) == []
     (line,) = seams.missing(tree, optional=True)
-    assert line.startswith(f"{seams.KDA_GATE}: chunk_kda_with_fused_gate") and "VLLM_LING_KDA_GATE=ours" in line
-    assert gate.is_file()
+    assert line.startswith(f"{seams.HUMMING_ACTIVATION}: get_humming_activation (without it: Humming's")
+    assert "--moe-backend marlin or triton" in line
 
 
 def test_a_folder_without_vllm_is_one_line_not_a_crash(tmp_path):

@@ -57,7 +57,7 @@ def params(path: str, func: str, these: str, fallback: str | None = None) -> Sea
 L = "vllm.model_executor.layers."
 MAMBA = L + "mamba.mamba_utils"
 KDA_GATE = "vllm.models.kimi_k3.nvidia.ops.third_party.kda"  # compat.KDA_GATE_KERNELS
-OURS_GATE = "our gate before vLLM's plain KDA kernels (VLLM_LING_KDA_GATE=ours: slower)"
+HUMMING_ACTIVATION = L + "quantization.utils.humming.activation"  # compat._HUMMING_ACTIVATION
 
 # What vllm_ling/ imports from vLLM (`from vllm...`), plus what compat probes and what the model reads from
 # vLLM's objects by name. Read from the plugin's source; checked against 0.32 (CPU), 0.33 and 0.34 (CUDA).
@@ -83,7 +83,7 @@ SEAMS: tuple[Seam, ...] = (
     params("vllm.model_executor.custom_op", "CustomOp.__init__", "compile_native"),
     names(L + "activation", "SiluAndMul SwigluStepAndMul"),
     names(L + "attention", "Attention"),
-    names(L + "fused_moe", "GateLinear fused_moe_make_expert_params_mapping FusedMoEFactory|FusedMoE"),
+    names(L + "fused_moe", "GateLinear fused_moe_make_expert_params_mapping FusedMoEFactory"),
     params(L + "fused_moe.layer", "FusedMoEFactory", "shared_experts num_experts top_k hidden_size "
            "intermediate_size renormalize quant_config prefix scoring_func swiglu_limit use_grouped_topk "
            "num_expert_group topk_group routed_scaling_factor e_score_correction_bias custom_routing_function "
@@ -119,29 +119,38 @@ SEAMS: tuple[Seam, ...] = (
            "non_spec_token_indx num_accepted_tokens"),
     # kda_core.py, smem_guard.py: KDA kernels
     names("vllm.third_party.flash_linear_attention.ops.kda", "chunk_kda fused_recurrent_kda fused_recurrent_kda_fwd"),
-    names(KDA_GATE, "fused_recurrent_kda_packed_decode fused_recurrent_kda chunk_kda_with_fused_gate", OURS_GATE),
+    names(KDA_GATE, "fused_recurrent_kda_packed_decode fused_recurrent_kda chunk_kda_with_fused_gate"),
+    params(KDA_GATE + ".fused_recurrent", "fused_recurrent_kda", "raw_g raw_beta A_log dt_bias lower_bound "
+           "initial_state cu_seqlens ssm_state_indices num_accepted_tokens out"),
+    params(KDA_GATE + ".fused_recurrent", "fused_recurrent_kda_packed_decode", "mixed_qkv raw_g raw_beta A_log "
+           "dt_bias lower_bound initial_state state_indices out"),
+    params(KDA_GATE + ".chunk", "chunk_kda_with_fused_gate", "raw_g raw_beta A_log g_bias lower_bound scale "
+           "initial_state output_final_state use_qk_l2norm_in_kernel cu_seqlens"),
     # ops/: MoE alignment, router GEMM
     names("vllm._custom_ops", "moe_align_block_size gptq_marlin_moe_repack"),
     params("vllm._custom_ops", "gptq_marlin_moe_repack", "b_q_weight size_k size_n num_bits"),
     # fp8.py: --quantization ling_fp8
     names(L + "quantization", "get_quantization_config register_quantization_config"),
     names(L + "quantization.base_config", "QuantizationConfig QuantizeMethodBase"),
-    names(L + "quantization.online.fp8", "Fp8PtpcOnlineLinearMethod"),
+    names(L + "quantization.online.fp8", "Fp8PtpcOnlineLinearMethod Fp8PerBlockOnlineLinearMethod"),
     names("vllm.model_executor.kernels.linear", "init_fp8_linear_kernel"),
     names("vllm.model_executor.kernels.linear.scaled_mm", "MarlinFP8ScaledMMLinearKernel"),
+    names("vllm.model_executor.kernels.linear.scaled_mm.BlockScaledMMLinearKernel", "Fp8BlockScaledMMLinearKernel"),
     # parsers/ling3.py and the protocol it builds (compat.openai_protocol, compat.make_tool_call_id)
     names("vllm.parser.engine.adapters", "ParserEngineReasoningAdapter"),
     names("vllm.parser.engine.parser_engine_config", "ParserEngineConfig"),
     names("vllm.parser.glm47_moe", "Glm47MoeParser glm47_moe_config"),
     names("vllm.tool_parsers.abstract_tool_parser", "ToolParser"),
     names("vllm.tokenizers", "TokenizerLike"),
-    names(("vllm.entrypoints.generate.base.protocol", "vllm.entrypoints.openai.engine.protocol"),
+    names("vllm.entrypoints.generate.base.protocol",
           "DeltaMessage DeltaToolCall ToolCall ExtractedToolCallInformation FunctionCall"),
-    names(("vllm.renderers.chat_utils", "vllm.entrypoints.chat_utils"), "make_tool_call_id"),
-    # compat.py: what it probes and works without
+    names("vllm.renderers.chat_utils", "make_tool_call_id"),
+    # compat.py: logging set-up (ling_bench's capture), and what it probes and works without
+    names("vllm.config.logging", "LoggingConfig"),
+    names("vllm.logger", "configure_logging_if_needed"),
     names("vllm.transformers_utils.config", "_CONFIG_REGISTRY", "AutoConfig.register alone (works on every release)"),
-    names("vllm.config.logging", "LoggingConfig", "vLLM's own logging set-up only"),
-    names("vllm.logger", "configure_logging_if_needed", "vLLM's own logging set-up only"),
+    names(HUMMING_ACTIVATION, "get_humming_activation", "Humming's swiglustep keeps its own limit 7: serve INT4 "
+          "experts with --moe-backend marlin or triton"),
     module("vllm.model_executor.models.bailing_moe_v3", "our model serves (no in-tree Ling V3 to choose)"),
 )
 
