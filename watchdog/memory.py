@@ -30,8 +30,8 @@ def guard_floor(cfg: Config, start_available: int, total_bytes: int) -> int:
     `guard_floor_below_start_mb` below what was available when the watchdog started.
 
     Fixed once, before the engine starts, and judged in every phase, serving included. vLLM 0.34's extensible
-    KV cache commits its pages after warm-up (the engine's memory peaks at the end of loading, not during it)
-    and then caps torch's allocator at the memory left free on the device, not at --gpu-memory-utilization
+    KV cache commits most of its pages after warm-up and CUDA graph capture, then caps torch's allocator at the
+    memory left free on the device, not at --gpu-memory-utilization
     (vllm/v1/worker/extensible_kv_cache.py): on unified memory the resident size may still grow after ready,
     toward this floor. Left unset, util is 1.0 there and the cache alone would cross it: the preflight refuses that
     (rule kv_cache_size)."""
