@@ -1,10 +1,13 @@
 """Ling-3.0 (BailingMoeV3) configuration, parsed from the checkpoint's config.json.
 
-The checkpoint says `model_type: bailing_hybrid`, the same string as Ling-2.5, so everything here keys
-on `architectures`. transformers >= 5.20 ships its own `BailingHybridConfig`, which rewrites
-`head_dim` to `qk_rope_head_dim` (64) and keeps the KDA head size as `linear_head_dim`; our class keeps
-config.json's fields as written, and `kda_head_dim()` reads either spelling, so the model is built
-right whichever class vLLM resolved.
+The checkpoint says `model_type: bailing_hybrid`, the same string as Ling-2.5/2.6, and vLLM's config
+registry (where the plugin puts our class) keys on that string, so our class parses every
+`bailing_hybrid` checkpoint. It therefore keeps config.json's fields exactly as written, and fills in the
+Flash values for absent fields only when `architectures` names Ling-3.0: a Ling-2.5 config comes out as
+its own class reads it (docs/architecture.md §Config has the table). transformers >= 5.20 ships its own
+`BailingHybridConfig`, which rewrites `head_dim` to `qk_rope_head_dim` (64) and keeps the KDA head size as
+`linear_head_dim`; `kda_head_dim()` reads either spelling, so the model is built right whichever class
+vLLM resolved.
 
 The layer rule and the config check below read a config object (vLLM's `hf_config`) or the parsed
 config.json dict alike (`config_get`), so the plugin, the tiny-checkpoint writer and the byte
@@ -13,115 +16,62 @@ projection share one copy of each.
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 from transformers import PretrainedConfig
 
+from vllm_ling.configs import flash_config
+
 ARCH = "BailingMoeV3ForCausalLM"
 MTP_ARCH = "BailingMoeV3MTPModel"
 MODEL_TYPE = "bailing_hybrid"
 
+# config.json keys that say where a file came from or how its weights are stored, not what the model is:
+# never filled in as defaults.
+_PROVENANCE_KEYS = ("architectures", "auto_map", "model_type", "quantization_config", "torch_dtype",
+                    "transformers_version")
+
+
+@functools.cache
+def _flash_fields() -> dict[str, Any]:
+    """The model fields of the bundled Flash config.json (vllm_ling/configs): the defaults of a Ling-3.0 config."""
+    return {k: v for k, v in flash_config().items() if k not in _PROVENANCE_KEYS}
+
+
+def is_ling3(architectures: list[str] | None) -> bool:
+    """True for a Ling-3.0 config (or one that names no architecture, e.g. `BailingMoeV3Config()`)."""
+    return not architectures or bool({ARCH, MTP_ARCH} & set(architectures))
+
 
 class BailingMoeV3Config(PretrainedConfig):
-    """config.json of Ling-3.0-flash; defaults are the Flash values (docs/architecture.md §Config)."""
+    """config.json of Ling-3.0-flash, every field kept as written (docs/architecture.md §Config).
+
+    A Ling-3.0 config gets the Flash values (the bundled config.json) for fields it lacks; any other
+    `bailing_hybrid` architecture (Ling-2.5/2.6) gets none, so what its vLLM model reads with `getattr(config,
+    name, default)` falls back to that model's own default, as under the checkpoint's own class.
+    """
 
     model_type = MODEL_TYPE
     keys_to_ignore_at_inference = ["past_key_values"]
 
-    def __init__(
-        self,
-        vocab_size: int = 157184,
-        hidden_size: int = 2560,
-        intermediate_size: int = 6144,
-        num_hidden_layers: int = 42,
-        num_attention_heads: int = 32,
-        num_key_value_heads: int = 32,
-        head_dim: int = 128,
-        layer_group_size: int = 6,
-        short_conv_kernel_size: int = 4,
-        no_kda_lora: bool = True,
-        kda_safe_gate: bool = True,
-        kda_lower_bound: float | None = -5.0,
-        q_lora_rank: int | None = None,
-        kv_lora_rank: int = 512,
-        qk_nope_head_dim: int = 128,
-        qk_rope_head_dim: int = 64,
-        v_head_dim: int = 128,
-        rope_interleave: bool = True,
-        rope_theta: float = 6_000_000.0,
-        rope_scaling: dict | None = None,
-        max_position_embeddings: int = 262144,
-        gated_attention_proj_granularity_type: str = "head_wise",
-        num_experts: int = 512,
-        num_experts_per_tok: int = 8,
-        n_group: int = 8,
-        topk_group: int = 4,
-        num_shared_experts: int = 1,
-        moe_intermediate_size: int = 768,
-        moe_shared_expert_intermediate_size: int = 768,
-        first_k_dense_replace: int = 2,
-        routed_scaling_factor: float = 2.5,
-        norm_topk_prob: bool = True,
-        expert_swiglu_limit_list: list[float] | None = None,
-        share_expert_swiglu_limit_list: list[float] | None = None,
-        num_nextn_predict_layers: int = 1,
-        rms_norm_eps: float = 1e-6,
-        hidden_act: str = "silu",
-        tie_word_embeddings: bool = False,
-        pad_token_id: int | None = 156892,
-        eos_token_id: int | list[int] | None = 156895,
-        **kwargs: Any,
-    ) -> None:
-        # transformers' native config stores the KDA head size under this name.
-        head_dim = kwargs.pop("linear_head_dim", head_dim)
-        # partial_rotary_factor (0.5) is present in real configs but must be ignored: the rotary width
-        # is qk_rope_head_dim (64), docs/architecture.md §MLA. Keep it out of the attributes vLLM's rope
-        # code reads.
-        kwargs.pop("partial_rotary_factor", None)
-        self.vocab_size = vocab_size
-        self.hidden_size = hidden_size
-        self.intermediate_size = intermediate_size
-        self.num_hidden_layers = num_hidden_layers
-        self.num_attention_heads = num_attention_heads
-        self.num_key_value_heads = num_key_value_heads
-        self.head_dim = head_dim
-        self.layer_group_size = layer_group_size
-        self.short_conv_kernel_size = short_conv_kernel_size
-        self.no_kda_lora = no_kda_lora
-        self.kda_safe_gate = kda_safe_gate
-        self.kda_lower_bound = kda_lower_bound
-        self.q_lora_rank = q_lora_rank
-        self.kv_lora_rank = kv_lora_rank
-        self.qk_nope_head_dim = qk_nope_head_dim
-        self.qk_rope_head_dim = qk_rope_head_dim
-        self.v_head_dim = v_head_dim
-        self.rope_interleave = rope_interleave
-        self.rope_theta = rope_theta
-        self.rope_scaling = rope_scaling
-        self.max_position_embeddings = max_position_embeddings
-        self.gated_attention_proj_granularity_type = gated_attention_proj_granularity_type
-        self.num_experts = num_experts
-        self.num_experts_per_tok = num_experts_per_tok
-        self.n_group = n_group
-        self.topk_group = topk_group
-        self.num_shared_experts = num_shared_experts
-        self.moe_intermediate_size = moe_intermediate_size
-        self.moe_shared_expert_intermediate_size = moe_shared_expert_intermediate_size
-        self.first_k_dense_replace = first_k_dense_replace
-        self.routed_scaling_factor = routed_scaling_factor
-        self.norm_topk_prob = norm_topk_prob
-        self.expert_swiglu_limit_list = expert_swiglu_limit_list
-        self.share_expert_swiglu_limit_list = share_expert_swiglu_limit_list
-        self.num_nextn_predict_layers = num_nextn_predict_layers
-        self.rms_norm_eps = rms_norm_eps
-        self.hidden_act = hidden_act
-        super().__init__(
-            pad_token_id=pad_token_id,
-            eos_token_id=eos_token_id,
-            tie_word_embeddings=tie_word_embeddings,
-            **kwargs,
-        )
+    def __init__(self, **kwargs: Any) -> None:
+        if "linear_head_dim" in kwargs:  # transformers' native class stores the KDA head size under this name
+            kwargs["head_dim"] = kwargs.pop("linear_head_dim")
+        if is_ling3(kwargs.get("architectures")):
+            kwargs = {**copy.deepcopy(_flash_fields()), **kwargs}
+        # PretrainedConfig folds rope_theta / partial_rotary_factor / rope_scaling into `rope_parameters` (and
+        # pops them) when that attribute exists, as transformers' own class does: set it first, and keep
+        # rope_theta and partial_rotary_factor as attributes too, as the checkpoints' own classes do.
+        # partial_rotary_factor (0.5) is not Ling-3.0's MLA rotary width: mla_rope_parameters() ignores it.
+        # transformers 5 also pops generation keys (use_cache), which the checkpoints' classes keep.
+        self.rope_parameters = kwargs.pop("rope_parameters", None)
+        for name in ("rope_theta", "partial_rotary_factor", "use_cache"):
+            if name in kwargs:
+                setattr(self, name, kwargs[name])
+        super().__init__(**kwargs)
 
 
 Config = PretrainedConfig | Mapping[str, Any]
@@ -185,9 +135,47 @@ def mla_rope_parameters(config: PretrainedConfig) -> dict[str, Any]:
     return {"rope_type": "default", "rope_theta": float(theta)}
 
 
+# Keys a Ling-3.0 config.json carries (most from the Ling-2.5 lineage) that the checkpoint's own modeling code
+# reads as fixed or not at all, with what their Flash value means for the model we implement. Only the Flash
+# value (the bundled config.json) is accepted: a config that changes one asks for a different model.
+FLASH_ONLY_FIELDS: dict[str, str] = {
+    "use_bias": "no bias on any projection",
+    "use_qkv_bias": "no bias on the attention projections",
+    "use_qk_norm": "KDA L2-normalises q and k per head, with no norm weights",
+    "linear_silu": "KDA applies SiLU after its short convolution",
+    "group_norm_size": "KDA's output RMSNorm runs per head",
+    "num_kv_heads_for_linear_attn": "KDA has as many key/value heads as query heads",
+    "use_kda_lora": "KDA's f/g projections are full rank",
+    "use_mla_nope": "MLA rotates qk_rope_head_dim dims of q and k",
+    "value_norm": "no norm on KDA's values",
+    "up_proj_norm": "no norm on the MLP's up projection",
+    "use_nGPT": "a plain pre-norm residual stream",
+    "scale_router_input": "the router reads the normed hidden state unscaled",
+}
+
+
+def _check_flash_only_fields(config: Config) -> None:
+    flash = _flash_fields()
+    for key, meaning in FLASH_ONLY_FIELDS.items():
+        value = config_get(config, key)
+        if value is not None and value != flash[key]:
+            raise ValueError(
+                f"{key}={value!r} is not Ling-3.0-flash's model: vllm-ling implements {key}={flash[key]!r} "
+                f"({meaning}). Serve this checkpoint with its own modeling code, or set {key}={flash[key]!r} "
+                "if the checkpoint was written with that value by mistake")
+    rope, nope = config_get(config, "qk_rope_head_dim"), config_get(config, "qk_nope_head_dim")
+    derived = {"rotary_dim": rope, "qk_head_dim": None if None in (rope, nope) else rope + nope}
+    for key, want in derived.items():
+        value = config_get(config, key)
+        if None not in (value, want) and value != want:
+            raise ValueError(f"{key}={value} contradicts qk_nope_head_dim={nope}, qk_rope_head_dim={rope}: MLA "
+                             f"needs {key}={want}; fix config.json")
+
+
 def check_supported(config: Config) -> None:
     """Refuse configs this implementation (or the tiny writer) would silently get wrong, naming the
     value and the fix. Absent fields are not judged: transformers' class spells some differently."""
+    _check_flash_only_fields(config)
     if not config_get(config, "no_kda_lora", True):
         raise ValueError("no_kda_lora=false (low-rank KDA f/g projections) is not a Ling-3.0 layout and is "
                          "not supported; Ling-3.0 uses full rank (keep it true)")

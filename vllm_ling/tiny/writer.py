@@ -19,7 +19,7 @@ from vllm_ling.tiny.int4 import check_int4_shapes, dequantize_experts, quantize_
 from vllm_ling.tiny.tokenizer import write_tokenizer
 from vllm_ling.tiny.weights import make_draft_agree, random_weights, widen_router_bias
 
-GENERATOR_VERSION = 2  # bump when the weights, config or tokenizer recipe change: stale caches rebuild
+GENERATOR_VERSION = 3  # bump when the weights, config or tokenizer recipe change: stale caches rebuild
 STAMP_FILE = "vllm_ling_tiny.json"
 NUM_SHARDS = 2  # more than one, so multi-shard loading is exercised
 
