@@ -180,6 +180,20 @@ def test_bad_overrides_fail_with_the_value_and_the_rule(tmp_path):
 # --------------------------------------------------------------------------------------------- transformers
 
 
+def test_auto_map_sends_no_loader_to_remote_code_without_the_flag(tiny_dir):
+    """The tiny config carries the release's auto_map but no configuration module: without trust_remote_code,
+    transformers' AutoConfig and the oracle's model class parse it with a local class and never look for one."""
+    from transformers import AutoConfig, BailingHybridConfig
+
+    assert config_of(tiny_dir)["auto_map"]["AutoConfig"] == "configuration_bailing_moe_v3.BailingMoeV3Config"
+    assert not list(tiny_dir.glob("*.py"))
+    auto = AutoConfig.from_pretrained(tiny_dir, trust_remote_code=False)
+    # transformers' class, or ours where this process registered it (a test that loads vLLM's plugins does)
+    assert type(auto).__module__ in ("transformers.models.bailing_hybrid.configuration_bailing_hybrid",
+                                     "vllm_ling.config")
+    assert BailingHybridConfig.from_pretrained(tiny_dir).linear_head_dim == 128  # the oracle's config class
+
+
 def test_transformers_autoconfig_reads_the_kda_head_dim_as_linear_head_dim(tiny_dir):
     # transformers' own class, by name: AutoConfig answers with whatever class this process registered last (a
     # test that loads vLLM's plugins registers ours for bailing_hybrid)
