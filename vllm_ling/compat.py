@@ -82,7 +82,8 @@ def release_check() -> tuple[bool, str | None]:
     gaps = seams.missing()
     tested = f"vLLM {version} is newer than the releases vllm-ling was tested on ({_listed()})"
     if not gaps:
-        return True, (f"{tested}; the {len(seams.SEAMS)} seams it relies on are present, so it serves. Report "
+        needed = sum(seam.fallback is None for seam in seams.SEAMS)
+        return True, (f"{tested}; the {needed} seams it relies on are present, so it serves. Report "
                       f"problems, or pin a tested release: bash install.sh --vllm {PIN}")
     return False, (f"{tested} and lacks {len(gaps)} seam(s) vllm-ling relies on: {' / '.join(gaps)}. The plugin "
                    f"stays off and {_instead()}. Pin a tested release: bash install.sh --vllm {PIN}")
