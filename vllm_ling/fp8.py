@@ -1,24 +1,35 @@
-"""Online FP8 for the BF16 remainder of a checkpoint: `--quantization ling_fp8` (docs/speed.md §FP8).
+"""Online FP8 for the BF16 remainder of a checkpoint: `--quantization ling_fp8` (docs/speed.md §FP8, §FP8 schemes).
 
 A batch-1 decode step of the INT4 checkpoint reads ~7.75 GB, 6.3 GB of it BF16 weights the checkpoint leaves
 unquantized (KDA projections, MLA, shared experts, dense MLPs, the LM head); only the routed experts are INT4.
 This quantization config wraps the checkpoint's own one (compressed-tensors INT4 experts, or none for a BF16
-checkpoint) and gives every linear it leaves unquantized, and the LM head, an FP8 weight with one fp32 scale
-per output channel, computed at load:  s_c = max_k |W_ck| / 448,  W8_ck = e4m3(W_ck / s_c).
+checkpoint) and gives every linear it leaves unquantized, and the LM head, FP8 e4m3 weights computed at load.
 Because it is a quantization config, it works for whichever model class serves: vLLM's in-tree Ling V3 and
 ours build their linears and LM head from vLLM's layers, which ask the config for their method.
 
+Two scale schemes, chosen by `VLLM_LING_FP8_SCHEME` (DEFAULT_SCHEME; docs/speed.md §FP8 schemes has why):
+- `block`: one fp32 scale per 128 x 128 weight block, s_b = max_{(c,k) in b} |W_ck| / 448, W8 = e4m3(W / s_b),
+  and (w8a8) per-token dynamic activation scales per group of 128 inputs: inclusionAI's own FP8 release of
+  Ling-3.0-flash (the DeepSeek-V3 scheme), the one measured on real weights. vLLM's online block method
+  (`Fp8PerBlockOnlineLinearMethod`, vLLM 0.32-0.34) quantizes; on CUDA vLLM picks its block GEMM (CUTLASS,
+  DeepGEMM or Triton) or, for `w8a16`, FP8-Marlin; on the CPU our `TorchBlockFp8Kernel` computes the same numbers.
+- `channel`: one fp32 scale per output channel, s_c = max_k |W_ck| / 448, and (w8a8) one per token.
 Two kernels, chosen by `VLLM_LING_FP8_KERNEL` (docs/speed.md §FP8 has the measurement behind the default):
-- `w8a8` (default): per-token dynamic FP8 activations on vLLM's scaled-mm kernels (CUTLASS on CUDA, sm_89+;
-  vLLM ships sm_120 kernels, which a GB10's sm_121 runs); one small quant kernel per linear on top of the GEMM.
-  On the H200 it took the step's BF16 linears from 2.68 to 2.29 ms (M = 1).
+- `w8a8` (default): dynamic FP8 activations on vLLM's scaled-mm kernels (CUTLASS on CUDA, sm_89+; vLLM ships
+  sm_120 kernels, which a GB10's sm_121 runs); one small quant kernel per linear on top of the GEMM.
+  On the H200 (channel) it took the step's BF16 linears from 2.68 to 2.29 ms (M = 1).
 - `w8a16`: FP8-Marlin, weight-only (activations stay BF16). Slower than BF16 on the H200 at decode sizes
-  (3.08 ms), kept for GPUs without FP8 tensor cores.
+  (3.08 ms, channel), kept for GPUs without FP8 tensor cores.
 Kept BF16: MLA's kv_b_proj (vLLM splits it into W_UK/W_UV and absorbs it), the MTP draft's eh_proj, any
-linear whose output per rank is not a multiple of 16 (`ALIGN`: vLLM's CUTLASS FP8 kernel pads such a weight, and
-0.26's padding asserts with per-channel scales; only MLA's head-wise gate, num_heads wide, is that narrow, a few
-KB of weight), and anything else the checkpoint quantizes (its method wins). Router and norms are fp32 and no
-linears of this config's (the router's ReplicatedLinear gets no quant config).
+linear whose output per rank is not a multiple of 16 (`ALIGN`: vLLM's CUTLASS FP8 kernel pads such a weight
+and asserts on the padding with per-channel scales; only MLA's head-wise gate, num_heads wide, is that narrow, a
+few KB of weight), under `block` any linear whose input per rank is not a multiple of 128 (`BLOCK`: vLLM's block
+GEMMs take whole 1 x 128 activation groups; no Ling-3.0 linear is one, at TP 1 or 2), and anything else the
+checkpoint quantizes (its method wins). An output width that is no multiple of 128 is served as vLLM serves
+DeepSeek-V3's 576-wide kv_a: the last block of rows is partial (its scale covers the rows that exist). A merged
+linear is one weight, so its blocks run across its parts (KDA's q|k|v|β|f|g: β's num_heads rows shift f and g off
+the block grid). Router and norms are fp32 and no linears of this config's (the router's ReplicatedLinear gets no
+quant config).
 """
 
 from __future__ import annotations
@@ -44,6 +55,10 @@ KERNEL_ENV = "VLLM_LING_FP8_KERNEL"
 KEEP_ENV = "VLLM_LING_FP8_KEEP"  # more module patterns to keep BF16, comma-separated (e.g. "lm_head,*.o_proj")
 KERNELS = ("w8a16", "w8a8")
 DEFAULT_KERNEL = "w8a8"
+SCHEME_ENV = "VLLM_LING_FP8_SCHEME"
+SCHEMES = ("block", "channel")
+DEFAULT_SCHEME = "block"  # the one default (docs/speed.md §FP8 schemes: no less accurate on the CPU measurement)
+BLOCK = 128  # `block`: weight blocks BLOCK x BLOCK, activation groups 1 x BLOCK
 # Module name patterns (the vLLM-side prefix) that stay BF16 whatever the kernel.
 KEEP_BF16 = ("*.kv_b_proj", "*.eh_proj")
 ALIGN = 16  # FP8 linears' output width per rank must be a multiple of this (module docstring)
@@ -53,6 +68,13 @@ def requested_kernel() -> str:
     """`w8a8` (per-token dynamic activations) or `w8a16` (FP8-Marlin), from VLLM_LING_FP8_KERNEL."""
     return envs.choice(KERNEL_ENV, KERNELS, DEFAULT_KERNEL,
                        safe=f"unset it for the default ({DEFAULT_KERNEL}), or serve without --quantization {NAME} "
+                            "for BF16 weights")
+
+
+def requested_scheme() -> str:
+    """`block` (128 x 128 weight blocks, 1 x 128 activation groups) or `channel`, from VLLM_LING_FP8_SCHEME."""
+    return envs.choice(SCHEME_ENV, SCHEMES, DEFAULT_SCHEME,
+                       safe=f"unset it for the default ({DEFAULT_SCHEME}), or serve without --quantization {NAME} "
                             "for BF16 weights")
 
 
@@ -72,7 +94,7 @@ class FreshSegments:
     any cached block up to 20 MiB larger. The previous layer's quantization leaves a 64 MiB fp32 chunk cached, so a
     KDA `in_proj` FP8 weight of Ling-3.0-flash (50 MiB) took that block whole: ~14 MiB lost per layer, counted
     as weight memory while the weight lives. Emptying the cache first gives the new weight a segment of its own
-    size: 67.61 -> 67.33 GiB on the H200 (session 12, docs/speed.md §FP8). Mixed in ahead of vLLM's FP8 methods.
+    size: 67.61 -> 67.33 GiB on the H200 (docs/speed.md §FP8). Mixed in ahead of vLLM's FP8 methods.
     """
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
@@ -81,16 +103,71 @@ class FreshSegments:
         super().process_weights_after_loading(layer)  # type: ignore[misc]
 
 
-def fp8_method(kernel: str) -> QuantizeMethodBase:
-    """A fresh FP8 linear method for one layer: vLLM's per-channel online method, on Marlin for `w8a16`."""
-    return _method_classes()[kernel]()
+def fp8_method(kernel: str, scheme: str = "channel") -> QuantizeMethodBase:
+    """A fresh FP8 linear method for one layer: vLLM's online method of `scheme`, on Marlin for `w8a16`."""
+    return _method_classes()[scheme, kernel]()
+
+
+def dequantize_blocks(w8: torch.Tensor, scale: torch.Tensor, block: int = BLOCK) -> torch.Tensor:
+    """W = W8 · s_b in fp32, s_b broadcast over its block: scale [ceil(N / block), ceil(K / block)], w8 [N, K]."""
+    n, k = w8.shape
+    return w8.float() * scale.float().repeat_interleave(block, 0)[:n].repeat_interleave(block, 1)[:, :k]
 
 
 @functools.cache
-def _method_classes() -> dict[str, type]:
-    """The two method classes, built once (vLLM's FP8 modules load only when a model asks for FP8)."""
+def _torch_block_kernels() -> dict[str, type]:
+    """vLLM's block GEMM as plain torch, for the CPU engine (class TorchBlockFp8Kernel's docstring)."""
+    from vllm.model_executor.kernels.linear.scaled_mm.BlockScaledMMLinearKernel import (
+        Fp8BlockScaledMMLinearKernel,
+    )
+
+    class TorchBlockFp8Kernel(Fp8BlockScaledMMLinearKernel):
+        """y = (x8 · s_x)(W8 · s_b)ᵀ in fp32: the numbers of vLLM's block-FP8 GEMM, dequantize-then-matmul.
+
+        Serves the block scheme on the CPU, where vLLM's own block kernels need AMX (Sapphire Rapids and newer)
+        and, lacking AMX-FP8, fall back to weight-only: one path computes the same numbers on every CPU, which
+        the CPU tests compare with the plain-torch reference (tests/model/oracle.py). vLLM's QuantFP8 rounds the
+        input per token per group of 128 (s_x = max(max|x_g| / 448, 1 / (448 · 512))) before this is called.
+        """
+
+        @classmethod
+        def is_supported(cls, compute_capability: int | None = None) -> tuple[bool, str | None]:
+            return True, None
+
+        def apply_block_scaled_mm(self, A: torch.Tensor, B: torch.Tensor, As: torch.Tensor,
+                                  Bs: torch.Tensor) -> torch.Tensor:
+            k = A.shape[-1]
+            a = A.float() * As.float().repeat_interleave(BLOCK, -1)[..., :k] if self.apply_input_quant else A.float()
+            return a @ dequantize_blocks(B, Bs).t()
+
+    class TorchBlockFp8W8A16Kernel(TorchBlockFp8Kernel):
+        """The same with the input as it comes (weight-only, the block scheme's `w8a16` on the CPU)."""
+
+        apply_input_quant = False
+
+    return {"w8a8": TorchBlockFp8Kernel, "w8a16": TorchBlockFp8W8A16Kernel}
+
+
+def _block_kernel(kernel: str) -> type | None:
+    """The block GEMM to force: ours on the CPU, FP8-Marlin for `w8a16` on CUDA, else None (vLLM's choice)."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cpu():
+        return _torch_block_kernels()[kernel]
+    if kernel == "w8a16":
+        from vllm.model_executor.kernels.linear.scaled_mm import MarlinFP8ScaledMMLinearKernel
+
+        return MarlinFP8ScaledMMLinearKernel
+    return None
+
+
+@functools.cache
+def _method_classes() -> dict[tuple[str, str], type]:
+    """The four method classes, (scheme, kernel) -> class, built once (vLLM's FP8 modules load only when a model
+    asks for FP8)."""
     from vllm.model_executor.kernels.linear import init_fp8_linear_kernel
     from vllm.model_executor.kernels.linear.scaled_mm import MarlinFP8ScaledMMLinearKernel
+    from vllm.model_executor.layers.quantization.online.fp8 import Fp8PerBlockOnlineLinearMethod as PerBlock
     from vllm.model_executor.layers.quantization.online.fp8 import Fp8PtpcOnlineLinearMethod as Ptpc
 
     class Fp8W8A8LinearMethod(FreshSegments, Ptpc):
@@ -114,7 +191,31 @@ def _method_classes() -> dict[str, type]:
                 weight_shape=layer.weight.shape, input_dtype=self.input_dtype, out_dtype=self.out_dtype,
                 force_kernel=MarlinFP8ScaledMMLinearKernel, module_name=type(self).__name__)
 
-    return {"w8a8": Fp8W8A8LinearMethod, "w8a16": Fp8W8A16LinearMethod}
+    class Fp8BlockLinearMethod(FreshSegments, PerBlock):
+        """128 x 128 weight blocks, per-token-group (1 x 128) dynamic activations: vLLM's online block method
+        (`per_block_cast_to_fp8` at load), on the GEMM `_block_kernel` forces for `kernel` (module docstring)."""
+
+        kernel = "w8a8"
+
+        def create_weights(self, layer: torch.nn.Module, input_size_per_partition: int,
+                           output_partition_sizes: list[int], input_size: int, output_size: int,
+                           params_dtype: torch.dtype, **extra_weight_attrs: Any) -> None:
+            # The online base (meta-device weight), then vLLM's block kernel choice with ours forced where it must be.
+            super(PerBlock, self).create_weights(layer, input_size_per_partition, output_partition_sizes,
+                                                 input_size, output_size, params_dtype, **extra_weight_attrs)
+            layer.weight_block_size = self.weight_block_size
+            self.fp8_linear = init_fp8_linear_kernel(
+                activation_quant_key=self.activation_quant_key, weight_quant_key=self.weight_quant_key,
+                weight_shape=layer.weight.shape, input_dtype=self.input_dtype, out_dtype=self.out_dtype,
+                force_kernel=_block_kernel(self.kernel), module_name=type(self).__name__)
+
+    class Fp8BlockW8A16LinearMethod(Fp8BlockLinearMethod):
+        """128 x 128 weight blocks, activations in the model dtype (FP8-Marlin on CUDA)."""
+
+        kernel = "w8a16"
+
+    return {("channel", "w8a8"): Fp8W8A8LinearMethod, ("channel", "w8a16"): Fp8W8A16LinearMethod,
+            ("block", "w8a8"): Fp8BlockLinearMethod, ("block", "w8a16"): Fp8BlockW8A16LinearMethod}
 
 
 def _is_linear(layer: torch.nn.Module) -> bool:
@@ -130,21 +231,26 @@ def _bf16_linear() -> QuantizeMethodBase:
     return UnquantizedLinearMethod()
 
 
-def _fp8_candidate(layer: torch.nn.Module, base: QuantizeMethodBase | None) -> bool:
-    """A linear or the LM head that the checkpoint's own config leaves unquantized."""
+def _fp8_candidate(layer: torch.nn.Module, base: QuantizeMethodBase | None, scheme: str) -> bool:
+    """A linear or the LM head that the checkpoint's own config leaves unquantized, and `scheme` can serve."""
     from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, UnquantizedEmbeddingMethod
 
     unquantized = base is None or isinstance(base, (UnquantizedLinearMethod, UnquantizedEmbeddingMethod))
-    if isinstance(layer, LinearBase):
-        return unquantized and _aligned(layer)
-    return unquantized and isinstance(layer, ParallelLMHead)
+    if not unquantized or not isinstance(layer, (LinearBase, ParallelLMHead)):
+        return False
+    return (isinstance(layer, ParallelLMHead) or _aligned(layer)) and (scheme != "block" or _whole_groups(layer))
 
 
 def _aligned(layer: torch.nn.Module) -> bool:
     """Output width per rank a multiple of ALIGN (vLLM's linears set their partition sizes before they ask
     the quantization config for a method)."""
     return sum(getattr(layer, "output_partition_sizes", None) or [layer.output_size]) % ALIGN == 0
+
+
+def _whole_groups(layer: torch.nn.Module) -> bool:
+    """Input width per rank a multiple of BLOCK (`block`: vLLM's block GEMMs quantize whole 1 x BLOCK groups)."""
+    return getattr(layer, "input_size_per_partition", layer.input_size) % BLOCK == 0
 
 
 @register_quantization_config(NAME)
@@ -155,10 +261,12 @@ class LingFp8Config(QuantizationConfig):
     `FP8 weights ON (N linears + LM head)`.
     """
 
-    def __init__(self, checkpoint: QuantizationConfig | None = None, kernel: str | None = None) -> None:
+    def __init__(self, checkpoint: QuantizationConfig | None = None, kernel: str | None = None,
+                 scheme: str | None = None) -> None:
         super().__init__()
         self.checkpoint = checkpoint
         self.kernel = kernel or requested_kernel()
+        self.scheme = scheme or requested_scheme()
         self.fp8_layers: list[str] = []
 
     # vLLM writes the model's packed_modules_mapping onto the config; the checkpoint's config matches fused
@@ -209,19 +317,19 @@ class LingFp8Config(QuantizationConfig):
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
         base = self.checkpoint.get_quant_method(layer, prefix) if self.checkpoint is not None else None
-        if not _fp8_candidate(layer, base) or keeps_bf16(prefix):
+        if not _fp8_candidate(layer, base, self.scheme) or keeps_bf16(prefix):
             return base if base is not None or not _is_linear(layer) else _bf16_linear()
         self.fp8_layers.append(prefix)
         if not _is_linear(layer):  # the LM head comes last in every Ling V3 model: the count is complete
             logger.info("vllm-ling: %s", self.summary())
-        return fp8_method(self.kernel)
+        return fp8_method(self.kernel, self.scheme)
 
     def get_cache_scale(self, name: str) -> str | None:
         return self.checkpoint.get_cache_scale(name) if self.checkpoint is not None else None
 
     def summary(self) -> str:
-        """`FP8 weights ON (N linears + LM head), w8a16` or what is missing."""
+        """`FP8 weights ON (N linears + LM head), w8a8, block scales` or what is missing."""
         heads = sum(p.endswith("lm_head") for p in self.fp8_layers)
         linears = len(self.fp8_layers) - heads
         head = " + LM head" if heads else ", LM head BF16"
-        return f"FP8 weights ON ({linears} linears{head}), {self.kernel}"
+        return f"FP8 weights ON ({linears} linears{head}), {self.kernel}, {self.scheme} scales"

@@ -8,6 +8,15 @@ margin >= 0.2 nat) and the mean |delta prompt logprob|, for: BF16 weights; every
 BF16 (VLLM_LING_FP8_KEEP=lm_head); only the LM head in FP8. The full-FP8 run is also scored against the oracle
 with FP8's rounding applied (oracle.py `fp8`: the model as served), which separates FP8's own cost from the
 implementation's error, and both are broken down by the oracle's margin. A lab script: FINDINGS.md quotes it.
+
+    python3 tests/model/fp8_accuracy.py OUT.json --schemes [--variants default,stable_router,int4]
+
+FP8's scale schemes against each other, references only (no engine; oracle.py `fp8_scheme`): per tiny checkpoint,
+the fp32 model is the truth, and the model as ling_fp8 serves it (ours: FP8_MERGED["vllm-ling"]) under each
+scheme x kernel, and the plain model in bf16 (bf16's own floor), are scored against it: top-1 agreement on all
+and on decided positions, mean |delta logprob| of the scored tokens, and mean KL(fp32 || run) per position.
+Each run also records where it agrees with the fp32 model, so two schemes are compared position by position
+(`paired`: positions one gets right and the other not).
 """
 
 from __future__ import annotations
@@ -48,9 +57,84 @@ def _as_engine(scored: list[dict]) -> dict:
                          "prompt_logprobs": s["logprobs"]} for s in scored]}
 
 
+SCHEME_RUNS = {"channel_w8a8": {"fp8": "w8a8", "fp8_scheme": "channel"},
+               "block_w8a8": {"fp8": "w8a8", "fp8_scheme": "block"},
+               "channel_w8a16": {"fp8": "w8a16", "fp8_scheme": "channel"},
+               "block_w8a16": {"fp8": "w8a16", "fp8_scheme": "block"},
+               "bf16": {"dtype": "bfloat16"}}
+PAIRS = (("channel_w8a8", "block_w8a8"), ("channel_w8a16", "block_w8a16"))
+SCHEME_PROMPT_SEEDS = (7, 8)  # LENGTHS once per seed: ~1,000 scored positions per checkpoint
+
+
+def mean_kl(truth: list, run: list, lengths: list[int]) -> float:
+    """Mean over scored positions of KL(p_truth || p_run) = sum_v p_truth (log p_truth - log p_run), in nats."""
+    import torch
+
+    kls = [(t[:n - 1].exp() * (t[:n - 1] - r[:n - 1])).sum(-1) for t, r, n in zip(truth, run, lengths)]
+    return torch.cat(kls).mean().item()
+
+
+def agreement(run: list[dict], truth: list[dict], lengths: list[int]) -> list[tuple[bool, float]]:
+    """(run's argmax == truth's, truth's margin) at every scored position, in order."""
+    return [(r["argmax"][i] == t["argmax"][i], t["margin"][i])
+            for n, r, t in zip(lengths, run, truth) for i in range(1, n)]
+
+
+def paired(a: list[tuple[bool, float]], b: list[tuple[bool, float]]) -> dict:
+    """Positions (all; decided) that a gets right and b not, and the reverse."""
+    def count(decided: bool) -> dict:
+        rows = [(x, y) for (x, m), (y, _) in zip(a, b) if m >= DECIDED or not decided]
+        return {"only_first": sum(x and not y for x, y in rows), "only_second": sum(y and not x for x, y in rows)}
+    return {"all": count(False), "decided": count(True)}
+
+
+def schemes_main(out: Path, variants: list[str], names: list[str]) -> int:
+    import torch
+
+    from vllm_ling.tiny import ensure_tiny
+
+    lengths = LENGTHS * len(SCHEME_PROMPT_SEEDS)
+    prompts = []
+    for seed in SCHEME_PROMPT_SEEDS:
+        rng = random.Random(seed)
+        prompts += [[rng.randrange(10, 900) for _ in range(n)] for n in LENGTHS]
+    tmp = out.with_suffix(".work")
+    tmp.mkdir(exist_ok=True)
+    result: dict = {"setup": {"prompt_lengths": lengths, "decided_margin": DECIDED, "truth": "fp32 oracle",
+                              "fp8_merged": FP8_MERGED["vllm-ling"]}}
+    for variant in variants:
+        model = str(ensure_tiny(int4=True) if variant == "int4" else ensure_tiny(variant=variant))
+        runs, dists = {}, {}
+        for name, extra in {"fp32": {}, **{n: SCHEME_RUNS[n] for n in names}}.items():  # one at a time: 2 cores
+            path = tmp / f"{variant}-{name}.lp.pt"
+            job = {"model": model, "prompts": [], "score": prompts, "logprobs_path": str(path),
+                   "fp8_merged": FP8_MERGED["vllm-ling"], **extra}
+            runs[name] = run_scripts([("oracle.py", job, f"{variant}-{name}")], tmp)[0]
+            dists[name] = torch.load(path)
+        truth = runs["fp32"]["scored"]
+        table = {}
+        for name in names:
+            row = scores(_as_engine(runs[name]["scored"]), truth, lengths)
+            row["mean_kl"] = mean_kl(dists["fp32"], dists[name], lengths)
+            row["fp8_linears"] = runs[name]["fp8_linears"]
+            table[name] = row
+        table["paired"] = {f"{a}_vs_{b}": paired(agreement(runs[a]["scored"], truth, lengths),
+                                                 agreement(runs[b]["scored"], truth, lengths)) for a, b in PAIRS
+                            if a in runs and b in runs}
+        result[variant] = table
+        print(variant, json.dumps({k: {m: round(v[m], 4) for m in ("top1", "top1_decided", "mean_kl")}
+                                   for k, v in table.items() if k != "paired"}), flush=True)
+    out.write_text(json.dumps(result, indent=1))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("out")
+    ap.add_argument("--schemes", action="store_true", help="the scale schemes against each other, references only")
+    ap.add_argument("--variants", default="stable_router,default",
+                    help="--schemes: tiny checkpoints (vllm_ling.tiny variants, or int4)")
+    ap.add_argument("--runs", default=",".join(SCHEME_RUNS), help="--schemes: which of " + ", ".join(SCHEME_RUNS))
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--variant", default="stable_router")
     ap.add_argument("--keep", action="append", default=[], metavar="NAME=PATTERNS",
@@ -58,6 +142,8 @@ def main() -> int:
     ap.add_argument("--only-keeps", action="store_true", help="run the bf16 reference and the --keep runs only")
     ap.add_argument("--only", nargs="+", choices=sorted(CONFIGS), help="run these of the standard configurations")
     a = ap.parse_args()
+    if a.schemes:
+        return schemes_main(Path(a.out), [v for v in a.variants.split(",") if v], a.runs.split(","))
     configs = {"bf16": CONFIGS["bf16"]} if a.only_keeps else dict(CONFIGS)
     if a.only:
         configs = {n: CONFIGS[n] for n in a.only}

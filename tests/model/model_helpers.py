@@ -25,15 +25,18 @@ TIMEOUT_S = 900
 NO_CLAMPS = {"expert_swiglu_limit_list": [0] * 6, "share_expert_swiglu_limit_list": [0] * 6}
 
 
-# Which of the oracle's linears each implementation serves as one (oracle.py `fp8_merged`), for the FP8 reference of
-# the model as served. Ours computes KDA's q|k|v|β|f|g as one in_proj padded to a multiple of 16 outputs, so always
-# FP8 (vllm_ling/kda.py): the group rounds β (b_proj, one output a head) with q, k and v; f and g are aligned alone
-# (and transformers nests f_proj under forget_gate). vLLM's in-tree model (>= 0.28) computes q|k|v|β as one
-# qkvb_proj, unpadded, which ling_fp8 keeps BF16 where that width is no multiple of 16: the tiny checkpoints'
-# 3·512 + 4 = 1,540 (4 heads); Ling-3.0-flash's 3·4,096 + 32 = 12,320 is FP8. Session 15's 0.33 run scored the
-# in-tree model against ours and failed by 3.5 points. `served_as`: the merged linear's name on the engine, whose
-# quant method the GPU model test holds against what the reference rounds (oracle.py reads names and pad only).
-FP8_MERGED = {"vllm-ling": [{"names": ["q_proj", "k_proj", "v_proj", "b_proj"], "pad": True, "served_as": "in_proj"}],
+# Which of the oracle's linears each implementation serves as one (oracle.py `fp8_merged`), in the served row order,
+# for the FP8 reference of the model as served. Ours computes KDA's q|k|v|β|f|g as one in_proj padded to a multiple
+# of 16 outputs, so always FP8 (vllm_ling/kda.py): the group rounds β (b_proj, one output a head) with the rest, and
+# under the block scheme its 128-row blocks run across the parts (β's rows shift f and g off the block grid;
+# transformers nests f_proj under forget_gate). vLLM's in-tree model (>= 0.28) computes q|k|v|β as one qkvb_proj,
+# unpadded, which ling_fp8 keeps BF16 where that width is no multiple of 16: the tiny checkpoints' 3·512 + 4 =
+# 1,540 (4 heads); Ling-3.0-flash's 3·4,096 + 32 = 12,320 is FP8; its f_proj and g_proj are linears of their own.
+# A 0.33 run once scored the in-tree model against ours and failed by 3.5 points. `served_as`: the merged linear's
+# name on the engine, whose quant method the GPU model test holds against what the reference rounds for the first
+# member (oracle.py reads names and pad only).
+FP8_MERGED = {"vllm-ling": [{"names": ["q_proj", "k_proj", "v_proj", "b_proj", "forget_gate.f_proj", "g_proj"],
+                             "pad": True, "served_as": "in_proj"}],
               "vllm": [{"names": ["q_proj", "k_proj", "v_proj", "b_proj"], "pad": False, "served_as": "qkvb_proj"}]}
 
 
