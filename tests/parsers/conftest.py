@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 try:
-    import vllm.parser.glm47_moe  # noqa: F401  (the engine our parsers build on: vLLM >= 0.26)
+    import vllm.parser.glm47_moe  # noqa: F401  (the engine our parsers build on)
 except ImportError:
     collect_ignore_glob = ["test_*.py"]
 

@@ -1,6 +1,6 @@
-"""Harness for the `ling3` parser tests: a tiny tokenizer and a driver that runs our parsers the way
-vLLM's chat-completion server does (one DelegatingParser per request; `parse()` for a whole output,
-`parse_delta()` per detokenized step for a stream)."""
+"""Harness for the `ling3` parser tests: a tiny tokenizer and a driver that runs our parsers (or vLLM's
+own ling3 parsers, `VllmLing3`) the way vLLM's chat-completion server does (one DelegatingParser per
+request; `parse()` for a whole output, `parse_delta()` per detokenized step for a stream)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ from tokenizers.decoders import DecodeStream
 from transformers import PreTrainedTokenizerFast
 from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
 from vllm.parser.abstract_parser import DelegatingParser
+from vllm.reasoning.ling3_reasoning_parser import Ling3ParserReasoningAdapter as VllmLing3ReasoningParser
+from vllm.tool_parsers.ling3_tool_parser import Ling3ToolParser as VllmLing3ToolParser
 
 from vllm_ling.parsers.ling3 import Ling3ReasoningParser, Ling3ToolParser
 
@@ -103,6 +105,13 @@ class Ling3ToolsOnly(DelegatingParser):
     tool_parser_cls = Ling3ToolParser
 
 
+class VllmLing3(DelegatingParser):
+    """vLLM's own ling3 parsers, composed as its server composes them: the contract ours keeps."""
+
+    reasoning_parser_cls = VllmLing3ReasoningParser
+    tool_parser_cls = VllmLing3ToolParser
+
+
 def make_request(tools: list | None = TOOLS, chat_template_kwargs: dict | None = None, **kw) -> ChatCompletionRequest:
     return ChatCompletionRequest(
         model="ling3",
@@ -134,7 +143,9 @@ def parse_full(tokenizer, text: str, request: ChatCompletionRequest, cls: type[D
     return Turn(reasoning, content, [(c.name, json.loads(c.arguments)) for c in calls or []])
 
 
-def parse_stream(tokenizer, text: str, request: ChatCompletionRequest, chunk: int = 1) -> Turn:
+def parse_stream(
+    tokenizer, text: str, request: ChatCompletionRequest, chunk: int = 1, cls: type[DelegatingParser] = Ling3
+) -> Turn:
     """Streaming: `parser.parse_delta()` per engine step of `chunk` tokens (more than one with MTP),
     with the text vLLM's fast incremental detokenizer yields: tokenizers' DecodeStream, special tokens
     kept (as `adjust_request` asks), nothing for a token that ends inside a UTF-8 character."""
@@ -145,7 +156,7 @@ def parse_stream(tokenizer, text: str, request: ChatCompletionRequest, chunk: in
     for start in range(0, len(ids), chunk):
         step_ids = ids[start : start + chunk]
         steps.append(("".join(detok.step(tokenizer._tokenizer, i) or "" for i in step_ids), step_ids))
-    return drive_stream(tokenizer, steps, request)
+    return drive_stream(tokenizer, steps, request, cls)
 
 
 def parse_text_chunks(
@@ -183,10 +194,20 @@ def drive_stream(
                 names[tc.index] = tc.function.name
             if tc.function and tc.function.arguments:
                 args[tc.index] = args.get(tc.index, "") + tc.function.arguments
+    if not request.tools:  # vLLM's own parsers serve it: record their deltas as they are (docs/parsers.md §4)
+        calls = [(names.get(i, ""), _json_or_text(args.get(i) or "{}")) for i in sorted(set(names) | set(args))]
+        return Turn("".join(reasoning) or None, "".join(content) or None, calls)
     assert sorted(names) == list(range(len(names))), f"tool indices not dense: {sorted(names)}"
     assert set(args) <= set(names), "arguments streamed for a call that was never named"
     calls = [(names[i], json.loads(args.get(i) or "{}")) for i in sorted(names)]
     return Turn("".join(reasoning) or None, "".join(content) or None, calls)
+
+
+def _json_or_text(arguments: str):
+    try:
+        return json.loads(arguments)
+    except ValueError:
+        return arguments
 
 
 def client_view(turn: Turn) -> Turn:

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from vllm.parser.abstract_parser import DelegatingParser
 from parsers_harness import (
+    TOOLS,
     Ling3,
     Ling3ReasoningOnly,
     Ling3ToolsOnly,
+    VllmLing3ReasoningParser,
     client_view,
     make_request,
     make_tokenizer,
@@ -39,10 +42,18 @@ def test_a_reasoning_parser_is_not_claimed_once_used_or_with_another_tokenizer(s
     assert Ling3ToolParser(make_tokenizer(arg_tags_special=True))._reasoning is None
 
 
-def test_a_reasoning_parser_alone_reads_reasoning_and_returns_the_rest_verbatim(special_tokenizer):
+class VllmReasoningOnly(DelegatingParser):
+    reasoning_parser_cls = VllmLing3ReasoningParser
+
+
+@pytest.mark.parametrize("tools", [None, TOOLS], ids=["no-tools", "tools"])
+def test_a_reasoning_parser_alone_is_vllms(special_tokenizer, tools):
+    """Alone it never sees the request's tools while streaming, so it is vLLM's ling3 reasoning parser."""
     text = f"Plan {CALL} more.</think>Answer {CALL}"
-    turn = both_ways(special_tokenizer, Ling3ReasoningOnly, text)
-    assert (turn.reasoning, turn.content, turn.calls) == (f"Plan {CALL} more.", f"Answer {CALL}", [])
+    for parse in (parse_full, lambda tok, t, req, cls: parse_text_chunks(tok, list(t), req, cls)):
+        turn = parse(special_tokenizer, text, make_request(tools=tools), Ling3ReasoningOnly)
+        assert turn == parse(special_tokenizer, text, make_request(tools=tools), VllmReasoningOnly)
+        assert turn.reasoning == "Plan" and turn.calls == []
 
 
 def test_a_tool_parser_alone_reads_reasoning_markup_as_content(special_tokenizer):

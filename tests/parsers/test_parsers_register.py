@@ -1,5 +1,5 @@
-"""`register_parsers()`: stands aside where vLLM ships `ling3` (>= 0.28), registers ours where it does not
-(0.26) or when forced, lazily and idempotently. Registry state is restored after each test."""
+"""`register_parsers()`: stands aside for vLLM's own `ling3` (every supported release ships it) unless forced,
+registers ours lazily and idempotently. Registry state is restored after each test."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _vllm_has_ling3() -> bool:
     return "ling3" in ToolParserManager.list_registered() and "ling3" in ReasoningParserManager.list_registered()
 
 
-def test_stands_aside_for_vllms_own_ling3_and_registers_where_missing():
+def test_stands_aside_for_vllms_own_ling3():
     """In a fresh process, as vLLM starts one: another test may already have put ours in this one's registries."""
     import json
     import subprocess
@@ -46,10 +46,8 @@ def test_stands_aside_for_vllms_own_ling3_and_registers_where_missing():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     had_own, names, unchanged, has_ling3 = json.loads(out.stdout.strip().splitlines()[-1])
-    if had_own:  # vLLM >= 0.28
-        assert names == [] and unchanged
-    else:  # vLLM 0.26
-        assert names == OURS and has_ling3
+    assert had_own and has_ling3, "every supported vLLM registers its own ling3 parsers"
+    assert names == [] and unchanged
 
 
 def test_force_registers_ours_even_over_an_already_imported_vllm_parser():

@@ -45,8 +45,7 @@ def test_a_required_call_with_thinking_on_is_grammar_from_the_first_token_throug
 ):
     parser, request = adjusted(special_tokenizer, tool_choice=tool_choice)
     prompt = special_tokenizer.encode(PROMPT_THINKING, add_special_tokens=False)
-    if hasattr(request, "resolve_reasoning_ended"):  # vLLM >= 0.28: what the server passes to the engine
-        assert request.resolve_reasoning_ended(parser, prompt) is True
+    assert request.resolve_reasoning_ended(parser, prompt) is True  # what the server passes to the engine
     assert accepts(special_tokenizer, request, REASONING), "the model may reason first"
     assert not accepts(special_tokenizer, request, REASONING, then_eos=True), "it may not stop while reasoning"
     assert not accepts(special_tokenizer, request, REASONING + "</think>", then_eos=True), "nor before a call"

@@ -1,4 +1,4 @@
-"""Register the `ling3` tool-call and reasoning parsers where vLLM has none (vLLM < 0.28).
+"""Register our `ling3` tool-call and reasoning parsers over vLLM's own when our model serves (`force`).
 
 Registration is lazy ("module", "Class"): the parser module (`vllm_ling.parsers.ling3`) is imported only
 when a server asks for `ling3`. Only vLLM's two registries are imported here (no CUDA).
@@ -25,7 +25,7 @@ def _registries() -> dict[str, tuple[type, dict]]:
 def register_parsers(force: bool = False) -> list[str]:
     """Make `--tool-call-parser ling3` / `--reasoning-parser ling3` resolve to our classes.
 
-    Stands aside where vLLM already registers `ling3` (>= 0.28) unless `force` (VLLM_LING_FORCE=1).
+    Stands aside where vLLM already registers `ling3` (every supported release) unless `force`.
     Idempotent. Returns the names that resolve to our classes afterwards, e.g.
     ["tool:ling3", "reasoning:ling3"]; [] when vLLM's own parsers stay in place.
     """

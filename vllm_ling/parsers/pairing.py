@@ -1,6 +1,6 @@
 """Pair the reasoning parser and the tool parser that vLLM builds for one request.
 
-vLLM (0.26 to 0.33) serves `--reasoning-parser X --tool-call-parser Y` through `DelegatingParser`,
+vLLM (0.32 to 0.34) serves `--reasoning-parser X --tool-call-parser Y` through `DelegatingParser`,
 whose `__init__` builds the request's reasoning parser and, right after it in the same thread, its tool
 parser; neither is told about the other. Ling-3 needs them to agree (docs/parsers.md §4): whether a
 `<tool_call>` inside reasoning ends the reasoning depends on the request's tools, which only the tool
