@@ -145,7 +145,7 @@ from vllm_ling.selfcheck import gpu_name; n = gpu_name(); print(n and r(sys.argv
             compgen -G "$TUNED_DIR/E=*dtype=int4_w4a16.json" >/dev/null || refuse "MOE_BACKEND=triton needs" \
                 "ling-tune's int4_w4a16 tile file in TUNED_DIR=$TUNED_DIR (vLLM's default tiles crash at batch 1 for" \
                 "this shape): run ling-tune first, or use MOE_BACKEND=marlin"
-            export VLLM_LING_MOE_BACKEND=triton; ARGS+=(--moe-backend triton) ;;
+            ARGS+=(--moe-backend triton) ;;
         vllm) ;;  # no verdict: vLLM's own default
         *) refuse "MOE_BACKEND='$MOE_BACKEND': use auto, marlin, triton or humming. Safe: MOE_BACKEND=auto" ;;
     esac
@@ -159,7 +159,7 @@ if (( 10#$MTP_K > 0 )); then  # MTP_K is digits only (checked above)
             "python3 -m vllm_ling.draft_vocab_tool MODEL_DIR --text FILE --out FILE, or unset DRAFT_VOCAB"
         KEY=$("$PYTHON" -c 'from vllm_ling.compat import draft_top_tokens_key as k; print(k() or "")' 2>/dev/null) || KEY=
         [[ -n $KEY ]] || refuse "DRAFT_VOCAB needs a vLLM whose speculative config can ask the draft for its top" \
-            "token (0.32, 0.33); this one cannot. Safe: unset DRAFT_VOCAB"
+            "token (0.32-0.34); this one cannot. Safe: unset DRAFT_VOCAB"
         if [[ $FP8 == 1 && ${FP8_KERNEL:-w8a8} == w8a16 ]]; then
             refuse "DRAFT_VOCAB gathers LM-head rows, and FP8_KERNEL=w8a16 (FP8-Marlin) repacks the head into tiles" \
                 "whose rows cannot be gathered. Safe: FP8_KERNEL=w8a8 (the default), or unset DRAFT_VOCAB"
@@ -187,7 +187,7 @@ fi
 
 CMD=("${WATCHDOG[@]}" --log-dir "$LOG_DIR" "${WD_ARGS[@]}" -- "${LAUNCH[@]}" "${ARGS[@]}" "${EXTRA[@]}")
 if [[ ${DRY_RUN:-0} == 1 ]]; then
-    for v in VLLM_TUNED_CONFIG_FOLDER VLLM_LING_MOE_BACKEND VLLM_LING_FP8_KERNEL VLLM_LING_DRAFT_VOCAB VLLM_LING_MODEL VLLM_API_KEY; do  # what the command inherits (stderr)
+    for v in VLLM_TUNED_CONFIG_FOLDER VLLM_LING_FP8_KERNEL VLLM_LING_FP8_SCHEME VLLM_LING_DRAFT_VOCAB VLLM_LING_MODEL VLLM_API_KEY; do  # what the command inherits (stderr)
         if [[ $v == VLLM_API_KEY && -n ${!v:-} ]]; then echo "env: $v=***" >&2
         elif [[ -n ${!v:-} ]]; then echo "env: $v=${!v}" >&2; fi
     done

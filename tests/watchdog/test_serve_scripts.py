@@ -238,7 +238,7 @@ def test_tuned_folder_defaults_to_where_ling_tune_writes(tmp_path):
     env = {**os.environ, "DRY_RUN": "1", "DEVICE": "cuda", "XDG_CACHE_HOME": str(tmp_path), "MOE_BACKEND": "triton"}
     env.pop("VLLM_TUNED_CONFIG_FOLDER", None)
     r = subprocess.run(["bash", str(SERVE / "serve-int4.sh")], env=env, capture_output=True, text=True, check=True)
-    assert f"env: VLLM_TUNED_CONFIG_FOLDER={tuned}" in r.stderr and "env: VLLM_LING_MOE_BACKEND=triton" in r.stderr
+    assert f"env: VLLM_TUNED_CONFIG_FOLDER={tuned}" in r.stderr and "--moe-backend triton" in r.stdout
     assert DEFAULT_OUT.parts[-2:] == ("vllm-ling", "moe-configs")  # ling-tune's side of the same path
 
 
