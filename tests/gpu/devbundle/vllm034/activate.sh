@@ -1,0 +1,17 @@
+# On the device, in the shell that runs your work:   source .devbundle34/N/activate.sh   (N = the last chunk,
+# carried in this call; the others stashed by earlier calls on this warm machine). First use ~60 s; later reused.
+_here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+bash "$_here/stash.sh"
+if [ ! -f $HOME/v34-site/.ok ]; then
+  _missing=$(cd $HOME/v34-stage && while read -r f; do [ -e "$f" ] || echo "$f"; done < MANIFEST)
+  if [ -n "$_missing" ]; then echo "missing chunks' files (stash the other chunks first): $_missing" >&2; return 1; fi
+  mkdir -p $HOME/v34-site && cat $HOME/v34-stage/core.tar.gz.part* | gzip -d | tar xf - -C $HOME/v34-site || return 1
+  (cd $HOME/v34-stage && for w in $(ls *.piece00 2>/dev/null); do cat "${w%.piece00}".piece* > "${w%.piece00}"; done)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target $HOME/v34-site $HOME/v34-stage/*.whl 2>&1 | grep -v "already exists" || true
+  python3 -m pip uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true  # built for the image's torch
+  touch $HOME/v34-site/.ok
+fi
+export PYTHONPATH="$HOME/v34-site${PYTHONPATH:+:$PYTHONPATH}"
+export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
+python3 -c "import vllm, transformers, torch, triton; print('vllm', vllm.__version__, '| transformers', transformers.__version__, '| torch', torch.__version__, '| triton', triton.__version__)"
