@@ -16,7 +16,8 @@ synthetically (its `rejection_sample_method: synthetic`) so MTP tokens/s is meas
 `--acceptance-length 1.94,1.70` measures each in turn on one engine (the rate is a device tensor the rejection
 sampler reads every step, refilled in place), and every result gives the verify step (one engine step).
 Which model serves: `--impl ours|vllm` (VLLM_LING_MODEL), or `vllm-bare` (vLLM as installed, no plugin at all:
-VLLM_PLUGINS=none). `--fp8 w8a16|w8a8` serves with `--quantization ling_fp8`; `--moe-backend
+VLLM_PLUGINS=none). `--fp8 w8a16|w8a8` serves with `--quantization ling_fp8` (`--fp8-scheme block|channel`: its
+scales, VLLM_LING_FP8_SCHEME; vllm_ling.fp8's default when not given); `--moe-backend
 marlin|humming|triton` picks the INT4 expert kernels (whole-step Humming vs Marlin). Runs the engine in-process,
 so one configuration per process: vLLM does not give GPU memory back between engines.
 """
@@ -35,6 +36,9 @@ import time
 from ling_tuning.engine_compare import BACKENDS as MOE_BACKENDS  # vLLM >= 0.28's --moe-backend for INT4 experts
 from vllm_ling import compat, draft_vocab_file  # the draft vocabulary file (--draft-vocab)
 from vllm_ling.fp8 import KERNELS as FP8_KERNELS
+from vllm_ling.fp8 import DEFAULT_SCHEME as FP8_DEFAULT_SCHEME
+from vllm_ling.fp8 import SCHEME_ENV as FP8_SCHEME_ENV
+from vllm_ling.fp8 import SCHEMES as FP8_SCHEMES
 from vllm_ling.ops.moe_align import ALIGN_ENV, ALIGNS  # our MoE token layout or vLLM's op (--moe-align)
 from vllm_ling.kda_core import GATE_ENV, GATES, default_gate  # KDA gate: in vLLM's kernels or ours (--kda-gate)
 from vllm_ling.ops.routing import ROUTER_ENV, ROUTERS  # our MoE router or vLLM's (--router)
@@ -116,7 +120,8 @@ class _LogLines(logging.Handler):
 
 
 def _engine_kwargs(mode: str, fp8: str | None, acceptance_length: float | None,
-                   moe_backend: str | None = None, draft_vocab: int | None = None) -> dict:
+                   moe_backend: str | None = None, draft_vocab: int | None = None,
+                   fp8_scheme: str | None = None) -> dict:
     kwargs = {k: (dict(v) if isinstance(v, dict) else v) for k, v in MODES[mode].items()}
     if draft_vocab:
         if mode != "mtp":
@@ -128,8 +133,12 @@ def _engine_kwargs(mode: str, fp8: str | None, acceptance_length: float | None,
         os.environ[draft_vocab_file.ENV] = _first_ids_file(draft_vocab)
     if moe_backend:
         kwargs["moe_backend"] = moe_backend
+    if fp8_scheme and not fp8:
+        raise ValueError(f"--fp8-scheme {fp8_scheme} picks FP8's scales: it needs --fp8 w8a8|w8a16")
     if fp8:
         os.environ["VLLM_LING_FP8_KERNEL"] = fp8
+        if fp8_scheme:
+            os.environ[FP8_SCHEME_ENV] = fp8_scheme
         kwargs["quantization"] = "ling_fp8"
     if acceptance_length is not None:
         kwargs["speculative_config"] |= {"rejection_sample_method": "synthetic",
@@ -322,7 +331,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
         impl: str = "ours", fp8: str | None = None, kernels: bool = False,
         acceptance_lengths: list[float] | None = None, moe_backend: str | None = None,
         router: str | None = None, moe_align: str | None = None, kda_gate: str | None = None,
-        router_gemm: str | None = None, draft_vocab: int | None = None) -> dict:
+        router_gemm: str | None = None, draft_vocab: int | None = None, fp8_scheme: str | None = None) -> dict:
     acceptance_length, more_lengths = (acceptance_lengths[0], acceptance_lengths[1:]) if acceptance_lengths \
         else (None, [])
     if more_lengths and mode != "mtp":
@@ -353,12 +362,13 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True,
               max_model_len=max(prefill, default=0) + decode + 64, max_num_seqs=1, max_num_batched_tokens=chunk,
               gpu_memory_utilization=util, enable_prefix_caching=False, seed=0, disable_log_stats=mode != "mtp",
-              **_engine_kwargs(mode, fp8, acceptance_length, moe_backend, draft_vocab))
+              **_engine_kwargs(mode, fp8, acceptance_length, moe_backend, draft_vocab, fp8_scheme))
     vocab = llm.llm_engine.model_config.get_vocab_size()
     rng = random.Random(0)
     served = llm.apply_model(lambda m: f"{type(m).__module__}.{type(m).__name__}")[0]
     shape = llm.apply_model(model_shape)[0]
     result: dict = {"mode": mode, "model": model, "impl": impl, "served_by": served, "fp8": fp8 or "off",
+                    "fp8_scheme": (os.environ.get(FP8_SCHEME_ENV) or FP8_DEFAULT_SCHEME).lower() if fp8 else "off",
                     "vllm": __import__("vllm").__version__, "prefill": {}, "decode_tokens": decode,
                     "repeats": repeats, "gpu_memory_utilization": util, "chunked_prefill_tokens": chunk,
                     "cudagraph_mode": _cudagraph_mode(llm),
@@ -504,6 +514,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--impl", choices=sorted(IMPLS), default="ours",
                     help="which model serves: ours, vLLM's in-tree (plugin on), or vLLM as installed (no plugin)")
     ap.add_argument("--fp8", choices=FP8_KERNELS, help="serve with --quantization ling_fp8 on this kernel")
+    ap.add_argument("--fp8-scheme", choices=FP8_SCHEMES,
+                    help="with --fp8: FP8's scales, 128x128 blocks or per channel (VLLM_LING_FP8_SCHEME)")
     ap.add_argument("--kernels", action="store_true", help="profile CUDA kernels per decode step")
     ap.add_argument("--acceptance-length", type=_lengths,
                     help="mtp: synthetic acceptance, mean accepted length per step (1 + rate at k=1; vLLM >= 0.32 on a GPU: the CPU sampler refuses it); "
@@ -525,7 +537,8 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     prefill = [int(x) for x in a.prefill.split(",") if x]
     result = run(a.model, a.mode, prefill, a.decode, a.repeats, a.util, a.chunk, a.impl, a.fp8, a.kernels,
-                 a.acceptance_length, a.moe_backend, a.router, a.moe_align, a.kda_gate, a.router_gemm, a.draft_vocab)
+                 a.acceptance_length, a.moe_backend, a.router, a.moe_align, a.kda_gate, a.router_gemm, a.draft_vocab,
+                 a.fp8_scheme)
     text = json.dumps(result, indent=2)
     print(text)
     if a.out:

@@ -10,7 +10,8 @@ import pytest
 pytestmark = pytest.mark.engine
 
 
-@pytest.mark.parametrize("mode, extra", [("eager", []), ("mtp", ["--draft-vocab", "512", "--fp8", "w8a8"]), ("eager", ["--fp8", "w8a8", "--router", "vllm", "--moe-align", "ours", "--router-gemm", "vllm"])])
+# the draft vocabulary gathers per-channel FP8 head rows (vllm_ling/draft_vocab.py): its run asks for channel scales
+@pytest.mark.parametrize("mode, extra", [("eager", []), ("mtp", ["--draft-vocab", "512", "--fp8", "w8a8", "--fp8-scheme", "channel"]), ("eager", ["--fp8", "w8a8", "--fp8-scheme", "block", "--router", "vllm", "--moe-align", "ours", "--router-gemm", "vllm"])])
 def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode, extra):
     pytest.importorskip("vllm")
     from vllm_ling.tiny import ensure_tiny
@@ -43,6 +44,7 @@ def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode, extra):
     assert r["served_by"] == "vllm_ling.model.BailingMoeV3ForCausalLM" and r["kda_projection_width"] == 512
     fp8, others = "--fp8" in extra, "--router" in extra
     assert ("float8_e4m3fn" in r["param_gib_by_dtype"]) == fp8 and r["fp8"] == ("w8a8" if fp8 else "off")
+    assert r["fp8_scheme"] == (extra[extra.index("--fp8-scheme") + 1] if fp8 else "off")
     assert r["router_asked"] == ("vllm" if others else "ours")  # the CPU engine routes in torch either way
     assert r["moe_align_asked"] == ("ours" if others else "vllm")  # and aligns no tokens: its MoE is torch's
     assert r["router_gemm_asked"] == ("vllm" if others else "ours")  # asked; the CPU engine keeps GateLinear
@@ -51,12 +53,13 @@ def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode, extra):
     if mode == "mtp":  # the draft proposed among ids 0..511 only, over rows gathered from the FP8 head
         assert any("proposes among 512 of" in line and "float8_e4m3fn" in line for line in r["log"]), r["log"]
     if fp8:
-        assert any("FP8 weights ON" in line for line in r["log"]), r["log"]
+        assert any("FP8 weights ON" in line and f"{r['fp8_scheme']} scales" in line for line in r["log"]), r["log"]
 
 
 def test_engine_kwargs_carry_the_moe_backend_fp8_and_synthetic_acceptance(monkeypatch):
     pytest.importorskip("vllm")
     monkeypatch.delenv("VLLM_LING_FP8_KERNEL", raising=False)  # _engine_kwargs sets it; restored after the test
+    monkeypatch.delenv("VLLM_LING_FP8_SCHEME", raising=False)  # likewise
     from ling_bench.fullsize import _engine_kwargs
 
     kw = _engine_kwargs("mtp", "w8a8", 1.94, "humming")
@@ -64,6 +67,11 @@ def test_engine_kwargs_carry_the_moe_backend_fp8_and_synthetic_acceptance(monkey
     assert kw["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 1,
                                         "rejection_sample_method": "synthetic", "synthetic_acceptance_length": 1.94}
     assert "moe_backend" not in _engine_kwargs("graphs", None, None)
+    assert "VLLM_LING_FP8_SCHEME" not in os.environ  # no --fp8-scheme: vllm_ling.fp8's default
+    _engine_kwargs("graphs", "w8a8", None, fp8_scheme="channel")
+    assert os.environ["VLLM_LING_FP8_SCHEME"] == "channel"
+    with pytest.raises(ValueError, match="--fp8-scheme block .* needs --fp8"):
+        _engine_kwargs("graphs", None, None, fp8_scheme="block")
 
 
 class _Worker:  # what collective_rpc hands a callable: the worker, whose model runner holds the rejection sampler

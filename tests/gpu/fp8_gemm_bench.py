@@ -1,6 +1,11 @@
-"""BF16 vs FP8 W8A16 (Marlin) vs W8A8 (per-token, vLLM's scaled-mm), for every BF16 linear of Ling-3.0-flash.
+"""BF16 vs ling_fp8's configurations, for every BF16 linear of Ling-3.0-flash: per-channel scales on W8A8 (per-token
+activations, vLLM's scaled-mm) and on W8A16 (Marlin), and 128 x 128 block scales on W8A8 (1 x 128 activation groups,
+vLLM's block GEMM), block W8A16 (Marlin) on request.
 
-    python3 tests/gpu/fp8_gemm_bench.py MODEL_DIR OUT.json [--m 1,2,4,8,16]
+    python3 tests/gpu/fp8_gemm_bench.py MODEL_DIR [OUT.json] [--m 1,2,4,8,16] [--configs ...] [--no-kda-split]
+
+OUT.json defaults to $OUT/fp8_gemm.json where $OUT is set. Prints a table (µs per call per shape and M, the
+kernel class vLLM chose, and the per-step sums) and writes it all as JSON.
 
 MODEL_DIR holds the full-size config.json (`ling-make-tiny DIR --full-config`). Each layer is built the way
 the engine builds it (vLLM's ReplicatedLinear with `vllm_ling.fp8.LingFp8Config` for the FP8 kernels, no quant
@@ -20,7 +25,10 @@ import math
 import torch
 
 L2_BYTES = 60 * 2**20
-KERNELS = ("bf16", "w8a16", "w8a8")
+# configuration -> (scheme, kernel) of LingFp8Config, None for BF16
+CONFIGS = {"bf16": None, "channel_w8a8": ("channel", "w8a8"), "channel_w8a16": ("channel", "w8a16"),
+           "block_w8a8": ("block", "w8a8"), "block_w8a16": ("block", "w8a16")}
+DEFAULT_CONFIGS = ("bf16", "channel_w8a8", "channel_w8a16", "block_w8a8")
 
 
 def shapes(c: dict) -> dict[str, tuple[int, int, int]]:
@@ -54,23 +62,23 @@ def copies_for(out_f: int, in_f: int) -> int:
     return min(16, max(1, math.ceil(4 * L2_BYTES / (out_f * in_f * 2))))
 
 
-def build(out_f: int, in_f: int, kernel: str | None, copies: int, device: str = "cuda") -> list[torch.nn.Module]:
+def build(out_f: int, in_f: int, config: str, copies: int, device: str = "cuda") -> list[torch.nn.Module]:
     """`copies` layers as the engine builds them (under the target device, online FP8 quantized when loaded)."""
     from vllm.model_executor.layers.linear import ReplicatedLinear
 
     from vllm_ling.fp8 import LingFp8Config
 
     layers = []
-    with torch.device(device):
-        for i in range(copies):
-            cfg = LingFp8Config(kernel=kernel) if kernel else None
+    for i in range(copies):
+        cfg = LingFp8Config(scheme=CONFIGS[config][0], kernel=CONFIGS[config][1]) if CONFIGS[config] else None
+        with torch.device(device):  # built under the device, loaded outside it, as vLLM's model loader does
             layer = ReplicatedLinear(in_f, out_f, bias=False, quant_config=cfg, prefix=f"model.layers.{i}.proj")
             w = torch.randn(out_f, in_f, dtype=torch.bfloat16) / in_f**0.5
-            layer.weight.weight_loader(layer.weight, w)
-            if kernel is None:
-                layer.quant_method.process_weights_after_loading(layer)
-            layer.reference = w
-            layers.append(layer)
+        layer.weight.weight_loader(layer.weight, w)
+        if cfg is None or not type(layer.quant_method).__name__.startswith("Fp8"):  # BF16 (or kept BF16)
+            layer.quant_method.process_weights_after_loading(layer)
+        layer.reference = w
+        layers.append(layer)
     return layers
 
 
@@ -89,13 +97,42 @@ def time_graph(layers: list[torch.nn.Module], m: int) -> tuple[float, float]:
     return graph_us(calls, len(layers)), err
 
 
+def kernel_name(layer: torch.nn.Module) -> str:
+    """The class that computes the layer: vLLM's chosen FP8 kernel, or the BF16 method (a linear kept BF16)."""
+    return type(getattr(layer.quant_method, "fp8_linear", layer.quant_method)).__name__
+
+
+def table(result: dict, configs: list[str]) -> str:
+    """µs per call: one row per shape and configuration, one column per M; then the per-step sums."""
+    ms = [str(m) for m in result["m"]]
+    lines = [f"{'shape':22} {'config':14} {'kernel':36} " + " ".join(f"M={m:>5}" for m in ms)]
+    for name, row in result["layers"].items():
+        for config in configs:
+            cell = row.get(config, {})
+            times = " ".join(f"{cell[m]['us']:7.1f}" for m in ms) if "error" not in cell else cell["error"][:60]
+            lines.append(f"{name:22} {config:14} {cell.get('kernel', '-')[:36]:36} {times}")
+    lines.append(f"{'per decode step (µs)':22} {'':14} {'':36} " + " ".join(f"M={m:>5}" for m in ms))
+    for config in configs:
+        lines.append(f"{'':22} {config:14} {'':36} " + " ".join(f"{result['per_step_us'][config][m]:7.0f}" for m in ms))
+    return "\n".join(lines)
+
+
 def main() -> int:
+    import os
+
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("model")
-    ap.add_argument("out")
+    ap.add_argument("out", nargs="?", help="JSON result (default: $OUT/fp8_gemm.json where $OUT is set)")
     ap.add_argument("--m", default="1,2,4,8,16")
+    ap.add_argument("--configs", default=",".join(DEFAULT_CONFIGS), help="of " + ", ".join(CONFIGS))
+    ap.add_argument("--no-kda-split", action="store_true", help="skip KDA's in_proj merged vs its three GEMMs")
     ap.add_argument("--cpu-smoke", action="store_true", help="build each layer once on the CPU and run it (no timing)")
     a = ap.parse_args()
+    out = a.out or (os.path.join(os.environ["OUT"], "fp8_gemm.json") if os.environ.get("OUT") else None)
+    configs = [c for c in a.configs.split(",") if c]
+    unknown = set(configs) - set(CONFIGS)
+    if unknown:
+        ap.error(f"--configs {sorted(unknown)}: not among {', '.join(CONFIGS)}")
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.engine.arg_utils import EngineArgs
@@ -106,61 +143,64 @@ def main() -> int:
     vc = EngineArgs(model=a.model, dtype="bfloat16", skip_tokenizer_init=True, load_format="dummy",
                     enable_prefix_caching=False).create_engine_config()
     ms = [int(x) for x in a.m.split(",")]
-    result = {"m": ms, "layers": {}, "per_step_us": {}}
+    result = {"m": ms, "configs": {c: CONFIGS[c] for c in configs}, "layers": {}, "per_step_us": {}}
     with set_current_vllm_config(vc):
         init_distributed_environment(world_size=1, rank=0, distributed_init_method="tcp://127.0.0.1:29533",
                                      local_rank=0, backend="gloo" if a.cpu_smoke else "nccl")
         initialize_model_parallel(1, 1)
         torch.set_default_dtype(torch.bfloat16)
         if a.cpu_smoke:
-            for kernel in (None, "w8a16", "w8a8"):
-                layer = build(64, 256, kernel, 1, device="cpu")[0]
+            for name in configs:
+                if name == "channel_w8a16":
+                    continue  # FP8-Marlin is CUDA-only
+                layer = build(64, 256, name, 1, device="cpu")[0]
                 x = torch.randn(2, 256)
                 err = (layer(x)[0].float() - x.float() @ layer.reference.float().t()).abs().max().item()
-                print(kernel, type(getattr(layer.quant_method, "fp8_linear", layer.quant_method)).__name__, err)
+                print(name, kernel_name(layer), err)
             return 0
         for name, (out_f, in_f, calls) in shapes(config).items():
             copies = copies_for(out_f, in_f)
             row = {"out": out_f, "in": in_f, "calls_per_step": calls, "copies": copies}
-            for kernel in KERNELS:
+            for cfg in configs:
                 try:
-                    layers = build(out_f, in_f, None if kernel == "bf16" else kernel, copies)
-                    row[kernel] = {"kernel": type(getattr(layers[0].quant_method, "fp8_linear",
-                                                          layers[0].quant_method)).__name__}
+                    layers = build(out_f, in_f, cfg, copies)
+                    row[cfg] = {"kernel": kernel_name(layers[0])}
                     for m in ms:
                         us, err = time_graph(layers, m)
-                        row[kernel][str(m)] = {"us": us, "max_rel_err": err}
+                        row[cfg][str(m)] = {"us": us, "max_rel_err": err}
                     del layers
                     torch.cuda.empty_cache()
                 except Exception as e:  # noqa: BLE001 - a kernel that cannot run is a result
-                    row[kernel] = {"error": f"{type(e).__name__}: {e}"[:300]}
+                    row[cfg] = {"error": f"{type(e).__name__}: {e}"[:300]}
             result["layers"][name] = row
             print(name, {k: {m: round(v[m]["us"], 1) for m in map(str, ms)} if "error" not in v else v["error"]
-                         for k, v in row.items() if k in KERNELS}, flush=True)
+                         for k, v in row.items() if k in configs}, flush=True)
         split = {}  # µs per KDA layer for the three GEMMs in_proj replaced, to set beside its own row
-        for kernel in ("bf16", "w8a8"):
+        for cfg in ([] if a.no_kda_split else [c for c in ("bf16", "channel_w8a8") if c in configs]):
             try:
                 times = {str(m): 0.0 for m in ms}
                 for out_f, in_f in kda_split(config):
-                    layers = build(out_f, in_f, None if kernel == "bf16" else kernel, copies_for(out_f, in_f))
+                    layers = build(out_f, in_f, cfg, copies_for(out_f, in_f))
                     for m in ms:
                         times[str(m)] += time_graph(layers, m)[0]
                     del layers
                     torch.cuda.empty_cache()
-                split[kernel] = times
+                split[cfg] = times
             except Exception as e:  # noqa: BLE001 - recorded, the rest of the run stands
-                print(f"kda split {kernel}: {type(e).__name__}: {e}"[:300], flush=True)
+                print(f"kda split {cfg}: {type(e).__name__}: {e}"[:300], flush=True)
         merged = result["layers"]["kda.in_proj"]
         result["kda_in_proj_merged_vs_split_us"] = {
             k: {m: {"merged": merged[k][m]["us"], "split": t} for m, t in times.items()}
             for k, times in split.items() if "error" not in merged[k]}
-        print("kda in_proj merged vs split:", json.dumps(result["kda_in_proj_merged_vs_split_us"]), flush=True)
-    for kernel in KERNELS:
-        result["per_step_us"][kernel] = {
-            str(m): sum(r[kernel][str(m)]["us"] * r["calls_per_step"] for r in result["layers"].values()
-                        if "error" not in r[kernel]) for m in ms}
-    print(json.dumps(result["per_step_us"], indent=1))
-    json.dump(result, open(a.out, "w"), indent=1)
+        if split:
+            print("kda in_proj merged vs split:", json.dumps(result["kda_in_proj_merged_vs_split_us"]), flush=True)
+    for cfg in configs:
+        result["per_step_us"][cfg] = {
+            str(m): sum(r[cfg][str(m)]["us"] * r["calls_per_step"] for r in result["layers"].values()
+                        if "error" not in r[cfg]) for m in ms}
+    print(table(result, configs), flush=True)
+    if out:
+        json.dump(result, open(out, "w"), indent=1)
     return 0
 
 
