@@ -29,20 +29,40 @@ FP8 = torch.float8_e4m3fn
 
 
 def head_rows(lm_head: torch.nn.Module, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The head's rows `ids` as served, [N, hidden], and their per-row scales (FP8) or None (BF16).
+    """The head's rows `ids` as served, [N, hidden], and their per-row scales (FP8 per channel) or None.
 
-    A BF16 head's weight is [V, hidden]; vLLM's per-channel FP8 method (ours, `w8a8`) keeps the FP8 weight as the
-    transpose view [hidden, V] with a [V, 1] fp32 scale. FP8-Marlin (`w8a16`) repacks the weight into tiles whose
-    rows cannot be gathered: refused."""
+    A BF16 head's weight is [V, hidden]; vLLM's per-channel FP8 method (`VLLM_LING_FP8_SCHEME=channel`, `w8a8`)
+    keeps the FP8 weight as the transpose view [hidden, V] with a [V, 1] fp32 scale. The block method (the default
+    scheme, `w8a8`) keeps W8 [V, hidden] with one scale per 128 x 128 block, [ceil(V/128), ceil(hidden/128)]: a
+    gathered row mixes blocks, so its rows are dequantized once, W = W8 · s_b (fp32, then the model dtype), which
+    still reads fewer bytes per draft step than the whole FP8 head. FP8-Marlin (`w8a16`) repacks the weight into
+    tiles whose rows cannot be gathered: refused."""
     weight, scale = lm_head.weight, getattr(lm_head, "weight_scale", None)
     if weight.dtype in (torch.bfloat16, torch.float16, torch.float32) and scale is None:
         return weight[ids].contiguous(), None
     if weight.dtype == FP8 and scale is not None and scale.numel() in weight.shape:
         by_row = weight if weight.shape[0] == scale.numel() else weight.t()
         return by_row[ids].contiguous(), scale.reshape(-1)[ids].to(torch.float32).contiguous()
-    raise ValueError(f"vllm-ling: {ENV} needs an LM head whose rows can be gathered (BF16, or FP8 per channel: "
+    blocks = getattr(lm_head, "weight_scale_inv", None)
+    if weight.dtype == FP8 and blocks is not None and blocks.dim() == 2:
+        rows = _block_rows(weight, blocks, ids)
+        if rows is not None:
+            return rows, None
+    raise ValueError(f"vllm-ling: {ENV} needs an LM head whose rows can be gathered (BF16, or FP8 with "
                      f"VLLM_LING_FP8_KERNEL=w8a8, the default); this one holds {weight.dtype} {tuple(weight.shape)}"
                      f" with scale {None if scale is None else tuple(scale.shape)}. Serve with w8a8, or unset {ENV}")
+
+
+def _block_rows(weight: torch.Tensor, blocks: torch.Tensor, ids: torch.Tensor,
+                block: int = 128) -> torch.Tensor | None:
+    """Rows `ids` of a 128 x 128 block-scaled FP8 weight [V, K] (or its transpose view), dequantized in fp32 and
+    returned in bf16; None when the scale grid does not match the weight's shape (a layout we do not know)."""
+    by_row = weight if blocks.shape[0] == -(-weight.shape[0] // block) else weight.t()
+    v, k = by_row.shape
+    if tuple(blocks.shape) != (-(-v // block), -(-k // block)):
+        return None
+    s = blocks.float()[ids // block].repeat_interleave(block, 1)[:, :k]
+    return (by_row[ids].float() * s).to(torch.bfloat16).contiguous()
 
 
 class DraftVocab:

@@ -45,6 +45,25 @@ def test_fp8_rows_and_scales_come_from_the_transposed_layout():
     assert torch.equal(rows.to(torch.float32) * scale[:, None], dequant[ids])
 
 
+def test_block_fp8_rows_are_the_dequantized_heads_rows():
+    """The block scheme's head, W8 [V, K] with one scale per 128 x 128 block (vLLM's online block method): the
+    gathered rows are W8 · s_b of exactly those rows, each row reading the scale of its own block of rows."""
+    gen = torch.Generator().manual_seed(3)
+    v, k = 300, 256  # three row blocks (the last one partial), two column blocks
+    w = torch.randn(v, k, generator=gen) * torch.linspace(0.1, 4.0, v)[:, None]
+    pad = torch.zeros(384, k)
+    pad[:v] = w
+    s = pad.view(3, 128, 2, 128).abs().amax(dim=(1, 3)) / 448.0  # [ceil(v/128), k/128]
+    q = (w / s.repeat_interleave(128, 0)[:v].repeat_interleave(128, 1)).to(draft_vocab.FP8)
+    head = SimpleNamespace(weight=q, weight_scale_inv=s)
+    ids = torch.tensor([299, 0, 130, 127, 128, 5])
+    rows, scale = head_rows(head, ids)
+    want = q.float()[ids] * s[ids // 128].repeat_interleave(128, 1)
+    assert scale is None and rows.dtype == torch.bfloat16 and rows.shape == (6, k)
+    torch.testing.assert_close(rows.float(), want.to(torch.bfloat16).float())
+    assert (rows.float() - w[ids]).abs().max() < 0.1 * w[ids].abs().max()  # and it is W, to FP8's precision
+
+
 def test_a_head_whose_rows_cannot_be_gathered_is_refused():
     marlin = SimpleNamespace(weight=torch.zeros(K // 16, V * 2, dtype=torch.int32), weight_scale=torch.ones(1, V))
     with pytest.raises(ValueError, match="VLLM_LING_FP8_KERNEL=w8a8"):
