@@ -52,6 +52,7 @@ from model_helpers import FP8_MERGED, NO_CLAMPS, by_margin  # noqa: E402  (on sy
 
 from vllm_ling import kda_core  # noqa: E402
 from vllm_ling.ops.router_gemm import DEFAULT_GEMM  # noqa: E402
+from vllm_ling.fp8 import DEFAULT_SCHEME  # noqa: E402
 from vllm_ling.selfcheck import Requested, inspect_log  # noqa: E402
 
 TOKEN_BUDGET = 256
@@ -63,9 +64,10 @@ FP8 = {"quantization": "ling_fp8"}
 OURS, INTREE = {"VLLM_LING_MODEL": "vllm-ling"}, {"VLLM_LING_MODEL": "vllm"}
 FP8_KERNEL = "w8a8"  # the FP8 reference's kernel: vllm_ling.fp8's default, which the FP8 runs use
 # the oracle runs: plain fp32 and bf16 per reference checkpoint, and the model as FP8 serves it in both per
-# checkpoint and implementation (oracle_plan)
+# checkpoint and implementation (oracle_plan), in the scale scheme the FP8 runs use (vllm_ling.fp8's default)
 PLAIN_ORACLES = {"fp32": {}, "bf16": {"dtype": "bfloat16"}}
-FP8_ORACLES = {"fp8": {"fp8": FP8_KERNEL}, "fp8_bf16": {"fp8": FP8_KERNEL, "dtype": "bfloat16"}}
+_FP8_REF = {"fp8": FP8_KERNEL, "fp8_scheme": DEFAULT_SCHEME}
+FP8_ORACLES = {"fp8": _FP8_REF, "fp8_bf16": {**_FP8_REF, "dtype": "bfloat16"}}
 DEFAULT_KDA_GATE = kda_core.default_gate()
 
 

@@ -33,6 +33,9 @@ from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without
 # on sys.path via gpu_helpers
 from model_helpers import FP8_MERGED, NO_CLAMPS, first_difference, random_prompts, run_scripts  # noqa: E402
 from model_helpers import spec_acceptance  # noqa: E402
+
+from vllm_ling.fp8 import DEFAULT_SCHEME  # noqa: E402
+
 PROMPT_LENGTHS = [3, 17, 64, 130, 400]
 MAX_TOKENS = 128
 MTP = {"method": "mtp", "num_speculative_tokens": 1}
@@ -40,7 +43,8 @@ MTP = {"method": "mtp", "num_speculative_tokens": 1}
 # with `--quantization ling_fp8` (target and draft on the target's FP8 LM head), scored by the FP8 reference
 CHECKPOINTS = {"stable_router": ("stable_router", {}, {}), "mtp_echo": ("mtp_echo", {}, {}),
                "mtp_echo_fp8": ("mtp_echo", {"engine_kwargs": {"quantization": "ling_fp8"}},
-                                {"fp8": "w8a8", "fp8_merged": FP8_MERGED["vllm-ling"]})}  # ours serves
+                                {"fp8": "w8a8", "fp8_scheme": DEFAULT_SCHEME,
+                                 "fp8_merged": FP8_MERGED["vllm-ling"]})}  # ours serves, FP8 in its default scheme
 VARIANTS = list(CHECKPOINTS)
 # The echo draft's acceptance with FP8 within 3 points of its BF16 run, or 3 standard errors of the difference of
 # the two rates where the drafts are too few for 3 points to be more than noise: on the CPU in bf16, 64 drafts
