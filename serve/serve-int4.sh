@@ -39,6 +39,7 @@
 #                (on a GPU it is 4.4% faster on the H200, projected ~1.6x on a GB10; it costs what e4m3
 #                rounding costs: FINDINGS.md §0)
 #   FP8_KERNEL   w8a8 | w8a16 (VLLM_LING_FP8_KERNEL)                                          w8a8
+#   FP8_SCHEME   block | channel (VLLM_LING_FP8_SCHEME): 128x128 blocks or per-channel scales  block
 #   DRAFT_VOCAB  with MTP: a draft vocabulary file (`python3 -m vllm_ling.draft_vocab_tool`): the   unset
 #                draft proposes among its tokens only and reads only their LM-head rows; the output is
 #                the same, acceptance may drop (docs/speed.md §MTP). vLLM >= 0.32, one GPU
@@ -81,6 +82,11 @@ if [[ -n ${FP8_KERNEL:-} ]]; then
     [[ $FP8_KERNEL == w8a8 || $FP8_KERNEL == w8a16 ]] || \
         refuse "FP8_KERNEL='$FP8_KERNEL' must be w8a8 or w8a16. Safe: FP8_KERNEL=w8a8"
     export VLLM_LING_FP8_KERNEL=$FP8_KERNEL
+fi
+if [[ -n ${FP8_SCHEME:-} ]]; then
+    [[ $FP8_SCHEME == block || $FP8_SCHEME == channel ]] || \
+        refuse "FP8_SCHEME='$FP8_SCHEME' must be block or channel. Safe: FP8_SCHEME=block"
+    export VLLM_LING_FP8_SCHEME=$FP8_SCHEME
 fi
 if [[ $DEVICE == auto ]]; then
     if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then DEVICE=cuda; else DEVICE=cpu; fi

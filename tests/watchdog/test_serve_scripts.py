@@ -176,12 +176,12 @@ def test_fp8_is_on_by_default_on_a_gpu_off_on_the_cpu_engine_and_one_setting_fli
     assert "--quantization ling_fp8" in _dry(DEVICE="cuda").stdout
     assert "--quantization" not in _dry(DEVICE="cuda", FP8="0").stdout
     assert "--quantization" not in _dry(DEVICE="cpu").stdout
-    on = _dry(DEVICE="cpu", FP8="1", FP8_KERNEL="w8a16")
+    on = _dry(DEVICE="cpu", FP8="1", FP8_KERNEL="w8a16", FP8_SCHEME="channel")
     assert on.returncode == 0 and "--quantization ling_fp8" in on.stdout
-    assert "VLLM_LING_FP8_KERNEL=w8a16" in on.stderr
+    assert "VLLM_LING_FP8_KERNEL=w8a16" in on.stderr and "VLLM_LING_FP8_SCHEME=channel" in on.stderr
 
 
-@pytest.mark.parametrize("setting, value", [("FP8", "yes"), ("FP8_KERNEL", "fp4")])
+@pytest.mark.parametrize("setting, value", [("FP8", "yes"), ("FP8_KERNEL", "fp4"), ("FP8_SCHEME", "tensor")])
 def test_a_bad_fp8_setting_is_refused_by_name(setting, value):
     r = _dry(**{"DEVICE": "cpu", "FP8": "1", setting: value})
     assert r.returncode == 2 and f"{setting}='{value}'" in r.stderr and "Safe:" in r.stderr
