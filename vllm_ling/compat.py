@@ -318,3 +318,34 @@ def install_humming_swiglustep_limit() -> bool:
     if not getattr(module.get_humming_activation, "_vllm_ling", False):
         module.get_humming_activation = _humming_with_limit(module.get_humming_activation)
     return True
+
+
+# --- DSpark
+# vLLM rewrites a draft's config in `SpeculativeConfig.hf_config_override` (0.32: (hf_config); 0.33/0.34:
+# (hf_config, transformers_mtp_overrides=None)), looked up on the class each time a draft ModelConfig is built
+# and pickled by reference. 0.32/0.33 route method "dspark" by architecture name (a name they do not list goes to
+# the DeepSeek-V4 branch); 0.34 by the registered class's `speculator_config_class`. Renaming Ling's drafter
+# `Qwen3DSparkModel` before vLLM's rewrite serves all three (docs/dspark.md §Draft).
+
+def _dspark_hf_config_override(hf_config: Any, *args: Any, **kwargs: Any) -> Any:
+    from vllm_ling.dspark import normalise_draft_config
+
+    return _VLLM_HF_CONFIG_OVERRIDE(normalise_draft_config(hf_config), *args, **kwargs)
+
+
+_VLLM_HF_CONFIG_OVERRIDE: Callable[..., Any] | None = None
+
+
+def install_dspark_draft_config() -> bool:
+    """Put `vllm_ling.dspark.normalise_draft_config` in front of vLLM's draft config rewrite. Idempotent;
+    False where vLLM has no such rewrite (then a Ling drafter is not served)."""
+    global _VLLM_HF_CONFIG_OVERRIDE
+    from vllm.config.speculative import SpeculativeConfig
+
+    current = getattr(SpeculativeConfig, "hf_config_override", None)
+    if current is None:
+        return False
+    if current is not _dspark_hf_config_override:
+        _VLLM_HF_CONFIG_OVERRIDE = current
+        SpeculativeConfig.hf_config_override = staticmethod(_dspark_hf_config_override)
+    return True

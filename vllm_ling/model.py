@@ -3,7 +3,8 @@
 Pre-norm blocks (docs/architecture.md §Layers): h = x + Attn(RMSNorm(x)); y = h + MLP(RMSNorm(h)); layer i is
 MLA or KDA by `config.is_mla_layer`, dense MLP or MoE by `config.is_moe_layer`.
 Logits = lm_head(RMSNorm(y)) with an untied head; `forward` returns the post-norm hidden state, which
-the MTP draft (`vllm_ling.mtp`) consumes.
+the MTP draft (`vllm_ling.mtp`) consumes. A DSpark drafter also reads the residual stream at chosen layers
+(vLLM's aux-hidden-state interface, docs/dspark.md §Target): then `forward` returns (hidden, [aux, ...]).
 """
 
 from __future__ import annotations
@@ -20,10 +21,10 @@ from vllm.model_executor.layers.layernorm import RMSNorm
 from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
-from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid
+from vllm.model_executor.models.interfaces import EagleModelMixin, HasInnerState, IsHybrid, SupportsEagle3
 from vllm.model_executor.models.utils import WeightsMapper, maybe_prefix
 
-from vllm_ling import compat, draft_check
+from vllm_ling import compat, draft_check, dspark
 from vllm_ling.config import check_supported, is_mla_layer, is_moe_layer, kda_head_dim
 from vllm_ling.kda import BailingMoeV3KDA
 from vllm_ling.mla import BailingMoeV3MLA
@@ -63,7 +64,9 @@ class BailingMoeV3DecoderLayer(nn.Module):
 
 
 @support_torch_compile(dynamic_arg_dims={"input_ids": 0, "positions": -1, "inputs_embeds": 0})
-class BailingMoeV3Model(nn.Module):
+class BailingMoeV3Model(nn.Module, EagleModelMixin):
+    start_layer = 0  # no pipeline parallelism: this rank holds every layer (EagleModelMixin reads it)
+
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = "") -> None:
         super().__init__()
         config = vllm_config.model_config.hf_config
@@ -86,13 +89,21 @@ class BailingMoeV3Model(nn.Module):
         positions: torch.Tensor,
         intermediate_tensors=None,
         inputs_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | tuple[torch.Tensor, list[torch.Tensor]]:
+        """The post-norm hidden state; with aux layers set, also the residual stream h + r entering each of them.
+
+        vLLM's aux id j means "before layer j" (= after layer j - 1; 0 is the embedding), as in its Kimi-K3
+        model. The membership tests read a Python tuple, so with no aux layers (no drafter asks) the traced
+        graph holds no extra op and no extra output.
+        """
         hidden_states = inputs_embeds if inputs_embeds is not None else self.embed_input_ids(input_ids)
         residual = None
-        for layer in self.layers:
+        aux: list[torch.Tensor] = self._maybe_add_hidden_state([], 0, hidden_states, residual)
+        for i, layer in enumerate(self.layers):
             hidden_states, residual = layer(positions, hidden_states, residual)
+            aux = self._maybe_add_hidden_state(aux, i + 1, hidden_states, residual)
         hidden_states, _ = self.norm(hidden_states, residual)
-        return hidden_states
+        return (hidden_states, aux) if aux else hidden_states
 
 
 # Checkpoint -> vLLM names. `.attention.` is also how the INT4 ignore list names modules.
@@ -173,7 +184,7 @@ def kda_state_shape(vllm_config: VllmConfig):
     )
 
 
-class BailingMoeV3ForCausalLM(nn.Module, HasInnerState, IsHybrid):
+class BailingMoeV3ForCausalLM(nn.Module, HasInnerState, IsHybrid, SupportsEagle3):
     hf_to_vllm_mapper = HF_TO_VLLM
     packed_modules_mapping = {
         "in_proj": ["q_proj", "k_proj", "v_proj", "b_proj", "f_proj", "g_proj"],
@@ -185,6 +196,7 @@ class BailingMoeV3ForCausalLM(nn.Module, HasInnerState, IsHybrid):
         super().__init__()
         config = vllm_config.model_config.hf_config
         self.config = config
+        dspark.check_speculative_config(vllm_config)  # a DSpark drafter that cannot serve us stops the start
         self.model = BailingMoeV3Model(vllm_config=vllm_config, prefix=maybe_prefix(prefix, "model"))
         # The LM head takes the quant config: `--quantization ling_fp8` gives it FP8 weights (vllm_ling.fp8).
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, quant_config=vllm_config.quant_config,
@@ -195,7 +207,7 @@ class BailingMoeV3ForCausalLM(nn.Module, HasInnerState, IsHybrid):
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(input_ids)
 
-    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None) -> torch.Tensor:
+    def forward(self, input_ids, positions, intermediate_tensors=None, inputs_embeds=None):
         return self.model(input_ids, positions, intermediate_tensors, inputs_embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,164 @@
+"""Ling's DSpark drafter on vLLM's Qwen3 DSpark runtime (docs/dspark.md).
+
+The drafter's checkpoint names its architecture `LingDSparkModel`, a name vLLM 0.32-0.34 do not know: their
+speculative config sends an unknown DSpark architecture down the DeepSeek-V4 branch. SGLang's `LingDSparkModel`
+is a Qwen3 DSpark draft under another name, so `normalise_draft_config` renames it `Qwen3DSparkModel` and writes
+its fields under the keys vLLM's `Qwen3DSparkForCausalLM` reads (compat installs it in front of vLLM's draft
+config rewrite). `check_drafter` refuses, at start-up, a drafter that cannot serve this target.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+LING_DSPARK_ARCHS = ("LingDSparkModel",)
+QWEN3_DSPARK_ARCH = "Qwen3DSparkModel"
+SOURCE_KEY = "vllm_ling_dspark_source"  # the architecture the checkpoint named, kept after the rename
+FIX = "serve the drafter trained for this target (inclusionAI/Ling-3.0-flash-dspark for Ling-3.0-flash)"
+
+# vLLM's key <- the spellings drafter configs use, in SGLang's order of preference (its DSpark config parser).
+ALIASES: dict[str, tuple[str, ...]] = {
+    "block_size": ("dspark_block_size", "block_size", "dflash_config.block_size", "dspark_config.block_size"),
+    "markov_rank": ("dspark_markov_rank", "markov_rank", "dspark_config.markov_rank"),
+    "markov_head_type": ("dspark_markov_head_type", "markov_head_type", "dspark_config.markov_head_type"),
+    "dspark_target_layer_ids": ("dspark_target_layer_ids", "target_layer_ids", "dflash_config.target_layer_ids",
+                                "dspark_config.target_layer_ids"),
+    "mask_token_id": ("dspark_noise_token_id", "mask_token_id", "dflash_config.mask_token_id",
+                      "dspark_config.mask_token_id"),
+}
+
+
+def _get(config: Any, key: str) -> Any:
+    """`key` of a dict or a config object; "a.b" reads a nested dict."""
+    head, _, rest = key.partition(".")
+    value = config.get(head) if isinstance(config, dict) else getattr(config, head, None)
+    if rest:
+        return value.get(rest) if isinstance(value, dict) else None
+    return value
+
+
+def _set(config: Any, key: str, value: Any) -> None:
+    if isinstance(config, dict):
+        config[key] = value
+    else:
+        setattr(config, key, value)
+
+
+def architecture(config: Any) -> str | None:
+    archs = _get(config, "architectures") or [None]
+    return archs[0]
+
+
+def is_ling_dspark(config: Any) -> bool:
+    """A Ling DSpark drafter, before or after `normalise_draft_config`."""
+    return architecture(config) in LING_DSPARK_ARCHS or _get(config, SOURCE_KEY) in LING_DSPARK_ARCHS
+
+
+def _resolve(config: Any, key: str) -> Any:
+    """The one value the aliases of `key` give; two spellings that disagree are refused."""
+    found = {alias: _get(config, alias) for alias in ALIASES[key]}
+    found = {alias: value for alias, value in found.items() if value is not None}
+    values = {repr(v) for v in found.values()}
+    if len(values) > 1:
+        raise ValueError(f"vllm-ling DSpark: the drafter's config gives {key} twice with different values "
+                         f"({found}); {FIX}, or keep one spelling")
+    return next(iter(found.values()), None)
+
+
+def normalise_draft_config(config: Any) -> Any:
+    """Rewrite a Ling DSpark drafter's config in place into vLLM's Qwen3 DSpark form; any other config is
+    returned untouched. Returns `config` (a dict or a transformers config)."""
+    if architecture(config) not in LING_DSPARK_ARCHS:
+        return config
+    resolved = {key: _resolve(config, key) for key in ALIASES}
+    _set(config, SOURCE_KEY, architecture(config))
+    _set(config, "architectures", [QWEN3_DSPARK_ARCH])
+    for key, value in resolved.items():
+        if value is not None:
+            _set(config, key, list(value) if key == "dspark_target_layer_ids" else value)
+    if resolved["mask_token_id"] is not None:  # vLLM's DFlash backbone reads dflash_config first
+        _set(config, "dflash_config", {**(_get(config, "dflash_config") or {}),
+                                       "mask_token_id": resolved["mask_token_id"]})
+    if _get(config, "use_aux_hidden_state") is None:
+        _set(config, "use_aux_hidden_state", True)  # the drafter reads the target's layers (its fc)
+    return config
+
+
+def _layer_id_problems(ids: Any, num_layers: int) -> list[str]:
+    if not isinstance(ids, (list, tuple)) or not ids or not all(isinstance(i, int) for i in ids):
+        return [f"dspark_target_layer_ids={ids!r} is not a non-empty list of layer indices"]
+    problems = []
+    outside = [i for i in ids if not -1 <= i < num_layers]
+    if outside:
+        problems.append(f"dspark_target_layer_ids={list(ids)} holds {outside}, outside [-1, {num_layers - 1}] for "
+                        f"a target of num_hidden_layers={num_layers} (-1: the embedding; i: the stream after "
+                        f"layer i)")
+    if list(ids) != sorted(set(ids)):
+        problems.append(f"dspark_target_layer_ids={list(ids)} is not strictly increasing")
+    return problems
+
+
+def drafter_problems(target: Any, draft: Any, num_speculative_tokens: int | None = None) -> list[str]:
+    """Why `draft` (a normalised drafter config) cannot draft for `target` (our model's config); [] if it can."""
+    problems = []
+    for key in ("hidden_size", "vocab_size"):  # the drafter reads the target's stream, embedding and LM head
+        if _get(draft, key) != _get(target, key):
+            problems.append(f"{key}: the drafter has {_get(draft, key)}, the target {_get(target, key)}")
+    target_hidden = _get(draft, "target_hidden_size")
+    if target_hidden is not None and target_hidden != _get(target, "hidden_size"):
+        problems.append(f"target_hidden_size: the drafter expects {target_hidden}, the target has "
+                        f"hidden_size={_get(target, 'hidden_size')}")
+    problems += _layer_id_problems(_get(draft, "dspark_target_layer_ids"), _get(target, "num_hidden_layers"))
+    rank = _get(draft, "markov_rank")
+    if not isinstance(rank, int) or rank <= 0:
+        problems.append(f"markov_rank={rank!r}: a DSpark drafter needs its Markov head (markov_rank > 0)")
+    head_type = _get(draft, "markov_head_type")
+    if head_type not in (None, "vanilla"):
+        problems.append(f"markov_head_type={head_type!r}: vLLM's DSpark Markov head is 'vanilla' only")
+    block = _get(draft, "block_size")
+    if not isinstance(block, int) or block <= 0:
+        problems.append(f"block_size={block!r}: a DSpark drafter needs its block size (a positive integer)")
+    elif num_speculative_tokens is not None and not 1 <= num_speculative_tokens <= block:
+        problems.append(f"num_speculative_tokens={num_speculative_tokens} is outside 1..block_size={block}")
+    return problems
+
+
+def check_drafter(target: Any, draft: Any, num_speculative_tokens: int | None = None) -> None:
+    """Raise ValueError naming every field a drafter gets wrong for this target, the values and the fix."""
+    problems = drafter_problems(target, draft, num_speculative_tokens)
+    if problems:
+        raise ValueError(f"vllm-ling: the DSpark drafter cannot serve this target: {'; '.join(problems)}. Fix: {FIX}.")
+
+
+def check_speculative_config(vllm_config: Any) -> None:
+    """Start-up check, from the target model's constructor: with method "dspark", the drafter must fit."""
+    spec = getattr(vllm_config, "speculative_config", None)
+    if spec is None or getattr(spec, "method", None) != "dspark" or spec.draft_model_config is None:
+        return
+    check_drafter(vllm_config.model_config.hf_config, spec.draft_model_config.hf_config,
+                  spec.num_speculative_tokens)
+
+
+def required_tensors(draft: Any) -> list[str]:
+    """The tensors a Qwen3 DSpark drafter's checkpoint must hold (vLLM's loader skips absent ones silently and
+    leaves those parameters unset). Embedding and LM head are the target's: not required."""
+    names = ["fc.weight", "hidden_norm.weight", "norm.weight",
+             "markov_head.markov_w1.weight", "markov_head.markov_w2.weight"]
+    for i in range(_get(draft, "num_hidden_layers")):
+        names += [f"layers.{i}.{n}.weight" for n in (
+            "input_layernorm", "post_attention_layernorm", "self_attn.q_proj", "self_attn.k_proj",
+            "self_attn.v_proj", "self_attn.o_proj", "self_attn.q_norm", "self_attn.k_norm",
+            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
+    if _get(draft, "enable_confidence_head"):
+        names += ["confidence_head.proj.weight", "confidence_head.proj.bias"]
+    return names
+
+
+def check_drafter_tensors(draft: Any, names: Iterable[str]) -> None:
+    """Raise ValueError naming the tensors a drafter's checkpoint lacks (a Markov head left out, ...)."""
+    have = set(names)
+    missing = [n for n in required_tensors(draft) if n not in have]
+    if missing:
+        shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
+        raise ValueError(f"vllm-ling: the DSpark drafter's checkpoint lacks {shown}. Fix: {FIX}.")
