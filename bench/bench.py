@@ -27,6 +27,7 @@ from itertools import count
 
 import requests
 
+from ling_bench import agent
 from ling_bench.client import BenchError, Endpoint, served_models, server_error, token_counter
 from ling_bench.gpu_memory import GpuMemSampler
 from ling_bench.prompts import SETS, Prompt, build_prompts, write_dataset
@@ -173,6 +174,9 @@ def _long_tokens(text: str) -> list[int]:
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="ling-bench", description=__doc__.split("\n")[0])
+    p.add_argument("--workload", choices=("serve", "agent"), default="serve",
+                   help="serve: the prompt sets below (default); agent: multi-turn agent sessions "
+                        "(ling_bench.agent, --agent-* flags)")
     p.add_argument("--base-url", default="http://127.0.0.1:8000", help="server root (no /v1)")
     p.add_argument("--model", help="served model name (default: the first in /v1/models)")
     p.add_argument("--api-key", default=os.environ.get("OPENAI_API_KEY"), help="default $OPENAI_API_KEY")
@@ -196,6 +200,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="write the JSON report here")
     p.add_argument("--write-dataset", metavar="FILE",
                    help="write the prompts as a vLLM custom dataset (JSONL) and exit without measuring")
+    agent.add_arguments(p)
     return p
 
 
@@ -286,6 +291,8 @@ def dataset(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.workload == "agent":
+        return agent.main(args)
     try:
         if args.write_dataset:
             return dataset(args)

@@ -175,3 +175,74 @@ def write_dataset(path: str | os.PathLike, prompts: list[Prompt], max_tokens: in
             row = {"prompt": p.text, "output_tokens": max_tokens, "name": p.name, "set": p.kind,
                    "prompt_tokens": p.tokens, "target_tokens": p.target_tokens}
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
+
+
+# Agent sessions (`ling_bench.agent`): a system + tool-schema prefix, a task, then tool outputs. Every text is a
+# pure function of (seed, session, turn) and is sized in estimated tokens (CHARS_PER_TOKEN), never by a tokenizer,
+# so any server receives byte-identical text for a seed; the real counts come back in usage.prompt_tokens.
+
+_TOOL_VERBS = ("read", "search", "list", "run", "edit", "fetch", "diff", "build", "test", "inspect", "grep", "apply")
+_TOOL_NOUNS = ("file", "directory", "symbol", "tests", "logs", "patch", "issue", "commit", "process", "config")
+_PARAM_TYPES = ("string", "integer", "boolean", "array")
+_PATHS = ("src/core", "src/io", "src/net", "lib/util", "tests/unit", "tests/e2e", "tools/ci", "docs/api")
+
+
+def _sentence(rng: random.Random, lo: int, hi: int) -> str:
+    return " ".join(rng.choices(_WORDS, k=rng.randint(lo, hi))).capitalize() + "."
+
+
+def _tool_schema(rng: random.Random, i: int) -> dict:
+    name = f"{rng.choice(_TOOL_VERBS)}_{rng.choice(_TOOL_NOUNS)}_{i}"
+    params = {f"arg_{j}": {"type": rng.choice(_PARAM_TYPES), "description": _sentence(rng, 6, 14)}
+              for j in range(rng.randint(2, 5))}
+    return {"type": "function", "function": {
+        "name": name, "description": _sentence(rng, 12, 30),
+        "parameters": {"type": "object", "properties": params, "required": sorted(params)[:1]}}}
+
+
+def agent_prefix(seed: int, target_tokens: int) -> str:
+    """A system prompt and JSON tool schemas, ~`target_tokens` estimated tokens: the part every step of every
+    session of a run re-sends unchanged (what a prefix cache can keep)."""
+    rng = random.Random(f"agent-prefix/{seed}")
+    head = ("You are a coding agent working in a repository. Call one tool per step, read its output, and "
+            "continue until the task is done. Tools:\n")
+    tools: list[str] = []
+    while estimate_tokens(head + "\n".join(tools)) < target_tokens:
+        tools.append(json.dumps(_tool_schema(rng, len(tools)), indent=1))
+    return head + "\n".join(tools) + "\n"
+
+
+def agent_task(seed: int, session: int) -> str:
+    """The user's request that opens session `session`."""
+    rng = random.Random(f"agent-task/{seed}/{session}")
+    return (f"Task: in the {rng.choice(_LANGUAGES)} module under {rng.choice(_PATHS)}, write code that "
+            f"{rng.choice(_CODE_TASKS)}, then make the tests pass.")
+
+
+def tool_output(seed: int, session: int, turn: int, min_tokens: int, max_tokens: int) -> str:
+    """The tool result that turn `turn` of session `session` appends: grep hits, source lines and test log
+    lines, a seeded size between `min_tokens` and `max_tokens` estimated tokens."""
+    rng = random.Random(f"agent-tool/{seed}/{session}/{turn}")
+    target = rng.randint(min_tokens, max_tokens)
+    lines = [f"$ {rng.choice(_TOOL_VERBS)}_{rng.choice(_TOOL_NOUNS)} {rng.choice(_PATHS)}\n"]
+    while estimate_tokens("".join(lines)) < target:
+        path = f"{rng.choice(_PATHS)}/{rng.choice(_TOOL_NOUNS)}_{rng.randint(0, 99):02d}.py"
+        kind = rng.randrange(3)
+        if kind == 0:
+            lines.append(f"{path}:{rng.randint(1, 999)}: {' '.join(rng.choices(_WORDS, k=rng.randint(4, 12)))}\n")
+        elif kind == 1:
+            lines.append(f"    def {rng.choice(_TOOL_VERBS)}_{rng.choice(_WORDS)}(self, "
+                         f"{rng.choice(_WORDS)}: int) -> None:  # {_sentence(rng, 3, 8)}\n")
+        else:
+            lines.append(f"{path}::test_{rng.choice(_WORDS)} {rng.choice(('PASSED', 'FAILED', 'SKIPPED'))}\n")
+    return "".join(lines)
+
+
+def fixed_reply(seed: int, session: int, turn: int, target_tokens: int) -> str:
+    """A stand-in for the model's reply, ~`target_tokens` estimated tokens: a history known before the run,
+    identical on every server (--agent-replies fixed, --write-dataset)."""
+    rng = random.Random(f"agent-reply/{seed}/{session}/{turn}")
+    text = f"Step {turn}: "
+    while estimate_tokens(text) < target_tokens:
+        text += _sentence(rng, 6, 16) + " "
+    return text.rstrip() + "\n"

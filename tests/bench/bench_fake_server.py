@@ -2,8 +2,12 @@
 
 It streams over real HTTP/1.1 chunked SSE like uvicorn does, at configured delays: the first token
 alone after `first_token_delay_s` (prefill; in chat, right after vLLM's role-only opener), then
-`tokens_per_chunk` tokens per event every `chunk_delay_s` (one spec-decode step each). It exposes vLLM's spec-decode counters on /metrics,
-starting from non-zero values and advancing per finished request, and a word-level /tokenize.
+`tokens_per_chunk` tokens per event every `chunk_delay_s` (one spec-decode step each). It exposes
+vLLM's spec-decode counters on /metrics, starting from non-zero values and advancing per finished
+request, and a word-level /tokenize. Its prefix cache is a model of vLLM's: a request hits the longest
+token prefix it shares with an earlier prompt of the same `cache_salt`, in whole blocks, never the
+last token; `vllm:prefix_cache_queries/hits` count it. A chat prompt is all its messages' contents
+(plus the template's tokens).
 """
 
 from __future__ import annotations
@@ -37,11 +41,22 @@ class FakeConfig:
     accepted_per_pos_per_request: tuple[int, ...] = (9, 5, 3)
     reject_with: str | None = None  # answer generation requests with HTTP 400 and this message...
     reject_over_tokens: int = 0  # ...when their prompt is longer than this
+    prefix_cache: bool = True  # False: /metrics without prefix-cache counters
+    block_size: int = 16
+
+
+def fake_tokens(text: str) -> list[str]:
+    return re.findall(r"\w+|[^\w\s]", text)
 
 
 def fake_count(text: str, chat: bool = False) -> int:
     """Word-and-punctuation tokens: deliberately not ~4 chars/token, so the source is visible."""
-    return len(re.findall(r"\w+|[^\w\s]", text)) + (CHAT_TEMPLATE_TOKENS if chat else 0)
+    return len(fake_tokens(text)) + (CHAT_TEMPLATE_TOKENS if chat else 0)
+
+
+def prompt_text(body: dict) -> str:
+    """A request's prompt text: every message's content in chat (one message: just its content)."""
+    return "\n".join(m["content"] for m in body["messages"]) if "messages" in body else body.get("prompt", "")
 
 
 @dataclass
@@ -54,6 +69,10 @@ class FakeState:
     draft_tokens: int = 3000
     accepted: int = 2000
     accepted_per_pos: list[int] = field(default_factory=lambda: [900, 700, 400])
+    prefix_queries: int = 50000  # also as if the server had served traffic
+    prefix_hits: int = 20000
+    prefix_log: list[tuple[int, int]] = field(default_factory=list)  # (queries, hits) per request, in arrival order
+    cached: dict[str | None, list[list[str]]] = field(default_factory=dict)  # salt -> earlier prompts' tokens
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -92,7 +111,26 @@ class FakeServer:
             per_pos = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
             lines += [f'{per_pos}{{{labels},position="{i}"}} {float(v)}'
                       for i, v in enumerate(s.accepted_per_pos)]
+        if self.config.prefix_cache:
+            for name, value in (("queries", s.prefix_queries), ("hits", s.prefix_hits)):
+                lines += [f"# TYPE vllm:prefix_cache_{name} counter",
+                          f"vllm:prefix_cache_{name}_total{{{labels}}} {float(value)}",
+                          f"vllm:prefix_cache_{name}_created{{{labels}}} 1.7e+09"]
         return "\n".join(lines) + "\n"
+
+    def count_prefix_cache(self, body: dict) -> None:
+        """Look the prompt up like vLLM's scheduler does when it admits a request, then cache it."""
+        s, block = self.state, self.config.block_size
+        tokens = fake_tokens(prompt_text(body))
+        with s.lock:
+            earlier = s.cached.setdefault(body.get("cache_salt"), [])
+            common = max((next((i for i, (a, b) in enumerate(zip(tokens, e)) if a != b), min(len(tokens), len(e)))
+                          for e in earlier), default=0)
+            hits = min(common, len(tokens) - 1) // block * block
+            s.prefix_queries += len(tokens)
+            s.prefix_hits += hits
+            s.prefix_log.append((len(tokens), hits))
+            earlier.append(tokens)
 
     def count_spec(self) -> None:
         c, s = self.config, self.state
@@ -144,7 +182,7 @@ def _handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
         def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             chat = "messages" in body
-            text = body["messages"][-1]["content"] if chat else body.get("prompt", "")
+            text = prompt_text(body)
             if self.path == "/tokenize" and cfg.tokenize:
                 n = fake_count(text, chat)
                 self._json({"count": n, "max_model_len": cfg.max_model_len, "tokens": list(range(n))})
@@ -160,6 +198,8 @@ def _handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
             limit = body.get("max_completion_tokens") or body["max_tokens"]  # vLLM's chat client sends the former
             n = limit if body.get("ignore_eos") else min(limit, 4)
             sizes = [1] + [min(cfg.tokens_per_chunk, n - i) for i in range(1, n, cfg.tokens_per_chunk)]
+            if cfg.prefix_cache:
+                server.count_prefix_cache(body)
             with state.lock:  # recorded before anything is sent: the client may finish before we return
                 state.bodies.append(body)
                 state.chunks_sent.append(len(sizes))
