@@ -13,5 +13,7 @@ if [ ! -f $HOME/v34-site/.ok ]; then
   touch $HOME/v34-site/.ok
 fi
 export PYTHONPATH="$HOME/v34-site${PYTHONPATH:+:$PYTHONPATH}"
+# pip --target does not run .pth files: the CuTe DSL's (nvidia_cutlass_dsl_packages.pth) puts `cutlass` on sys.path
+[ -d $HOME/v34-site/nvidia_cutlass_dsl/dsl_packages ] && export PYTHONPATH="$PYTHONPATH:$HOME/v34-site/nvidia_cutlass_dsl/dsl_packages"
 export VLLM_USE_FLASHINFER_SAMPLER=0 PYTHONUNBUFFERED=1
 python3 -c "import vllm, transformers, torch, triton; print('vllm', vllm.__version__, '| transformers', transformers.__version__, '| torch', torch.__version__, '| triton', triton.__version__)"
