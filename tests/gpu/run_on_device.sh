@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call = one or more steps of the GPU plan, from the repo root on the H200. vLLM comes from a bundle
-# (git-ignored: .devbundle34/1-N for vLLM 0.34, .devbundle33/1-N for 0.33; built by tests/gpu/devbundle/*/build.sh)
+# (git-ignored: .devbundle34/1-N for vLLM 0.34, .devbundle33/1-N for 0.33; built by tests/gpu/devbundle/build.sh)
 # cut into chunks that each fit one call's carry. First one stash call per chunk but the last, on the same warm
 # machine: carry [".devbundle34/K"], command `bash .devbundle34/K/stash.sh` (copies the chunk to $HOME/v34-stage,
 # which lasts while the machine stays warm). Then this call, with carry [".devbundle34/N"]; its activate.sh stashes
