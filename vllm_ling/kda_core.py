@@ -265,7 +265,8 @@ def gate_torch(f: torch.Tensor, b: torch.Tensor, gate: Gate) -> tuple[torch.Tens
 
 def run_cuda_gate_in_kernel(qkv, f, b, gate: Gate, conv_w, conv_state, rec_state, meta, head_dim: int,
                             out: torch.Tensor | None = None) -> torch.Tensor:
-    """CUDA path on vLLM's KDA kernels that apply the gate and σ(β) inside (the ones its Kimi layer uses): f [n, H·d] and b [n, H] are the raw projections, row-strided views of the fused GEMM's output.
+    """CUDA path on vLLM's KDA kernels that apply the gate and σ(β) inside (the ones its Kimi layer uses):
+    f [n, H·d] and b [n, H] are the raw projections, row-strided views of the fused GEMM's output.
     Against `run_cuda` this drops the gate + β kernel of every layer, the q|k|v copy of a verify step and, on
     plain decode, the output copy (the kernel writes `out`). Same conv calls, same state slots, same null slot 0.
     A state that is not dense per slot takes `run_cuda` with our gate."""
