@@ -9,12 +9,16 @@ config rewrite). `check_drafter` refuses, at start-up, a drafter that cannot ser
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
+
+from vllm_ling import draft_check
 
 LING_DSPARK_ARCHS = ("LingDSparkModel",)
 QWEN3_DSPARK_ARCH = "Qwen3DSparkModel"
 SOURCE_KEY = "vllm_ling_dspark_source"  # the architecture the checkpoint named, kept after the rename
+logger = logging.getLogger("vllm_ling")
 FIX = "serve the drafter trained for this target (inclusionAI/Ling-3.0-flash-dspark for Ling-3.0-flash)"
 
 # vLLM's key <- the spellings drafter configs use, in SGLang's order of preference (its DSpark config parser).
@@ -50,6 +54,10 @@ def architecture(config: Any) -> str | None:
     return archs[0]
 
 
+def _normalised(config: Any) -> bool:
+    return _get(config, SOURCE_KEY) is not None
+
+
 def is_ling_dspark(config: Any) -> bool:
     """A Ling DSpark drafter, before or after `normalise_draft_config`."""
     return architecture(config) in LING_DSPARK_ARCHS or _get(config, SOURCE_KEY) in LING_DSPARK_ARCHS
@@ -69,11 +77,12 @@ def _resolve(config: Any, key: str) -> Any:
 def normalise_draft_config(config: Any) -> Any:
     """Rewrite a Ling DSpark drafter's config in place into vLLM's Qwen3 DSpark form; any other config is
     returned untouched. Returns `config` (a dict or a transformers config)."""
-    if architecture(config) not in LING_DSPARK_ARCHS:
+    if architecture(config) not in LING_DSPARK_ARCHS or _normalised(config):
         return config
     resolved = {key: _resolve(config, key) for key in ALIASES}
     _set(config, SOURCE_KEY, architecture(config))
-    _set(config, "architectures", [QWEN3_DSPARK_ARCH])
+    # Ours first (the registry takes the first name it knows), vLLM's second (0.32/0.33 route by that name).
+    _set(config, "architectures", [LING_DSPARK_ARCHS[0], QWEN3_DSPARK_ARCH])
     for key, value in resolved.items():
         if value is not None:
             _set(config, key, list(value) if key == "dspark_target_layer_ids" else value)
@@ -162,3 +171,64 @@ def check_drafter_tensors(draft: Any, names: Iterable[str]) -> None:
     if missing:
         shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
         raise ValueError(f"vllm-ling: the DSpark drafter's checkpoint lacks {shown}. Fix: {FIX}.")
+
+
+def check_draft_shares_target(draft: Any) -> str:
+    """Raise unless the drafter's LM head and embedding compute what the target's do: the very modules (what
+    vLLM's DSpark loader installs when the drafter's checkpoint holds neither) or equal ones under the same
+    quantization method (vllm_ling.draft_check: FP8 bytes read through a BF16 method accept ~nothing, silently).
+    """
+    targets = list(draft_check._targets)  # our model registers itself there when built
+    if len(targets) != 1:
+        raise RuntimeError(f"vllm-ling DSpark: expected one target model in this process, found {len(targets)}")
+    target = targets[0]
+    problems = [p for p in (draft_check.compare("lm_head", draft.lm_head, target.lm_head),
+                            draft_check.compare("embedding", draft.model.embed_tokens, target.model.embed_tokens))
+                if p]
+    if problems:
+        raise RuntimeError(f"vllm-ling: the DSpark drafter's {'; '.join(problems)}. Fix: serve a drafter checkpoint "
+                           "without lm_head / embed_tokens tensors, so it runs on the target's.")
+    shared = draft.lm_head is target.lm_head and draft.model.embed_tokens is target.model.embed_tokens
+    return (f"DSpark drafter: lm_head and embedding {'shared with' if shared else 'equal to'} the target's "
+            f"(lm_head {draft_check.describe(target.lm_head)})")
+
+
+def _draft_class() -> type:
+    """vLLM's Qwen3 DSpark drafter with two checks: the checkpoint holds every tensor (vLLM's loader skips an
+    absent Markov head silently), and the first draft logits run on the target's head and embedding."""
+    from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM
+
+    class LingDSparkForCausalLM(Qwen3DSparkForCausalLM):
+        _shares_checked = False
+
+        def load_weights(self, weights: Iterable[tuple[str, Any]]):
+            names: list[str] = []
+
+            def noting() -> Iterable[tuple[str, Any]]:
+                for name, tensor in weights:
+                    names.append(name)
+                    yield name, tensor
+
+            loaded = super().load_weights(noting())
+            check_drafter_tensors(self.config, names)
+            return loaded
+
+        def compute_draft_logits(self, hidden_states):
+            if not self._shares_checked:
+                logger.info("vllm-ling self-check: %s", check_draft_shares_target(self))
+                self._shares_checked = True
+            return super().compute_draft_logits(hidden_states)
+
+    LingDSparkForCausalLM.__qualname__ = LingDSparkForCausalLM.__name__  # pickled by reference, via __getattr__
+    LingDSparkForCausalLM.__module__ = __name__
+    return LingDSparkForCausalLM
+
+
+def __getattr__(name: str) -> Any:
+    """`LingDSparkForCausalLM`, built on first access: vLLM's registry imports it by name, while importing this
+    module (the target model does) stays free of vLLM's draft model code."""
+    if name == "LingDSparkForCausalLM":
+        cls = _draft_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
