@@ -31,14 +31,20 @@ def parser() -> argparse.ArgumentParser:
                            "(no weights: use vLLM's --load-format dummy --skip-tokenizer-init)")
     mode.add_argument("--dequantize", type=Path, metavar="INT4_DIR",
                       help="write INT4_DIR's checkpoint dequantized to BF16 into OUT")
+    mode.add_argument("--dspark", type=Path, metavar="TARGET_DIR",
+                      help="write a tiny DSpark drafter for the tiny target in TARGET_DIR into OUT (random; with "
+                           "--dspark-agree one that drafts what an mtp_echo target says; docs/dspark.md)")
+    p.add_argument("--dspark-agree", action="store_true", help="with --dspark: the agreeing drafter")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
-    if args.out is None and (args.full_config or args.dequantize):
-        p.error("--full-config and --dequantize need an output directory")
+    if args.out is None and (args.full_config or args.dequantize or args.dspark):
+        p.error("--full-config, --dequantize and --dspark need an output directory")
+    if args.dspark_agree and not args.dspark:
+        p.error("--dspark-agree goes with --dspark TARGET_DIR")
     try:
         if args.out is None:
             path = ensure_tiny(seed=args.seed, int4=args.int4, variant=args.variant)
@@ -46,6 +52,10 @@ def main(argv: list[str] | None = None) -> int:
             path = write_full_config(args.out, force=args.force)
         elif args.dequantize:
             path = dequantize_checkpoint(args.dequantize, args.out)
+        elif args.dspark:
+            from vllm_ling.tiny.dspark import make_tiny_dspark
+
+            path = make_tiny_dspark(args.out, args.dspark, seed=args.seed, agree=args.dspark_agree, force=args.force)
         else:
             path = make_tiny_checkpoint(args.out, seed=args.seed, int4=args.int4, variant=args.variant,
                                         force=args.force)
