@@ -274,7 +274,7 @@ def _accepted_per_draft(counters: dict[str, float]) -> float:
 
 
 DRAFTS = "vllm:spec_decode_num_drafts"
-TOP_KERNELS = 80  # kernels a profile lists by name (30 until session 14: 171 µs of a plain step went unnamed)
+TOP_KERNELS = 80  # kernels a profile lists by name (30 until 2026-12-02: 171 µs of a plain step went unnamed)
 
 
 def _counted(llm, prompt: list[int], max_tokens: int) -> tuple[float, dict[str, float]]:
@@ -322,7 +322,7 @@ def _set_synthetic_length(llm, length: float) -> None:
 def default_util(total_bytes: int | None) -> float:
     """The engine's share of the card when --util is not given. The full-size dummy model's weights take 67.3-71.9
     GiB (FP8 or not, draft or not; BENCHMARKS.md), so an 80 GB H100 needs 0.95 of its 79.6 GiB to leave a few GiB
-    of KV cache and activations; a card of 100 GiB or more keeps the 0.85 every H200 lease so far has used, and so
+    of KV cache and activations; a card of 100 GiB or more keeps the 0.85 every H200 run so far has used, and so
     does the CPU engine (`total_bytes` None), whose KV budget is VLLM_CPU_KVCACHE_SPACE rather than this share."""
     return 0.95 if total_bytes is not None and total_bytes < 100 * 2**30 else 0.85
 
@@ -470,8 +470,8 @@ def _kernel_totals(llm, prompt: list[int], decode: int) -> dict:
 
 def busy_us_of(events) -> float:
     """Microseconds in which at least one kernel ran: the union of the kernels' intervals over every stream. Kernel
-    time summed counts overlapped streams twice; the wall-clock step adds the host's gaps (session 13's recipe step took
-    0.7 ms more than session 12's with the same kernel time). The union is the GPU's share of a step, overlap included."""
+    time summed counts overlapped streams twice; the wall-clock step adds the host's gaps (on 2026-12-02 a recipe step took
+    0.7 ms more than an earlier run's that day with the same kernel time). The union is the GPU's share of a step, overlap included."""
     busy, end = 0.0, float("-inf")
     for start, stop in sorted((e.time_range.start, e.time_range.end) for e in events):
         if stop > end:

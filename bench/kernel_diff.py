@@ -2,8 +2,8 @@
 
 Each profile lists its 80 costliest kernels (µs and launches per decoded token) and their totals. An MTP run's
 figures are per generated token; `--per-step` turns them into per verify step (x tokens a step, the first
-acceptance phase's `decode_tokens / verify_steps_per_request`), the unit the issue's "verify step <= 1.25x a
-plain step" is stated in. Session 12 did this by hand (BENCHMARKS.md: expert GEMMs +372 µs, router +315, FP8
+acceptance phase's `decode_tokens / verify_steps_per_request`), the unit the MTP target "verify step <= 1.25x a
+plain step" is stated in. BENCHMARKS.md (2026-12-02) did this by hand (expert GEMMs +372 µs, router +315, FP8
 GEMMs +276, ...); this makes it one command:
 
     python -m ling_bench.kernel_diff results/.../fs_rg.json results/.../fs_mtprg.json --per-step
@@ -18,7 +18,7 @@ from collections import Counter
 from pathlib import Path
 
 # (family, pattern on the lower-cased kernel name): the first match wins. Written from every kernel in the profiles
-# under results/ (sessions 8-13); Inductor names a fused kernel after the ops it swallowed, hence the order.
+# under results/ (2026-12-01 to 2026-12-02); Inductor names a fused kernel after the ops it swallowed, hence the order.
 FAMILIES = [
     ("norms + FP8 activation quant (Inductor)", r"^triton_.*amax"),
     ("FP8 GEMM (CUTLASS, our GEMV)", r"cutlass.*fp8|_fp8_gemv|scaled_mm"),
@@ -44,7 +44,7 @@ def family(name: str) -> str:
 def tokens_per_step(run: dict) -> float:
     """Generated tokens per target step: 1 for a plain run; an MTP run's first acceptance phase's tokens per verify
     step (its profile was taken at that phase's setting; the profiled request's own count is not recorded, so this
-    is the phase's average: session 13's launch counts put it within 0.5%)."""
+    is the phase's average: launch counts of 2026-12-02 put it within 0.5%)."""
     phases = run.get("by_acceptance") or []
     if not phases:
         return 1.0

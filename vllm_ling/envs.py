@@ -4,7 +4,7 @@ A setting read while vLLM builds the model can change the graph torch.compile tr
 but vLLM's compile-cache key hashes only vLLM's own settings (`vllm.envs.compile_factors`) and the config. So
 every choice read under a current vLLM config is also written into that config's `additional_config`, which the
 key hashes: an engine started with another value compiles afresh. Without it, an engine loaded a graph traced
-for the other KDA gate from the cache and failed at its first step (H200, session 10).
+for the other KDA gate from the cache and failed at its first step (H200, 2026-12-01).
 """
 
 from __future__ import annotations

@@ -38,8 +38,8 @@
 #               under each config class (CONFIG_K selects cases)                                  (~8)
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
-# A machine idle for 30 s goes back (and the bundle must be stashed again: ~2.2 min): issue the stash
-# calls and every working call in one batch of tool calls, and fix code before the batch, not between calls.
+# A machine idle for 30 s goes back (and the bundle must be stashed again: ~2.2 min): run the stash
+# and every working step back to back, and fix code before them, not between steps.
 # Results land in $OUT. At most 8 files come back, so the per-test records (model_*.json, mtp_*.json, ...) are
 # merged at the end into one $OUT/records.json ({name: record}); split it with `python3 -c` or read it whole.
 set -uo pipefail

@@ -7,12 +7,12 @@ experts each (numel = T·k rows, row r = token r // k), with c_e rows on expert 
   sorted_ids[start_e + rank] = r (rank: r's place among expert e's rows), every other entry = numel (skipped),
   expert_ids[b] = the expert whose range holds row b·B (TAIL_EXPERT past the total), num_tokens_post_pad = total.
 vLLM's CUDA op spends two launches on it for 512 experts (its one-kernel path stops at 64 experts): 6 µs per
-MoE layer at batch 1 on the H200, 240 µs of a decode step on the routed experts' critical path (session 9's
-profile, docs/speed.md §Kernels). Here one program of 4 warps holds every row (numel <= MAX_ROWS: 16 tokens at
+MoE layer at batch 1 on the H200, 240 µs of a decode step on the routed experts' critical path (a profile of
+2026-12-01, docs/speed.md §Kernels). Here one program of 4 warps holds every row (numel <= MAX_ROWS: 16 tokens at
 top-8) and computes each row's place from pairwise comparisons of the expert ids, in registers.
 
 The order of rows within one expert is free (vLLM's CUDA op orders them by atomics); ours is the row order.
-Opt-in (`VLLM_LING_MOE_ALIGN=ours`) until a GPU lease measures it: `install()` wraps vLLM's
+Opt-in (`VLLM_LING_MOE_ALIGN=ours`) until a GPU run measures it: `install()` wraps vLLM's
 `_custom_ops.moe_align_block_size`, and every other call (more rows, an expert map, a CPU tensor) goes to
 vLLM's op unchanged.
 """
@@ -33,8 +33,8 @@ logger = logging.getLogger("vllm_ling")
 ALIGN_ENV = "VLLM_LING_MOE_ALIGN"
 ALIGNS = ("vllm", "ours")  # vLLM's CUDA op (default until measured), or this kernel at decode sizes
 MAX_ROWS = 128  # routed rows one program holds: the pairwise [rows, rows] comparisons live in registers
-# The expert id of the blocks past the total: -1, as vLLM 0.33's CUDA op writes there (seen on the H200 in
-# session 11, tests/gpu/test_moe_align_gpu.py at 8 and 16 tokens, where routed ids repeat and the array has a
+# The expert id of the blocks past the total: -1, as vLLM 0.33's CUDA op writes there (seen on the H200 on
+# 2026-12-02, tests/gpu/test_moe_align_gpu.py at 8 and 16 tokens, where routed ids repeat and the array has a
 # tail). vLLM's expert kernels stop at the total, and its Triton MoE skips a block of expert -1, so no kernel
 # reads them; the GPU test compares the whole array with the installed vLLM's op all the same.
 TAIL_EXPERT = -1

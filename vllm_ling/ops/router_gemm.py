@@ -5,12 +5,12 @@ layer), x the layer's bf16 input, the logits fp32. vLLM's `GateLinear` has fast 
 models' shapes on sm_90/sm_100 and for cute-DSL kernels that need an extra package; for ours it falls back to
 cuBLAS, always so on a GB10 (sm_121). On the H200 cuBLAS took 4.3 µs a layer for one row (`gemvx`) and 11.9 µs for
 two (`gemmSN_TN`), the MTP verify step's shape: +315 µs per verify step over 40 layers, on the routed experts'
-critical path (session 12's profile, docs/speed.md §Kernels).
+critical path (a profile of 2026-12-02, docs/speed.md §Kernels).
 
 Here each program owns a few experts (`block_experts`) and every row (M <= MAX_TOKENS), and reads its slice of W once
 whatever M is: M = 2 costs about what M = 1 does. Products and sums are fp32 FMAs (no tf32 dot), over K in
 fixed chunks: a row's logits depend on its own input only, never on the batch's other rows. Larger batches go to torch's fp32
-GEMM. The default since session 13: inside the engine on the H200, two rows took 5.6 µs a layer against cuBLAS's
+GEMM. The default since 2026-12-02: inside the engine on the H200, two rows took 5.6 µs a layer against cuBLAS's
 12.0 (-0.26 ms of GPU time per MTP verify step), one row 4.8 against 4.3, both at 4 experts a program, before
 `block_experts` chose fewer (docs/speed.md §Kernels). `VLLM_LING_ROUTER_GEMM=vllm` goes back to GateLinear.
 The same kernel, with a per-row scale, gives the MTP draft's logits over a draft vocabulary (vllm_ling/draft_vocab.py).
@@ -56,7 +56,7 @@ def _router_gemm_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, K, E, stride_xm, stride
 
 
 def block_experts(m: int) -> int:
-    """Experts per program for M rows: 2 for one row, 1 for more. Timed on the H200 (session 13, µs a call, W from
+    """Experts per program for M rows: 2 for one row, 1 for more. Timed on the H200 (2026-12-02, µs a call, W from
     HBM, 512 x 2,560): one row 4.7 / 4.0 / 5.0 / 6.6 at 1 / 2 / 4 / 8 experts a program; two rows 4.3 / 5.0 / 5.8 /
     8.8; sixteen rows 15.2 / 24.8 / 49.8 / 79.1. More programs (512 at one expert) keep more loads in flight, and
     fewer experts a program leave room for the rows' products in registers."""
