@@ -1,0 +1,130 @@
+"""DSpark speculative decoding on a GPU with tiny drafters (docs/dspark.md): lossless for K = 1..8, both the reject and
+the accept path.
+
+Two pairs, each a tiny target with a tiny drafter from `vllm_ling.tiny.dspark` (the released drafter's names and
+config format, normalised by the plugin onto vLLM's Qwen3 DSpark runtime):
+- `random`: the `stable_router` target with a random drafter: acceptance near 0, verification rejects;
+- `agree`: the `mtp_echo` target with the agreeing drafter (its Markov head drafts f(previous token), what the echo
+  target mostly says): acceptance high, verification accepts whole blocks.
+For each pair and K, greedy output with DSpark is compared with greedy output without it (>= 64 new tokens), and
+both with the fp32 transformers oracle teacher-forced on each engine's own tokens. As in test_mtp_gpu.py, bf16 may
+flip near-ties between a 1-token decode and a (K+1)-token verify: so DSpark's tokens must agree with the oracle's
+argmax on decided positions as plain decoding does, and where DSpark and plain first part the oracle's margin must
+be one bf16 can flip. A verify that corrupted the KDA state or accepted an unverified token breaks the first.
+Run on the device: VLLM_LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_dspark_gpu.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("vllm")
+from criteria import BF16_FLIP_MAX_MARGIN, DECIDED, DECIDED_AGREEMENT  # noqa: E402
+from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without CUDA)
+from model_helpers import NO_CLAMPS, first_difference, random_prompts, run_scripts, spec_acceptance  # noqa: E402
+
+PROMPT_LENGTHS = [3, 17, 64, 130]
+MAX_TOKENS = 64
+KS = list(range(1, 9))
+PAIRS = {"random": ("stable_router", False), "agree": ("mtp_echo", True)}  # target variant, agreeing drafter
+AGREE_MIN_ACCEPTANCE = 0.5  # the agreeing drafter's share of accepted drafts (the echo target follows f ~80-90%)
+RANDOM_MAX_ACCEPTANCE = 0.1
+# engines side by side: each a fixed KV cache, as in test_mtp_gpu.py (profiling would count the others' memory)
+SIDE_BY_SIDE = {"gpu_memory_utilization": 0.08, "engine_kwargs": {"kv_cache_memory_bytes": 1 << 30}}
+GROUP = 6  # engines started at once
+
+
+def _spec(draft: str, k: int) -> dict:
+    """vLLM's Ling recipe's DSpark flags (0.33 sdist recipes/models/inclusionAI/Ling-3.0-flash.yaml), fixed width."""
+    return {"method": "dspark", "model": draft, "num_speculative_tokens": k, "attention_backend": "FLASH_ATTN",
+            "enable_adaptive_verification": False}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, dict]:
+    """pair -> {"plain": run, k: run, "oracle": scored runs in the order plain, K = 1..8}."""
+    from vllm_ling.tiny import ensure_tiny
+    from vllm_ling.tiny.dspark import make_tiny_dspark
+
+    tmp = tmp_path_factory.mktemp("dspark")
+    prompts = random_prompts(PROMPT_LENGTHS, seed=13)
+    jobs, models = [], {}
+    for pair, (variant, agree) in PAIRS.items():
+        models[pair] = str(ensure_tiny(variant=variant))
+        draft = str(make_tiny_dspark(tmp / f"draft-{pair}", models[pair], agree=agree))
+        base = {"model": models[pair], "prompts": prompts, "max_tokens": MAX_TOKENS, "dtype": "bfloat16",
+                "enforce_eager": False, "max_model_len": 1024, "max_num_batched_tokens": 512,
+                "prompt_logprobs": False, "hf_overrides": NO_CLAMPS, **SIDE_BY_SIDE}
+        jobs.append(("engine_runner.py", base, f"{pair}-plain"))
+        jobs += [("engine_runner.py", {**base, "speculative_config": _spec(draft, k)}, f"{pair}-k{k}") for k in KS]
+    done = {}
+    for i in range(0, len(jobs), GROUP):
+        group = jobs[i:i + GROUP]
+        done.update(zip([name for *_, name in group], run_scripts(group, tmp, GPU_ENV)))
+    out = {}
+    for pair in PAIRS:
+        kinds = ["plain", *KS]
+        named = {kind: done[f"{pair}-{'plain' if kind == 'plain' else f'k{kind}'}"] for kind in kinds}
+        oracle = run_scripts([("oracle.py", {
+            "model": models[pair], "prompts": [], "device": "cuda",
+            "score": [p + named[kind]["outputs"][j]["token_ids"] for kind in kinds for j, p in enumerate(prompts)],
+        }, f"{pair}-oracle")], tmp)[0]
+        n = len(prompts)
+        for i, kind in enumerate(kinds):
+            named[kind]["scored"] = oracle["scored"][i * n:(i + 1) * n]
+        out[pair] = named
+    record("dspark", {pair: _report(named) for pair, named in out.items()})
+    return out
+
+
+def _decided(prompt_len: int, tokens: list[int], ref: dict) -> tuple[int, int]:
+    """(decided positions, of them where the engine's token is not the fp32 oracle's argmax)."""
+    pos = [(t, ref["argmax"][prompt_len + j], ref["margin"][prompt_len + j]) for j, t in enumerate(tokens)]
+    decided = [(t, want) for t, want, m in pos if m >= DECIDED]
+    return len(decided), sum(t != w for t, w in decided)
+
+
+def _agreement(run: dict) -> float:
+    counts = [_decided(p, o["token_ids"], ref) for p, o, ref in zip(PROMPT_LENGTHS, run["outputs"], run["scored"])]
+    return 1 - sum(bad for _, bad in counts) / max(sum(n for n, _ in counts), 1)
+
+
+def _report(named: dict) -> dict:
+    plain = named["plain"]
+    report = {"plain_vs_oracle": _agreement(plain), "k": {}}
+    for k in KS:
+        run = named[k]
+        parts = [first_difference(a["token_ids"], b["token_ids"]) for a, b in zip(plain["outputs"], run["outputs"])]
+        report["k"][k] = {
+            "acceptance": spec_acceptance(run), "counters": run["spec_decode"], "vs_oracle": _agreement(run),
+            "identical_requests": sum(p is None for p in parts),
+            "margins_at_first_difference": [None if p is None else run["scored"][i]["margin"][PROMPT_LENGTHS[i] + p]
+                                            for i, p in enumerate(parts)]}
+    return report
+
+
+@pytest.mark.parametrize("pair", list(PAIRS))
+def test_dspark_is_lossless(runs, pair):
+    """For every K: DSpark's greedy tokens agree with the fp32 oracle on decided positions as plain decoding does."""
+    named = runs[pair]
+    plain = _agreement(named["plain"])
+    assert plain >= DECIDED_AGREEMENT, f"{pair}: plain decoding already disagrees ({plain:.4f})"
+    bad = {k: round(_agreement(named[k]), 4) for k in KS if _agreement(named[k]) < DECIDED_AGREEMENT}
+    assert not bad, f"{pair}: decided agreement with the oracle below {DECIDED_AGREEMENT} at K: {bad}"
+
+
+@pytest.mark.parametrize("pair", list(PAIRS))
+def test_dspark_and_plain_part_only_where_bf16_can_flip(runs, pair):
+    report = _report(runs[pair])
+    for k, r in report["k"].items():
+        for m in r["margins_at_first_difference"]:
+            assert m is None or m < BF16_FLIP_MAX_MARGIN, f"{pair}, K={k}: parted from plain at margin {m:.3f} nat"
+
+
+def test_both_paths_run(runs):
+    """The agreeing drafter is accepted (whole blocks verified), the random one rejected: both paths are exercised."""
+    for k in KS:
+        agree, random = (spec_acceptance(runs[p][k]) for p in ("agree", "random"))
+        assert agree >= AGREE_MIN_ACCEPTANCE, f"K={k}: the agreeing drafter was accepted {agree:.2%}"
+        assert random <= RANDOM_MAX_ACCEPTANCE, f"K={k}: the random drafter was accepted {random:.2%}"
