@@ -365,19 +365,35 @@ class Footprint:
     """vLLM's own minimum: weights + KV/state for one max-length sequence + overhead (bytes)."""
     weights: int
     source: str
-    state: int
-    kv: int  # MLA KV for ctx tokens + KDA state (one page per layer, x (1 + k) with MTP)
+    state: int  # KDA state: state_pages pages per layer (state_pages())
+    kv: int  # MLA KV for ctx tokens + KDA state
     overhead: int
     ctx: int
     kv_per_token: int  # the target's MLA layers, plus the MTP draft's own when MTP is on
+    state_pages: int = 1
 
     @property
     def need(self) -> int:
         return self.weights + self.kv + self.overhead
 
     def __str__(self) -> str:
-        return (f"weights {gib(self.weights)} ({self.source}) + KV/state {gib(self.kv)} for one "
+        pages = f" (KDA state x {self.state_pages} pages, {gib(self.state)})" if self.state_pages > 1 else ""
+        return (f"weights {gib(self.weights)} ({self.source}) + KV/state {gib(self.kv)}{pages} for one "
                 f"{self.ctx}-token sequence + overhead {gib(self.overhead)} = {gib(self.need)}")
+
+
+def prefix_caching(args: ServeArgs) -> bool:
+    """Whether vLLM caches prefixes: --enable-prefix-caching, or unset, vLLM's default, on for generative hybrid
+    models in 0.32-0.34 (vllm/config/model.py `is_prefix_caching_supported`)."""
+    return args.values.get("enable_prefix_caching") is not False
+
+
+def state_pages(args: ServeArgs) -> int:
+    """KDA state pages per layer one sequence holds, as vLLM counts them (vllm/v1/kv_cache_interface.py
+    `MambaSpec.max_memory_usage_bytes`, 0.32-0.34): the running state plus one per draft token, and with prefix
+    caching (mamba_cache_mode "align") one more, the block-boundary checkpoint the next block's state is copied
+    from. Our KDA layers declare no prefill checkpoint blocks, so nothing else is added."""
+    return 1 + args.spec_tokens + (1 if prefix_caching(args) else 0)
 
 
 def kv_bytes_per_token(args: ServeArgs, cfg: Config) -> int:
@@ -395,8 +411,10 @@ def footprint(args: ServeArgs, cfg: Config, ctx: int) -> Footprint:
     weights, source = _weights(args, cfg)
     if tp * pp > 1:
         weights, source = weights // (tp * pp), f"{source}, one of {tp * pp} ranks"
-    state, per_token = cfg.state_bytes_per_seq * (1 + args.spec_tokens) // tp, kv_bytes_per_token(args, cfg)
-    return Footprint(weights, source, state, ctx * per_token + state, int(cfg.overhead_gib * GiB), ctx, per_token)
+    pages = state_pages(args)
+    state, per_token = cfg.state_bytes_per_seq * pages // tp, kv_bytes_per_token(args, cfg)
+    return Footprint(weights, source, state, ctx * per_token + state, int(cfg.overhead_gib * GiB), ctx, per_token,
+                     pages)
 
 
 def _too_small(fp: Footprint, demand: int, how: str, total: int, ceiling: float | None) -> str:
@@ -433,6 +451,7 @@ def check_memory(args: ServeArgs, cfg: Config, dev: Device, host: Host, ctx: int
     total = dev.total_bytes if discrete else host.total
     ceiling = util_ceiling(args, cfg, dev, ctx)
     values = dict(need=fp.need, weights=fp.weights, kv=fp.kv, kv_per_token=fp.kv_per_token, overhead=fp.overhead,
+                  state=fp.state, state_pages=fp.state_pages, prefix_caching=prefix_caching(args),
                   available=host.available, total=total, host_reserve=reserve, device=dev.kind, max_model_len=ctx)
     if not discrete and fp.need + reserve > total:
         return _refuse(rule, f"this machine cannot serve this model: it needs at least {fp}, and with the host "
@@ -441,9 +460,11 @@ def check_memory(args: ServeArgs, cfg: Config, dev: Device, host: Host, ctx: int
                        f"Safe: a smaller checkpoint, or a machine with at least {gib(fp.need + reserve)}.", values)
     if kv_bytes is not None:  # vLLM sizes the cache in bytes and ignores util
         if fp.kv > kv_bytes:
+            checkpoint = (f", its KDA state {fp.state:,} B included ({fp.state_pages} pages per layer: with prefix "
+                          f"caching, one is the block-boundary checkpoint)" if prefix_caching(args) else "")
             return _refuse(rule, f"a KV cache of {kv_bytes:,} B is less than the {fp.kv:,} B one {ctx}-token "
-                           f"sequence needs. Safe: --kv-cache-memory-bytes {math.ceil(fp.kv / GiB)}G or a lower "
-                           f"--max-model-len.", values)
+                           f"sequence needs{checkpoint}. Safe: --kv-cache-memory-bytes {math.ceil(fp.kv / GiB)}G or "
+                           f"a lower --max-model-len.", values)
         demand = fp.weights + kv_bytes + fp.overhead
         how = (f"weights {gib(fp.weights)} + KV cache {gib(kv_bytes)} (--kv-cache-memory-bytes) + overhead "
                f"{gib(fp.overhead)}")

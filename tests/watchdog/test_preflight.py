@@ -318,3 +318,30 @@ def test_a_model_bigger_than_the_machine_is_told_so_with_numbers_that_add_up():
     assert v.verdict == "refuse" and "this machine cannot serve this model" in v.message
     assert "= 77.0 GiB, and with the host reserve 8.0 GiB that is 85.0 GiB, more than the 23.5 GiB" in v.message
     assert "free memory" not in v.message and "page cache" not in v.message and "79.7" not in v.message
+
+
+def test_prefix_caching_adds_one_kda_checkpoint_page_per_layer_as_vllm_counts_it():
+    """vLLM's align mode keeps, per KDA layer, the running state, one page per draft token and one block-boundary
+    checkpoint (MambaSpec.max_memory_usage_bytes): one sequence's state grows by exactly one page per layer."""
+    page = load_config().state_bytes_per_seq  # 35 KDA layers x one page
+    on = verdicts(RECIPE + " --max-num-seqs 2 --enable-prefix-caching")["memory_fit"].values
+    off = verdicts(RECIPE + " --max-num-seqs 2 --no-enable-prefix-caching")["memory_fit"].values
+    unset = verdicts(RECIPE + " --max-num-seqs 2")["memory_fit"].values  # vLLM's default: on for hybrid models
+    assert (on["state_pages"], off["state_pages"], unset["state_pages"]) == (3, 2, 3)  # MTP k=1
+    assert on["kv"] - off["kv"] == page and on["state"] == 3 * page and unset["kv"] == on["kv"]
+    plain = verdicts("vllm serve m --max-model-len 131072 --gpu-memory-utilization 0.72 --enable-prefix-caching")
+    assert plain["memory_fit"].values["state_pages"] == 2
+
+
+def test_a_kv_cache_that_cannot_hold_the_checkpoint_is_refused_with_the_numbers_and_a_safe_size():
+    page = load_config().state_bytes_per_seq
+    ctx = 4096
+    off = verdicts(f"vllm serve m --max-model-len {ctx} --no-enable-prefix-caching --kv-cache-memory-bytes 1")
+    enough_without = off["memory_fit"].values["kv"]  # one sequence's MLA KV + one state page per layer
+    cmd = f"vllm serve m --max-model-len {ctx} --kv-cache-memory-bytes {enough_without}"
+    assert verdicts(cmd + " --no-enable-prefix-caching")["memory_fit"].verdict == "ok"
+    v = verdicts(cmd + " --enable-prefix-caching")["memory_fit"]
+    assert v.verdict == "refuse" and v.values["kv"] == enough_without + page
+    assert f"less than the {enough_without + page:,} B one {ctx}-token sequence needs, its KDA state " in v.message
+    assert "(2 pages per layer: with prefix caching, one is the block-boundary checkpoint)" in v.message
+    assert "Safe: --kv-cache-memory-bytes 1G or a lower --max-model-len." in v.message
