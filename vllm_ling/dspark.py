@@ -213,11 +213,18 @@ def _draft_class() -> type:
             check_drafter_tensors(self.config, names)
             return loaded
 
-        def compute_draft_logits(self, hidden_states):
-            if not self._shares_checked:
+        def _check_shares_once(self) -> None:
+            if not self._shares_checked:  # a Python flag: nothing for a CUDA graph to capture after the first call
                 logger.info("vllm-ling self-check: %s", check_draft_shares_target(self))
                 self._shares_checked = True
+
+        def compute_draft_logits(self, hidden_states):
+            self._check_shares_once()
             return super().compute_draft_logits(hidden_states)
+
+        def compute_draft_logits_local(self, hidden_states):  # 0.34's tensor-parallel path
+            self._check_shares_once()
+            return super().compute_draft_logits_local(hidden_states)
 
     LingDSparkForCausalLM.__qualname__ = LingDSparkForCausalLM.__name__  # pickled by reference, via __getattr__
     LingDSparkForCausalLM.__module__ = __name__

@@ -348,6 +348,31 @@ def test_a_drafter_reading_the_fp8_bytes_through_a_bf16_head_is_refused(fp8_targ
         check_draft_shares_target(draft)
 
 
+def test_our_drafter_class_refuses_missing_tensors_and_checks_its_head(fp8_target, tiny_bf16, tmp_path, monkeypatch):
+    """`LingDSparkForCausalLM` (what vLLM builds for the drafter): vLLM's loading underneath, our two checks on top."""
+    from safetensors.torch import load_file
+    from torch import nn
+    from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM
+
+    from vllm_ling.dspark import LingDSparkForCausalLM, normalise_draft_config
+    from vllm_ling.tiny.dspark import make_tiny_dspark
+
+    assert issubclass(LingDSparkForCausalLM, Qwen3DSparkForCausalLM)
+    out = make_tiny_dspark(tmp_path / "d", Path(tiny_bf16))
+    monkeypatch.setattr(Qwen3DSparkForCausalLM, "load_weights", lambda self, weights: [n for n, _ in weights])
+    drafter = LingDSparkForCausalLM.__new__(LingDSparkForCausalLM)
+    nn.Module.__init__(drafter)
+    drafter.config = normalise_draft_config(json.loads((out / "config.json").read_text()))
+    tensors = load_file(out / "model.safetensors")
+    drafter.load_weights(tensors.items())
+    with pytest.raises(ValueError, match="lacks markov_head.markov_w2.weight"):
+        drafter.load_weights((n, t) for n, t in tensors.items() if n != "markov_head.markov_w2.weight")
+    drafter.lm_head, drafter.model = fp8_target.lm_head, nn.Module()
+    drafter.model.embed_tokens = fp8_target.model.embed_tokens
+    drafter._check_shares_once()
+    assert drafter._shares_checked
+
+
 if __name__ == "__main__":
     with open(sys.argv[1]) as f:
         spec = json.load(f)
