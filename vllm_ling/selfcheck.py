@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vllm_ling.draft_vocab_file import ENV as DRAFT_VOCAB_ENV, requested_path  # standard library only, like this tool
-from vllm_ling.metrics import ZERO, SpecCounters
+from vllm_ling.metrics import ZERO, SpecCounters, samples
 
 logger = logging.getLogger("vllm_ling")
 
@@ -64,6 +64,7 @@ class Requested:
     fp8: bool = False
     kda_gate_kernel: bool = False
     draft_vocab: bool = False
+    prefix_cache: bool = False
 
     @classmethod
     def of(cls, args, env: Mapping[str, str]) -> Requested:
@@ -73,7 +74,8 @@ class Requested:
         return cls(eager=bool(args and args.enforce_eager), mtp="mtp" in method,
                    tuned_folder=env.get("VLLM_TUNED_CONFIG_FOLDER") or None, fp8=quantization == FP8_METHOD,
                    kda_gate_kernel=env.get(KDA_GATE_ENV, "").strip().lower() == "kernel",
-                   draft_vocab=requested_path(env) is not None)
+                   draft_vocab=requested_path(env) is not None,
+                   prefix_cache=bool(args is not None and args.values.get("enable_prefix_caching")))
 
 
 FP8_METHOD = "ling_fp8"  # vllm_ling.fp8.NAME (not imported: this tool runs without vLLM's model code)
@@ -98,7 +100,49 @@ def inspect_log(log: str, asked: Requested, choice: dict | None = None) -> list[
     verdicts.append(_fp8_verdict(log, asked.fp8))
     verdicts.append(_kda_gate_verdict(log, asked.kda_gate_kernel, on_cpu))
     verdicts.append(_draft_vocab_verdict(log, asked.draft_vocab))
+    verdicts.append(prefix_cache_verdict(log, asked.prefix_cache))
     return verdicts
+
+
+PREFIX_CACHE = "Prefix cache"
+
+
+def prefix_cache_verdict(log: str, asked: bool, counters: tuple[float, float] | None = None) -> Verdict:
+    """Whether the engine caches prefixes (its config line, `enable_prefix_caching=`, in 0.32-0.34), how it keeps
+    KDA's state for them (vLLM's "Mamba cache mode is set to 'align'" line: checkpoints at block boundaries), and
+    with `counters` (queries, hits: vLLM's Prometheus counters, in prompt tokens since the server started) the hit
+    rate. Asked for (--enable-prefix-caching) and off in the engine is a failure: every turn prefills it all."""
+    found = re.search(r"enable_prefix_caching=(True|False)", log)
+    if not found or found.group(1) == "False":
+        why = ("asked for (--enable-prefix-caching) but the engine runs without it" if asked and found else
+               "asked for, but no engine config line in this launch" if asked else
+               "off: every request prefills its whole prompt")
+        return Verdict(PREFIX_CACHE, False, why, requested=asked)
+    mode = re.search(r"Mamba cache mode is set to '(\w+)'", log)
+    why = f"KDA state checkpointed at block boundaries ({mode.group(1)})" if mode else "on"
+    if counters is not None:
+        why += f"; {hit_rate_text(*counters)}"
+    return Verdict(PREFIX_CACHE, True, why, requested=asked)
+
+
+def hit_rate_text(queries: float, hits: float) -> str:
+    """vLLM's prefix-cache hit rate as the self-check and `ling-watchdog status` print it."""
+    if queries <= 0:
+        return "hit rate n/a (no prompt tokens looked up yet)"
+    return f"hit rate {hits / queries:.1%} ({hits:,.0f} of {queries:,.0f} prompt tokens since start)"
+
+
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"  # vLLM's counters (v1/metrics/loggers.py, 0.32-0.34)
+PREFIX_HITS = "vllm:prefix_cache_hits_total"
+
+
+def prefix_counters(text: str) -> tuple[float, float] | None:
+    """(queries, hits) of a /metrics scrape, summed over engines; None when the server exports neither."""
+    sums: dict[str, float] = {}
+    for s in samples(text):
+        if s.name in (PREFIX_QUERIES, PREFIX_HITS):
+            sums[s.name] = sums.get(s.name, 0.0) + s.value
+    return (sums.get(PREFIX_QUERIES, 0.0), sums.get(PREFIX_HITS, 0.0)) if sums else None
 
 
 def _draft_vocab_verdict(log: str, asked: bool) -> Verdict:
@@ -303,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     from ling_watchdog.probes import auth_headers
     from ling_watchdog.serve_args import ServeArgs
 
-    from vllm_ling.metrics import read_spec_counters
+    from vllm_ling.metrics import read_metrics, read_spec_counters
 
     p = argparse.ArgumentParser(prog="python -m vllm_ling.selfcheck", description=__doc__.splitlines()[0])
     p.add_argument("--log", required=True, help="the server's log (serve.log of the watchdog's log dir)")
@@ -341,6 +385,9 @@ def main(argv: list[str] | None = None) -> int:
         verdicts.append(judge_batch_agreement(probe(a.url, model, a.probe_tokens, headers)))
         if mtp.on:
             verdicts.append(judge_acceptance(before, read_spec_counters(a.url, headers), a.min_acceptance))
+        i = next(i for i, v in enumerate(verdicts) if v.name == PREFIX_CACHE)
+        if verdicts[i].on:  # the hit rate so far, read after the probe
+            verdicts[i] = prefix_cache_verdict(log, asked.prefix_cache, prefix_counters(read_metrics(a.url, headers)))
     for v in verdicts:
         _say(v, v.line(), a.json)
     failed = [v.name for v in verdicts if v.failed]

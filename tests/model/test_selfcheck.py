@@ -18,7 +18,7 @@ from ling_watchdog.serve_args import ServeArgs
 
 from vllm_ling.metrics import SpecCounters
 from vllm_ling.selfcheck import (Requested, inspect_log, judge_acceptance, judge_batch_agreement, main,
-                                 read_choice)
+                                 prefix_cache_verdict, prefix_counters, read_choice)
 
 FAKE = Path(__file__).parents[1] / "watchdog" / "fake_vllm.py"
 
@@ -303,3 +303,59 @@ def test_the_draft_vocabulary_request_is_read_from_the_servers_environment(vllm_
     args = ServeArgs.parse(["vllm", "serve", "/m"])
     assert Requested.of(args, {"VLLM_LING_DRAFT_VOCAB": "/v.json"}).draft_vocab
     assert not Requested.of(args, {}).draft_vocab
+
+
+PREFIX_LOG = GPU_LOG.replace("device_config=cuda, ...", "enable_prefix_caching=True, device_config=cuda, ...") + (
+    "INFO [config.py:688] Mamba cache mode is set to 'align' for BailingMoeV3ForCausalLM by default when prefix "
+    "caching is enabled\n")
+# vLLM's /metrics (0.32-0.34): counters are exposed as <name>_total, with a _created sample that must not be summed
+PREFIX_METRICS = """# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 3000.0
+vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7e9
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 1920.0
+vllm:prefix_cache_hits_created{engine="0",model_name="m"} 1.7e9
+"""
+
+
+def test_the_prefix_cache_line_says_on_how_kda_state_is_kept_and_the_hit_rate():
+    v = prefix_cache_verdict(PREFIX_LOG, asked=True, counters=prefix_counters(PREFIX_METRICS))
+    assert v.on and not v.failed
+    assert v.line().startswith("Prefix cache     ON")
+    assert "checkpointed at block boundaries (align)" in v.why
+    assert "hit rate 64.0% (1,920 of 3,000 prompt tokens since start)" in v.why
+    assert prefix_counters(PREFIX_METRICS + PREFIX_METRICS.replace('engine="0"', 'engine="1"')) == (6000.0, 3840.0)
+    assert prefix_counters("vllm:prompt_tokens_total 5.0\n") is None
+    assert "n/a" in prefix_cache_verdict(PREFIX_LOG, True, (0.0, 0.0)).why
+
+
+def test_prefix_caching_asked_for_but_off_in_the_engine_fails_and_unasked_off_is_only_off():
+    off_log = PREFIX_LOG.replace("enable_prefix_caching=True", "enable_prefix_caching=False")
+    assert _by_name(inspect_log(off_log, Requested(prefix_cache=True)))["Prefix cache"].failed
+    v = _by_name(inspect_log(off_log, Requested()))["Prefix cache"]
+    assert v.state == "OFF" and "prefills its whole prompt" in v.why
+
+
+def test_the_prefix_cache_request_is_read_from_the_serve_command(vllm_parser):
+    assert Requested.of(ServeArgs.parse(["vllm", "serve", "/m", "--enable-prefix-caching"]), {}).prefix_cache
+    assert not Requested.of(ServeArgs.parse(["vllm", "serve", "/m", "--no-enable-prefix-caching"]), {}).prefix_cache
+
+
+def test_the_hit_rate_reaches_ling_watchdog_status(keyed_server, tmp_path, monkeypatch, capsys, vllm_parser):
+    """The self-check reads the counters after its probe; its lines are what `ling-watchdog status` prints."""
+    from ling_watchdog.events import format_summary, summarise
+
+    url, key = keyed_server
+    log = tmp_path / "serve.log"
+    log.write_text(PREFIX_LOG)
+    monkeypatch.setenv("VLLM_API_KEY", key)
+    monkeypatch.setattr("vllm_ling.metrics.read_metrics", lambda url, headers=None, timeout=5.0: PREFIX_METRICS)
+    assert main(["--json", "--log", str(log), "--url", url, "--", "vllm", "serve", "/m",
+                 "--enable-prefix-caching"]) == 0
+    out = capsys.readouterr().out
+    line = _json_lines(out)["Prefix cache"]
+    assert line["state"] == "ON" and "hit rate 64.0%" in line["why"]
+    records = [{"event": "start", "pid": 1, "t": 0.0, "ts": "t0"}, {"event": "launch", "t": 1.0, "ts": "t1"}]
+    records += [{"event": "after_serving", "ts": "t2", **json.loads(x)} for x in out.splitlines()]
+    status = format_summary(summarise(records))
+    assert "Prefix cache     ON     KDA state checkpointed at block boundaries (align); hit rate 64.0%" in status
