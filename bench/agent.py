@@ -160,7 +160,8 @@ def validate(cfg: AgentConfig, max_tokens: int, max_model_len: int | None) -> No
         raise BenchError(
             f"--agent-max-history {cfg.max_history} is smaller than the smallest turn: --agent-prefix-tokens "
             f"{cfg.prefix_tokens} + --agent-tool-tokens MIN {lo} + --max-tokens {max_tokens} = {least} "
-            f"(estimated); use well above it (default {AgentConfig.max_history})")
+            f"(estimated); use more (the default is {AgentConfig.max_history}; the server's count of the first "
+            "turn decides)")
     if max_model_len and cfg.max_history > max_model_len:
         raise BenchError(f"--agent-max-history {cfg.max_history} exceeds the server's max_model_len {max_model_len}; "
                          f"use --agent-max-history {max_model_len} or raise --max-model-len on the server")
