@@ -24,9 +24,9 @@ SINGLE_FILES = ("README.md", "install.sh", "tests/gpu/run_on_device.sh")
 SKIP_DIRS = {"__pycache__", "build", "dist"}
 
 # Each pattern names one work-log habit. Work sessions were numbered from 1; agent sessions (bench/agent.py) from 0,
-# so "session 0" is the benchmark's word, never the log's.
+# so "session 0" is the benchmark's word, never the log's; so is the flag `--agent-sessions 4`.
 WORKLOG = [
-    ("work session by number", re.compile(r"\bsessions? [1-9]\d*\b", re.IGNORECASE)),
+    ("work session by number", re.compile(r"(?<![-_])\bsessions? [1-9]\d*\b", re.IGNORECASE)),
     ("work session by position", re.compile(
         r"\b(?:this|last|next|previous|earlier|later|work|helper|device|GPU|H200) sessions?\b", re.IGNORECASE)),
     ("device lease", re.compile(r"\blease[sd]?\b", re.IGNORECASE)),
@@ -82,6 +82,8 @@ def worklog_uses(text: str) -> list[str]:
     ("# session 0's first turn under its own salt", False),
     ("`n_sessions` sessions at once (sessions 0..n-1 of the seed)", False),
     ("--agent-sessions N (N > 1) adds a second scenario", False),
+    ("ling-bench --workload agent --agent-sessions 4 --out agent4.json", False),
+    ("AgentConfig(agent_sessions 2)", False),
     ("f\"session {session}, turn {turn}\"", False),
     ("Run one engine; its own session so a timeout takes vLLM's children with it.", False),
     ("resp = session.get(base_url)", False),
