@@ -42,14 +42,17 @@ def run(spec: dict) -> dict:
         max_model_len=spec.get("max_model_len", 1024),
         max_num_batched_tokens=spec.get("max_num_batched_tokens", 1024),
         max_num_seqs=spec.get("max_num_seqs", 8),
-        enable_prefix_caching=False,
+        enable_prefix_caching=spec.get("prefix_caching", False),
         enforce_eager=spec.get("enforce_eager", True),
         hf_overrides=spec.get("hf_overrides") or None,
         speculative_config=spec.get("speculative_config"),
         seed=0,
-        disable_log_stats=not spec.get("speculative_config"),  # spec-decode counters need stats on
+        # spec-decode and prefix-cache counters need stats on
+        disable_log_stats=not (spec.get("speculative_config") or spec.get("rounds")),
         **spec.get("engine_kwargs", {}),
     )
+    if spec.get("rounds"):
+        return _run_rounds(llm, spec)
     captured: dict[str, list] = {}
     if spec.get("capture_mlp_layers"):
         llm.apply_model(lambda model: _capture_mlps(model, spec["capture_mlp_layers"], captured))
@@ -98,6 +101,42 @@ def run(spec: dict) -> dict:
 
         torch.save({k: [(x, y) for x, y in v] for k, v in captured.items()}, spec["capture_path"])
     return result
+
+
+def _run_rounds(llm, spec: dict) -> dict:
+    """Prefix-cache mode: `generate` once per round on one engine (a round may first empty the prefix cache, or
+    submit its prompts together); each round's greedy tokens and logprobs, and the prefix-cache queries and hits
+    (vLLM's counters) that round added."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0.0, max_tokens=spec.get("max_tokens", 16), ignore_eos=True, logprobs=0)
+    cache = llm.llm_engine.vllm_config.cache_config
+    result: dict = {"rounds": [], "block_size": cache.block_size, "num_blocks": cache.num_gpu_blocks,
+                    "mamba_cache_mode": str(getattr(cache, "mamba_cache_mode", None))}
+    for round_ in spec["rounds"]:
+        if round_.get("reset"):
+            assert llm.reset_prefix_cache(), "vLLM refused to empty the prefix cache (requests still running)"
+        before = _prefix_counters(llm)
+        outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in round_["prompts"]], params,
+                               use_tqdm=False)
+        after = _prefix_counters(llm)
+        result["rounds"].append({
+            "name": round_.get("name", ""),
+            "outputs": [{"token_ids": list(o.outputs[0].token_ids),
+                         "logprobs": [e[t].logprob for t, e in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)],
+                         "cached_tokens": o.num_cached_tokens} for o in outputs],
+            **{k: after[k] - before[k] for k in after},
+        })
+    if spec.get("speculative_config"):
+        result["spec_decode"] = _spec_counters(llm)
+    return result
+
+
+def _prefix_counters(llm) -> dict[str, float]:
+    """vLLM's prefix-cache counters so far: queries and hits, in tokens."""
+    found = {m.name: m.value for m in llm.get_metrics() if hasattr(m, "value")}
+    return {"queries": found.get("vllm:prefix_cache_queries", 0.0), "hits": found.get("vllm:prefix_cache_hits", 0.0)}
 
 
 def _quant_methods(model) -> dict[str, str]:

@@ -347,7 +347,7 @@ def test_the_hit_rate_reaches_ling_watchdog_status(keyed_server, tmp_path, monke
 
     url, key = keyed_server
     log = tmp_path / "serve.log"
-    log.write_text(PREFIX_LOG)
+    log.write_text(PREFIX_LOG.replace("SpeculativeConfig(method='mtp', model='/m', num_spec_tokens=1)", "None"))
     monkeypatch.setenv("VLLM_API_KEY", key)
     monkeypatch.setattr("vllm_ling.metrics.read_metrics", lambda url, headers=None, timeout=5.0: PREFIX_METRICS)
     assert main(["--json", "--log", str(log), "--url", url, "--", "vllm", "serve", "/m",
