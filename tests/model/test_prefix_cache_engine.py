@@ -41,31 +41,34 @@ def _tokens(n: int, rng: random.Random) -> list[int]:
     return [rng.randrange(10, 900) for _ in range(n)]
 
 
-def _cases(seed: int = 3) -> dict[str, tuple[list[int], list[int], int]]:
-    """name -> (warm prompt, target prompt, shared prefix length)."""
+def _cases(block: int = BLOCK, seed: int = 3) -> dict[str, tuple[list[int], list[int], int]]:
+    """name -> (warm prompt, target prompt, shared prefix length), in blocks of `block` tokens (the GPU twin
+    passes its engine's block size; at 128: shared 256, 257, 200, 300 of a 400-token prompt, 300)."""
     rng = random.Random(seed)
     cases = {}
-    for name, shared in (("boundary", 2 * BLOCK), ("boundary_plus_one", 2 * BLOCK + 1), ("mid_block", 200)):
+    for name, shared in (("boundary", 2 * block), ("boundary_plus_one", 2 * block + 1),
+                         ("mid_block", block + block * 9 // 16)):
         prefix = _tokens(shared, rng)
         cases[name] = (prefix + _tokens(40, rng), prefix + _tokens(40, rng), shared)
-    long = _tokens(400, rng)  # the target leaves the warm prompt before the warm prompt's last block boundary
-    cases["inside_longer"] = (long, long[:300] + _tokens(60, rng), 300)
-    evicted = _tokens(300, rng)
-    cases["evicted"] = (evicted, evicted + _tokens(40, rng), 300)
+    long = _tokens(3 * block + 16, rng)  # the target leaves the warm prompt before its last block boundary
+    cases["inside_longer"] = (long, long[:2 * block + 44] + _tokens(60, rng), 2 * block + 44)
+    evicted = _tokens(2 * block + 44, rng)
+    cases["evicted"] = (evicted, evicted + _tokens(40, rng), 2 * block + 44)
     return cases
 
 
-def _concurrent(seed: int = 5) -> list[list[int]]:
+def _concurrent(block: int = BLOCK, seed: int = 5) -> list[list[int]]:
     """A warm prompt and two targets sharing its two-block prefix, submitted together."""
     rng = random.Random(seed)
-    prefix = _tokens(2 * BLOCK, rng)
+    prefix = _tokens(2 * block, rng)
     return [prefix + _tokens(30, rng), prefix + _tokens(50, rng), prefix + _tokens(70, rng)]
 
 
-def _rounds() -> list[dict]:
+def _rounds(block: int = BLOCK, flood: tuple[int, int] = FLOOD) -> list[dict]:
     """References first (each alone on an emptied cache), then each case warm -> target; the eviction case's
-    target comes after the flood; the concurrent pair shares a prefix a warm prompt cached."""
-    cases, concurrent, rng = _cases(), _concurrent(), random.Random(7)
+    target comes after the flood (`flood`: count, tokens); the concurrent pair shares a prefix a warm prompt
+    cached."""
+    cases, concurrent, rng = _cases(block), _concurrent(block), random.Random(7)
     rounds = [{"name": f"ref:{n}", "reset": True, "prompts": [t]} for n, (_, t, _) in cases.items()]
     rounds += [{"name": f"ref:concurrent{i}", "reset": True, "prompts": [p]} for i, p in enumerate(concurrent[1:])]
     for name, (warm, target, _) in cases.items():
@@ -77,7 +80,7 @@ def _rounds() -> list[dict]:
     warm, target, _ = cases["evicted"]
     rounds += [{"name": "warm:evicted", "reset": True, "prompts": [warm]},
                {"name": "cached:evicted", "prompts": [warm]}]
-    rounds += [{"name": f"flood{i}", "prompts": [_tokens(FLOOD[1], rng)]} for i in range(FLOOD[0])]
+    rounds += [{"name": f"flood{i}", "prompts": [_tokens(flood[1], rng)]} for i in range(flood[0])]
     return rounds + [{"name": "evicted", "prompts": [target]}]
 
 

@@ -1,0 +1,118 @@
+"""vLLM's prefix cache on the hybrid model on a GPU (CUDA kernels, bf16, CUDA graphs), with MTP too.
+
+The GPU twin of tests/model/test_prefix_cache_engine.py, with its cases (shared prefixes ending on a block
+boundary, one token past it, mid-block, inside a longer prompt, evicted; two concurrent sequences resuming from one
+checkpoint), sized in the block this engine picks: a short probe engine reads the block size first. Two engines
+then run side by side, both with prefix caching on: the tiny checkpoint (a pool of POOL_BLOCKS blocks, so the flood
+evicts) and `mtp_echo` with MTP k=1, where vLLM #54360 reports hits silently disabled for hybrid models: here every
+boundary case must hit, with speculation on. Cached vs uncached (the same target after `reset_prefix_cache()` in
+the same engine), in bf16: greedy tokens equal up to the first place they part, and that place must be a near-tie
+(the two chosen tokens' logprobs within DECIDED nats) while the logprobs before it agree within
+BF16_FLIP_MAX_MARGIN; a sequence resuming from a wrong checkpoint fails both at once.
+Run on the device: VLLM_LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_prefix_cache_gpu.py -q
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("vllm")
+from criteria import BF16_FLIP_MAX_MARGIN, DECIDED  # noqa: E402
+from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without CUDA)
+# on sys.path via gpu_helpers
+from model_helpers import NO_CLAMPS, first_difference, run_script, run_scripts  # noqa: E402
+from test_prefix_cache_engine import MAX_TOKENS, MTP, _cases, _concurrent, _rounds  # noqa: E402
+
+POOL_BLOCKS = 48
+BOUNDARY_CASES = ("boundary", "boundary_plus_one", "mid_block")
+# side by side on one GPU: each engine sizes its own KV cache (vLLM's profiling would count the other's memory)
+SIDE_BY_SIDE = {"gpu_memory_utilization": 0.2}
+
+
+def _base(model: str, rounds: list[dict], block: int) -> dict:
+    return {"model": model, "prefix_caching": True, "dtype": "bfloat16", "enforce_eager": False,
+            "max_model_len": max(2048, 8 * block), "max_num_batched_tokens": max(512, 2 * block), "max_num_seqs": 4,
+            "max_tokens": MAX_TOKENS, "hf_overrides": NO_CLAMPS, "rounds": rounds, **SIDE_BY_SIDE}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    from vllm_ling.tiny import ensure_tiny
+
+    tmp = tmp_path_factory.mktemp("prefix-cache-gpu")
+    tiny, echo = str(ensure_tiny(seed=0)), str(ensure_tiny(variant="mtp_echo"))
+    probe = run_script("engine_runner.py", {**_base(tiny, [{"name": "probe", "prompts": [[11, 12, 13]]}], 16),
+                                            "enforce_eager": True}, tmp, "probe", GPU_ENV)
+    block = probe["block_size"]
+    flood = (POOL_BLOCKS // 3 + 2, 3 * block)  # more blocks than the pool holds, three blocks a prompt
+    plain = {**_base(tiny, _rounds(block, flood), block),
+             "engine_kwargs": {"num_gpu_blocks_override": POOL_BLOCKS}}
+    mtp = {**_base(echo, _rounds(block, (0, 0)), block), "speculative_config": MTP}
+    out_plain, out_mtp = run_scripts([("engine_runner.py", plain, "plain"), ("engine_runner.py", mtp, "mtp")],
+                                     tmp, GPU_ENV)
+    result = {"block": block, "flood": flood, "plain": out_plain, "mtp": out_mtp}
+    record("prefix_cache", result)
+    return result
+
+
+def _round(result: dict, name: str) -> dict:
+    return next(r for r in result["rounds"] if r["name"] == name)
+
+
+def _assert_bf16_same(name: str, got: dict, want: dict) -> None:
+    first = first_difference(got["token_ids"], want["token_ids"])
+    upto = len(want["token_ids"]) if first is None else first
+    drift = max((abs(a - b) for a, b in zip(got["logprobs"][:upto], want["logprobs"][:upto])), default=0.0)
+    assert drift <= BF16_FLIP_MAX_MARGIN, f"{name}: cached vs uncached logprobs differ by {drift:.3f} nats"
+    if first is not None:
+        gap = abs(got["logprobs"][first] - want["logprobs"][first])
+        assert gap < DECIDED, f"{name}: parts from the uncached run at new token {first}, not a tie ({gap:.3f})"
+
+
+ENGINES = ["plain", "mtp"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_align_mode_serves(runs, engine):
+    assert runs[engine]["mamba_cache_mode"].endswith("align") and runs[engine]["block_size"] == runs["block"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_references_ran_on_an_empty_cache(runs, engine):
+    for r in runs[engine]["rounds"]:
+        if r["name"].startswith(("ref:", "warm:")):
+            assert r["queries"] > 0 and r["hits"] == 0, f"{engine} {r['name']}: {r['hits']} hits"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_cached_continuation_equals_uncached(runs, engine):
+    result = runs[engine]
+    for name in _cases(runs["block"]):
+        _assert_bf16_same(f"{engine} {name}", _round(result, name)["outputs"][0],
+                          _round(result, f"ref:{name}")["outputs"][0])
+    for i, got in enumerate(_round(result, "concurrent")["outputs"]):
+        _assert_bf16_same(f"{engine} concurrent{i}", got, _round(result, f"ref:concurrent{i}")["outputs"][0])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_prefixes_hit_at_block_boundaries_with_mtp_too(runs, engine):
+    """#54360: with the MTP drafter on, hits must still happen, as many as without it."""
+    block, cases = runs["block"], _cases(runs["block"])
+    for name in BOUNDARY_CASES:
+        hits, want = _round(runs[engine], name)["hits"], cases[name][2] // block * block
+        assert hits == want, f"{engine} {name}: {hits} prefix-cache hits, not {want}"
+    concurrent = [o["cached_tokens"] for o in _round(runs[engine], "concurrent")["outputs"]]
+    assert concurrent == [2 * block] * 2 and len(_concurrent(block)) == 3
+
+
+def test_mtp_drafts(runs):
+    assert runs["mtp"]["spec_decode"].get("num_drafts", 0) > 0, "MTP never drafted"
+
+
+def test_an_evicted_prefix_is_recomputed(runs):
+    plain, block = runs["plain"], runs["block"]
+    count, tokens = runs["flood"]
+    assert plain["num_blocks"] == POOL_BLOCKS and count * tokens > POOL_BLOCKS * block
+    before, after = _round(plain, "cached:evicted")["hits"], _round(plain, "evicted")["hits"]
+    assert before == 2 * block and after < before, (before, after)
