@@ -106,6 +106,10 @@ SEAMS: tuple[Seam, ...] = (
     names(L + "vocab_parallel_embedding", "ParallelLMHead UnquantizedEmbeddingMethod VocabParallelEmbedding"),
     names("vllm.model_executor.model_loader.weight_utils", "default_weight_loader sharded_weight_loader"),
     names("vllm.model_executor.models.interfaces", "HasInnerState IsHybrid"),
+    # model.py, dspark.py, compat.py: DSpark (the target's aux hidden states, Ling's drafter on vLLM's Qwen3 DSpark)
+    names("vllm.model_executor.models.interfaces", "EagleModelMixin SupportsEagle3"),
+    names("vllm.model_executor.models.qwen3_dspark", "Qwen3DSparkForCausalLM"),
+    members("vllm.config.speculative", "SpeculativeConfig", "hf_config_override"),
     names("vllm.model_executor.models.utils", "WeightsMapper maybe_prefix"),
     names("vllm.model_executor.utils", "set_weight_attrs"),
     names("vllm.platforms", "current_platform"),
