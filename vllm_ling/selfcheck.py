@@ -1,4 +1,4 @@
-"""Start-up self-check: is every optimisation we asked for really on? (issue: the integration trap)
+"""Start-up self-check: is every optimisation we asked for really on? (the integration trap)
 
 Stacked optimisations fail silently: a draft reading the wrong weights is accepted ~0% and decodes
 slower than no draft; a missing tuned-MoE file falls back to generic tiles. This module turns each one
