@@ -10,15 +10,20 @@ SPAWN = "import subprocess, sys; subprocess.run([sys.executable, '-c', {!r}])"
 
 
 @pytest.fixture
-def spawn():
+def spawn(tmp_path):
+    """Launcher -> grandchild running `grandchild_code`, returned once the grandchild has started up and reached its
+    code (it touches a file first): an interpreter still starting on a loaded box would read busy for a second."""
     procs = []
 
     def start(grandchild_code):
-        p = subprocess.Popen([sys.executable, "-c", SPAWN.format(grandchild_code)])
+        ready = tmp_path / f"ready{len(procs)}"
+        code = f"open({str(ready)!r}, 'w').close()\n{grandchild_code}"
+        p = subprocess.Popen([sys.executable, "-c", SPAWN.format(code)])
         procs.append(p)
-        deadline = time.time() + 10
-        while len(tree(p.pid)) < 2 and time.time() < deadline:
+        deadline = time.time() + 30
+        while not (ready.exists() and len(tree(p.pid)) >= 2) and time.time() < deadline:
             time.sleep(0.05)
+        assert ready.exists(), "the grandchild did not start within 30 s"
         return p
 
     yield start
