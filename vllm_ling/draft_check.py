@@ -58,8 +58,11 @@ def describe(head: nn.Module) -> str:
     return f"{_method(head)}, {str(weight.dtype).removeprefix('torch.')}"
 
 
-def check_draft_shares_target(draft: nn.Module) -> str:
-    """Raise unless the draft's lm_head and embedding compute what the target's do (module docstring)."""
+def check_draft_shares_target(draft: nn.Module, label: str = "MTP draft", subject: str = "MTP draft",
+                              fix: str = "Serve without --speculative-config or fix the checkpoint.") -> str:
+    """Raise unless the draft's lm_head and embedding compute what the target's do (module docstring); log and
+    return the verdict line. `label` names the draft in that line, `subject` in the failure, which ends in `fix`.
+    Every drafter of ours runs it: the MTP draft and the DSpark drafter (vllm_ling.dspark)."""
     targets = list(_targets)
     if len(targets) != 1:
         raise RuntimeError(f"vllm-ling draft check: expected one target model in this process, found {len(targets)}")
@@ -68,10 +71,9 @@ def check_draft_shares_target(draft: nn.Module) -> str:
              ("embedding", draft.model.embed_tokens, target.model.embed_tokens))
     problems = [p for p in (compare(*pair) for pair in pairs) if p]
     if problems:
-        raise RuntimeError("vllm-ling self-check FAILED: MTP draft " + "; ".join(problems)
-                           + ". Serve without --speculative-config or fix the checkpoint.")
+        raise RuntimeError(f"vllm-ling self-check FAILED: {subject} " + "; ".join(problems) + f". {fix}")
     shared = draft.lm_head is target.lm_head and draft.model.embed_tokens is target.model.embed_tokens
-    line = (f"MTP draft: lm_head and embedding {'shared with' if shared else 'equal to'} the target's "
+    line = (f"{label}: lm_head and embedding {'shared with' if shared else 'equal to'} the target's "
             f"(lm_head {describe(target.lm_head)})")
     logger.info("vllm-ling self-check: %s", line)
     return line

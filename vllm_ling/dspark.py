@@ -9,7 +9,6 @@ config rewrite). `check_drafter` refuses, at start-up, a drafter that cannot ser
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable
 from typing import Any
 
@@ -18,7 +17,6 @@ from vllm_ling import draft_check
 LING_DSPARK_ARCHS = ("LingDSparkModel",)
 QWEN3_DSPARK_ARCH = "Qwen3DSparkModel"
 SOURCE_KEY = "vllm_ling_dspark_source"  # the architecture the checkpoint named, kept after the rename
-logger = logging.getLogger("vllm_ling")
 FIX = "serve the drafter trained for this target (inclusionAI/Ling-3.0-flash-dspark for Ling-3.0-flash)"
 
 # vLLM's key <- the spellings drafter configs use, in SGLang's order of preference (its DSpark config parser).
@@ -177,20 +175,10 @@ def check_draft_shares_target(draft: Any) -> str:
     """Raise unless the drafter's LM head and embedding compute what the target's do: the very modules (what
     vLLM's DSpark loader installs when the drafter's checkpoint holds neither) or equal ones under the same
     quantization method (vllm_ling.draft_check: FP8 bytes read through a BF16 method accept ~nothing, silently).
-    """
-    targets = list(draft_check._targets)  # our model registers itself there when built
-    if len(targets) != 1:
-        raise RuntimeError(f"vllm-ling DSpark: expected one target model in this process, found {len(targets)}")
-    target = targets[0]
-    problems = [p for p in (draft_check.compare("lm_head", draft.lm_head, target.lm_head),
-                            draft_check.compare("embedding", draft.model.embed_tokens, target.model.embed_tokens))
-                if p]
-    if problems:
-        raise RuntimeError(f"vllm-ling: the DSpark drafter's {'; '.join(problems)}. Fix: serve a drafter checkpoint "
-                           "without lm_head / embed_tokens tensors, so it runs on the target's.")
-    shared = draft.lm_head is target.lm_head and draft.model.embed_tokens is target.model.embed_tokens
-    return (f"DSpark drafter: lm_head and embedding {'shared with' if shared else 'equal to'} the target's "
-            f"(lm_head {draft_check.describe(target.lm_head)})")
+    Logs and returns the verdict line."""
+    return draft_check.check_draft_shares_target(
+        draft, label="DSpark drafter", subject="the DSpark drafter's",
+        fix="Fix: serve a drafter checkpoint without lm_head / embed_tokens tensors, so it runs on the target's.")
 
 
 def _draft_class() -> type:
@@ -215,7 +203,7 @@ def _draft_class() -> type:
 
         def _check_shares_once(self) -> None:
             if not self._shares_checked:  # a Python flag: nothing for a CUDA graph to capture after the first call
-                logger.info("vllm-ling self-check: %s", check_draft_shares_target(self))
+                check_draft_shares_target(self)  # logs its verdict line
                 self._shares_checked = True
 
         def compute_draft_logits(self, hidden_states):
