@@ -37,11 +37,9 @@ from ling_bench.gpu_memory import GpuMemSampler
 from ling_bench.prompts import agent_prefix, agent_task, estimate_tokens, fixed_reply, tool_output
 from ling_bench.vllm_bench import RequestResult, Sampling
 
-from vllm_ling.metrics import SpecCounters, samples, spec_counters
+from vllm_ling.metrics import PrefixCache, SpecCounters, prefix_cache, spec_counters
 
 SCHEMA = "ling-bench-agent/1"
-PREFIX_QUERIES = "vllm:prefix_cache_queries_total"  # vLLM's PrometheusStatLogger: prompt tokens looked up
-PREFIX_HITS = "vllm:prefix_cache_hits_total"  # ... and the ones found cached
 
 
 @dataclass(frozen=True)
@@ -53,35 +51,6 @@ class AgentConfig:
     sessions: int = 1
     replies: str = "model"  # "fixed": a seeded stand-in, so the history is known before the run
     seed: int = 0
-
-
-@dataclass(frozen=True)
-class PrefixCache:
-    """vLLM's prefix-cache counters (tokens), summed over engines; a turn's numbers are a difference."""
-
-    queries: int
-    hits: int
-
-    def __sub__(self, before: PrefixCache) -> PrefixCache:
-        return PrefixCache(self.queries - before.queries, self.hits - before.hits)
-
-    @property
-    def hit_rate(self) -> float | None:
-        return self.hits / self.queries if self.queries else None
-
-    def to_json(self) -> dict:
-        return {"queries": self.queries, "hits": self.hits, "hit_rate": self.hit_rate}
-
-
-def prefix_cache(text: str) -> PrefixCache | None:
-    """The prefix-cache counters of a /metrics scrape; None when the server exposes none."""
-    sums = {PREFIX_QUERIES: 0.0, PREFIX_HITS: 0.0}
-    seen = False
-    for s in samples(text):
-        if s.name in sums:
-            sums[s.name] += s.value
-            seen = True
-    return PrefixCache(round(sums[PREFIX_QUERIES]), round(sums[PREFIX_HITS])) if seen else None
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The one home of our `/metrics` scrapes: vLLM's Prometheus counters, read with prometheus_client's parser.
 
-Used by the watchdog's liveness probe (engine progress), the start-up self-check (draft acceptance) and,
-later, the benchmark harness. vLLM's counters are cumulative since the server started: a rate over a
+Used by the watchdog's liveness probe (engine progress), the start-up self-check (draft acceptance, prefix-cache
+hit rate) and the benchmark harness. vLLM's counters are cumulative since the server started: a rate over a
 window is the difference of two scrapes. Sample names are matched, not family names: a counter family
 also carries a `_created` sample (its start time), which must never be summed.
 """
@@ -20,6 +20,8 @@ DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+PREFIX_QUERIES = "vllm:prefix_cache_queries_total"  # prompt tokens looked up in the prefix cache (0.32-0.34)
+PREFIX_HITS = "vllm:prefix_cache_hits_total"  # ... and the ones found cached
 
 
 def samples(text: str) -> Iterator[Sample]:
@@ -97,6 +99,33 @@ def spec_counters(text: str) -> SpecCounters | None:
     drafts = round(sums[DRAFTS]) if DRAFTS in sums else None
     pos = tuple(round(per_pos.get(i, 0.0)) for i in range(max(per_pos, default=-1) + 1))
     return SpecCounters(round(sums[DRAFT_TOKENS]), round(sums[ACCEPTED]), drafts, pos)
+
+
+@dataclass(frozen=True)
+class PrefixCache:
+    """vLLM's prefix-cache counters (prompt tokens), summed over engines; a window's numbers are a difference."""
+
+    queries: int
+    hits: int
+
+    def __sub__(self, before: PrefixCache) -> PrefixCache:
+        return PrefixCache(self.queries - before.queries, self.hits - before.hits)
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.hits / self.queries if self.queries else None
+
+    def to_json(self) -> dict:
+        return {"queries": self.queries, "hits": self.hits, "hit_rate": self.hit_rate}
+
+
+def prefix_cache(text: str) -> PrefixCache | None:
+    """The prefix-cache counters of a scrape; None when the server exports neither."""
+    sums: dict[str, float] = {}
+    for s in samples(text):
+        if s.name in (PREFIX_QUERIES, PREFIX_HITS):
+            sums[s.name] = sums.get(s.name, 0.0) + s.value
+    return PrefixCache(round(sums.get(PREFIX_QUERIES, 0.0)), round(sums.get(PREFIX_HITS, 0.0))) if sums else None
 
 
 def read_metrics(url: str, headers: Mapping[str, str] | None = None, timeout: float = 5.0) -> str:

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from vllm_ling.draft_vocab_file import ENV as DRAFT_VOCAB_ENV, requested_path  # standard library only, like this tool
-from vllm_ling.metrics import ZERO, SpecCounters, samples
+from vllm_ling.metrics import ZERO, SpecCounters, prefix_cache
 
 logger = logging.getLogger("vllm_ling")
 
@@ -132,17 +132,10 @@ def hit_rate_text(queries: float, hits: float) -> str:
     return f"hit rate {hits / queries:.1%} ({hits:,.0f} of {queries:,.0f} prompt tokens since start)"
 
 
-PREFIX_QUERIES = "vllm:prefix_cache_queries_total"  # vLLM's counters (v1/metrics/loggers.py, 0.32-0.34)
-PREFIX_HITS = "vllm:prefix_cache_hits_total"
-
-
 def prefix_counters(text: str) -> tuple[float, float] | None:
-    """(queries, hits) of a /metrics scrape, summed over engines; None when the server exports neither."""
-    sums: dict[str, float] = {}
-    for s in samples(text):
-        if s.name in (PREFIX_QUERIES, PREFIX_HITS):
-            sums[s.name] = sums.get(s.name, 0.0) + s.value
-    return (sums.get(PREFIX_QUERIES, 0.0), sums.get(PREFIX_HITS, 0.0)) if sums else None
+    """(queries, hits) of a /metrics scrape (vllm_ling.metrics.prefix_cache); None when the server exports neither."""
+    cache = prefix_cache(text)
+    return None if cache is None else (float(cache.queries), float(cache.hits))
 
 
 def _draft_vocab_verdict(log: str, asked: bool) -> Verdict:
