@@ -284,7 +284,7 @@ class Scenario:
 
 async def run_scenario(http: aiohttp.ClientSession, ep: Endpoint, cfg: AgentConfig, sampling: Sampling, count: Count,
                        n_sessions: int, salt: str) -> Scenario:
-    """`n_sessions` sessions at once (sessions 0..n-1 of the seed), all under one cache salt."""
+    """`n_sessions` sessions at once (the seed's first `n_sessions` sessions), all under one cache salt."""
 
     async def step(session: int, turn: int, history: History, counted: int) -> tuple[Turn, str]:
         before = await scrape(http, ep)
@@ -318,7 +318,7 @@ async def measure(ep: Endpoint, cfg: AgentConfig, sampling: Sampling, source: st
     async with _http() as http:
         count = tokenize_counter(http, ep, source)
         await check_first_turns(cfg, ep.chat, sampling.max_tokens, count)
-        for i in range(warmup):  # session 0's first turn under its own salt: compiles, never cached for later
+        for i in range(warmup):  # the first session's first turn under its own salt: compiles, never cached for later
             await send(http, ep, first_history(cfg, ep.chat, 0), sampling, _salt(run_id, f"warmup-{i}"))
         scenarios = []
         for n in ([1] if cfg.sessions == 1 else [1, cfg.sessions]):
