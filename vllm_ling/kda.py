@@ -147,6 +147,16 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
         if self.in_proj_pad and weight is not None and not weight.is_meta:
             weight.data[-self.in_proj_pad:].zero_()
 
+    def load_in_proj_padding(self) -> None:
+        """Load the padding shard (zeros) through the projection's own loader, as if the checkpoint held it:
+        vLLM >= 0.34 records which shards of a stacked weight a load filled and refuses a model with an unfilled
+        one (`StackedColumnParallelLinear.pop_missing_shards`). An online-FP8 weight gets real zeros this way."""
+        if not self.in_proj_pad:
+            return
+        weight = self.in_proj.weight
+        zeros = torch.zeros(self.in_proj_pad * self.tp_size, self.in_proj.input_size, dtype=self.in_proj.params_dtype)
+        weight.weight_loader(weight, zeros, len(self.in_proj.output_sizes) - 1)
+
     # --- hybrid-cache interface (must equal the model's classmethods) ------------------------------
     @property
     def mamba_type(self) -> MambaAttentionBackendEnum:

@@ -173,6 +173,9 @@ def load_checkpoint_weights(
         else:
             loader(param, tensor, *args)
         loaded.add(target)
+    for name, layer in module.named_modules():  # the KDA in_proj's padding shard is in no checkpoint
+        if isinstance(layer, BailingMoeV3KDA) and f"{name}.in_proj.weight" in loaded:
+            layer.load_in_proj_padding()
     return loaded
 
 

@@ -236,3 +236,34 @@ def test_comparison_catches_a_wrong_shard(loaded, tiny, fault, family, monkeypat
     assert mismatches(full, [parameters(build(tiny["bf16"], 0, 1)[0])], config) == []
     bad = mismatches(full, [parameters(build(tiny["bf16"], r, TP)[0]) for r in range(TP)], config)
     assert bad and bad == [n for n in full if re.search(family, n)]
+
+
+def test_every_shard_of_a_merged_projection_is_loaded(tiny):
+    """vLLM 0.34's loader refuses a model in which a shard of a stacked projection was never loaded
+    (`StackedColumnParallelLinear.pop_missing_shards`, checked for unquantized models): the KDA in_proj's zero
+    padding shard is in no checkpoint, so the model loads it itself. The CPU release does not check; this records
+    which shards each `MergedColumnParallelLinear` received at TP = 1 and on a rank of TP = 2."""
+    from vllm.model_executor.layers.linear import MergedColumnParallelLinear
+
+    seen: dict[int, set[int]] = {}
+
+    def recording(loader):  # vLLM's layers hand their parameters weight_loader or weight_loader_v2
+        def record(self, param, loaded_weight, loaded_shard_id=None):
+            shards = range(len(self.output_sizes)) if loaded_shard_id is None else (
+                loaded_shard_id if isinstance(loaded_shard_id, tuple) else (loaded_shard_id,))
+            seen.setdefault(id(self), set()).update(shards)
+            return loader(self, param, loaded_weight, loaded_shard_id)
+        return record
+
+    with mock.patch.object(MergedColumnParallelLinear, "weight_loader",
+                           recording(MergedColumnParallelLinear.weight_loader)), \
+            mock.patch.object(MergedColumnParallelLinear, "weight_loader_v2",
+                              recording(MergedColumnParallelLinear.weight_loader_v2)):
+        for rank, world_size in ((0, 1), (1, TP)):
+            seen.clear()
+            model, _ = build(tiny["bf16"], rank, world_size)
+            merged = {n: m for n, m in model.named_modules() if isinstance(m, MergedColumnParallelLinear)}
+            assert any(m.output_sizes[-1] and n.endswith("in_proj") and len(m.output_sizes) == 7
+                       for n, m in merged.items()), "the tiny checkpoint's KDA in_proj should carry a padding shard"
+            missing = {n: sorted(set(range(len(m.output_sizes))) - seen.get(id(m), set())) for n, m in merged.items()}
+            assert {n: s for n, s in missing.items() if s} == {}, f"rank {rank} of {world_size}"
