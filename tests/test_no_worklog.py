@@ -1,7 +1,7 @@
-"""No product file speaks of how the project was developed: README.md, docs/*.md and the shipped code (its
-comments, docstrings and messages) cite a measurement by its date and a BENCHMARKS.md / FINDINGS.md topic, never
-by work session ("session 13", "sessions 17-18"), device rental ("one lease", "lease C", "the lent H200") or
-tracker issue ("issue #14", "#11's table").
+"""No product file speaks of how the project was developed: README.md, FINDINGS.md, BENCHMARKS.md, docs/*.md and the
+shipped code (its comments, docstrings and messages) cite a measurement by its date and a BENCHMARKS.md /
+FINDINGS.md topic, never by work session ("session 13", "sessions 17-18"), device rental ("one lease", "lease C",
+"the lent H200") or tracker issue ("issue #14", "#11's table").
 
 Product words stay allowed: an agent session of the benchmark (numbered from 0: "session 0's first turn"), an
 HTTP or process session, pytest's session scope, "release", "please"."""
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[1]
 # The shipped code: its folders' .py/.sh/.yaml files, the installer and the device runner the README names.
 CODE_DIRS = ("vllm_ling", "watchdog", "tuning", "bench", "tools", "serve")
 CODE_SUFFIXES = (".py", ".sh", ".yaml", ".yml")
-SINGLE_FILES = ("README.md", "install.sh", "tests/gpu/run_on_device.sh")
+SINGLE_FILES = ("README.md", "FINDINGS.md", "BENCHMARKS.md", "install.sh", "tests/gpu/run_on_device.sh")
 SKIP_DIRS = {"__pycache__", "build", "dist"}
 
 # Each pattern names one work-log habit. Work sessions were numbered from 1; agent sessions (bench/agent.py) from 0,
@@ -41,7 +41,8 @@ ALLOWED: dict[str, str] = {}  # file -> why it may still hold a work-log use (no
 
 
 def product_files(root: Path = REPO) -> Iterator[Path]:
-    """README.md, docs/*.md, the installer, the device runner and every .py/.sh/.yaml under the code folders."""
+    """README.md, FINDINGS.md, BENCHMARKS.md, docs/*.md, the installer, the device runner and every .py/.sh/.yaml
+    under the code folders."""
     for name in SINGLE_FILES:
         if (root / name).is_file():
             yield root / name

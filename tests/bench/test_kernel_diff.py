@@ -9,8 +9,8 @@ import pytest
 
 from ling_bench.kernel_diff import FAMILIES, by_family, family, load, main, report, tokens_per_step
 
-S13 = Path(__file__).resolve().parents[2] / "results" / "h200-2026-12-02-s13"
-PLAIN, MTP = str(S13 / "fs_rg.json"), str(S13 / "fs_mtprg.json")
+RUN = Path(__file__).resolve().parents[2] / "results" / "h200-2026-12-02-router-gemm"
+PLAIN, MTP = str(RUN / "fs_rg.json"), str(RUN / "fs_mtprg.json")
 
 
 @pytest.mark.parametrize("name, expected", [
