@@ -40,7 +40,7 @@
 #   FP8          1: --quantization ling_fp8, FP8 weights for every BF16 linear and the LM head     1 on cuda,
 #                (docs/speed.md); 0: BF16 weights, the checkpoint as shipped                        0 on cpu
 #                (on a GPU it is 4.4% faster on the H200, projected ~1.6x on a GB10; it costs what e4m3
-#                rounding costs: FINDINGS.md §0)
+#                rounding costs: FINDINGS.md §9)
 #   FP8_KERNEL   w8a8 | w8a16 (VLLM_LING_FP8_KERNEL)                                          w8a8
 #   FP8_SCHEME   block | channel (VLLM_LING_FP8_SCHEME): 128x128 blocks or per-channel scales  block
 #   DRAFT_VOCAB  with MTP: a draft vocabulary file (`python3 -m vllm_ling.draft_vocab_tool`): the   unset

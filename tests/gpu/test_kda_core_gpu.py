@@ -4,7 +4,7 @@ MTP verification of several sequences at once (accepted and rejected drafts mixe
 q|k|v a strided view of the fused projection as in the model.
 
 The kernel tests (test_kda_kernels_gpu.py) feed the kernels dense tensors; this checks our glue. It catches
-the bug found on the H200 (FINDINGS.md §4): q, k, v handed to `fused_recurrent_kda_fwd` as strided views of
+the bug found on the H200 (FINDINGS.md §1): q, k, v handed to `fused_recurrent_kda_fwd` as strided views of
 the conv output, which the kernel indexes as dense [T, H, d], so in a verify batch every sequence but the
 first read another token's channels. Every case runs twice: our gate computed before the op (`run_cuda`), and
 the raw f and β logits handed to vLLM's raw-gate KDA kernels (`run_cuda_gate_in_kernel`, VLLM_LING_KDA_GATE=kernel;

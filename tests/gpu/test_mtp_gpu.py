@@ -48,7 +48,7 @@ CHECKPOINTS = {"stable_router": ("stable_router", {}, {}), "mtp_echo": ("mtp_ech
 VARIANTS = list(CHECKPOINTS)
 # The echo draft's acceptance with FP8 within 3 points of its BF16 run, or 3 standard errors of the difference of
 # the two rates where the drafts are too few for 3 points to be more than noise: on the CPU in bf16, 64 drafts
-# gave 85.3% (FP8) vs 95.3%, 250 drafts 93.1% vs 87.8% (FINDINGS.md §0). The trap it guards (a draft reading FP8
+# gave 85.3% (FP8) vs 95.3%, 250 drafts 93.1% vs 87.8% (FINDINGS.md §9). The trap it guards (a draft reading FP8
 # bytes as BF16) is accepted ~0%. (criteria.acceptance_slack)
 
 FP8_LOSSLESS_SLACK = 0.01  # FP8: MTP's decided agreement with the FP8 reference at most 1 point below plain's
