@@ -1,19 +1,28 @@
-"""Bytes one batch-1 decode step of Ling-3.0-flash INT4 reads, and the tokens/s that allows on GB10.
+"""Bytes a batch-1 decode round of Ling-3.0-flash INT4 reads, and the tokens/s that allows on GB10.
 
-A projection from arithmetic, not a measurement. Decode at batch 1 is memory-bound: a step streams every
+A projection from arithmetic, not a measurement. Decode at batch 1 is memory-bound: a forward streams every
 weight matrix its tokens use once (the routed experts they pick, every other matrix whole), the KDA states
-(read and written) and the MLA KV cache, so tokens/s <= bandwidth / bytes-per-step. An MTP k=1 verify step
-reads the weights for 2 tokens plus the draft layer and yields 1 + acceptance tokens. The matrices come
-from the checkpoint's tensor table (`vllm_ling.tensors`); 1-D tensors (norms, A_log, dt_bias, expert_bias:
-about 1 MB a step) and the embedding (one row) are left out.
+(read and written) and the MLA KV cache, so a round of speculation that yields AL tokens (the mean accepted
+length, bonus token included) runs at
+
+    tok/s = AL x bandwidth x efficiency / bytes per round.
+
+Plain decode: AL = 1, one forward over 1 token. MTP k: k draft steps of the MTP layer, then one verify of k + 1
+tokens (`mtp_round_bytes`). DSpark K: one drafter forward over the block, then one verify of K + 1 tokens
+(`dspark_round_bytes`). The matrices come from the checkpoint's tensor table (`vllm_ling.tensors`) and, for the
+DSpark drafter, from the tiny drafter writer's names and shapes scaled to the real drafter (`dspark_config`);
+1-D tensors (norms, A_log, dt_bias, expert_bias: about 1 MB a step) and embedding rows are left out. Routing
+is taken as uniform (`experts_touched`): tokens of one sequence that share experts make a wide verify cheaper.
 
 Two weight formats. `bf16` is what is served today: routed experts INT4 (4 bits + a bf16 scale per 32),
 router fp32, KDA conv fp32, everything else BF16. `fp8` is `--quantization ling_fp8` (docs/speed.md §FP8):
 every BF16 matrix read as FP8 (1 byte) plus one fp32 scale per output channel, except MLA kv_b_proj (vLLM's
 MLA absorbs it into W_UK/W_UV) and the draft's eh_proj, which stay BF16 (`vllm_ling.fp8.KEEP_BF16`);
-experts, router and conv are as in `bf16`.
+experts, router and conv are as in `bf16`. Under `fp8` the DSpark drafter's own matrices (Markov head
+included) are counted in FP8 too, which vllm-ling does not serve yet (docs/dspark.md §Left).
 
-    python -m ling_bench.projection [--config config.json] [--context 4096] [--acceptance 0.94,0.70]
+    python -m ling_bench.projection [--method plain|mtp|dspark|all] [--k 1,2,3] [--block 4,6,8]
+        [--acceptance 0.94,0.70] [--acceptance-length 3.5,3.7,5.3,6.5] [--context 4096] [--json OUT]
 """
 
 from __future__ import annotations
@@ -71,10 +80,11 @@ def _weights(c: dict, layer: int, prefix: str, tokens: int, fp8: bool) -> float:
 
 
 def decode_step_bytes(c: dict, context: int, tokens: int = 1, mtp: bool = False, fp8: bool = False,
-                      draft_vocab: int | None = None) -> StepBytes:
-    """Bytes one forward step over `tokens` new tokens of one sequence reads; with `mtp`, plus the draft
-    layer(s) on one token: eh_proj, MLA, MoE, their own KV cache and the shared lm_head again, or only its
-    `draft_vocab` rows (and their scales) with a draft vocabulary (vllm_ling/draft_vocab.py)."""
+                      draft_vocab: int | None = None, draft_steps: int = 1) -> StepBytes:
+    """Bytes one forward step over `tokens` new tokens of one sequence reads; with `mtp`, plus `draft_steps`
+    passes of the draft layer(s) on one token each: eh_proj, MLA, MoE, their own KV cache and the shared
+    lm_head again, or only its `draft_vocab` rows (and their scales) with a draft vocabulary
+    (vllm_ling/draft_vocab.py)."""
     n, heads, d = c["num_hidden_layers"], c["num_attention_heads"], kda_head_dim(c)
     kv_row = (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * BF16  # one token's MLA latent + k_pe
     mla = [i for i in range(n) if is_mla_layer(c, i)]
@@ -93,9 +103,143 @@ def decode_step_bytes(c: dict, context: int, tokens: int = 1, mtp: bool = False,
     }
     if mtp:
         draft_head = lm_head * min(draft_vocab or c["vocab_size"], c["vocab_size"]) / c["vocab_size"]
-        parts["MTP draft"] = sum(_weights(c, i, "", 1, fp8) + draft_head + context * kv_row
-                                 for i in range(n, n + num_mtp_layers(c)))
+        parts["MTP draft"] = draft_steps * sum(_weights(c, i, "", 1, fp8) + draft_head + context * kv_row
+                                               for i in range(n, n + num_mtp_layers(c)))
     return StepBytes(parts)
+
+
+def mean_accepted_length(acceptance: float, k: int) -> float:
+    """Tokens per MTP round when each of k drafts is accepted with probability a given the ones before it:
+    AL = 1 + a + a^2 + ... + a^k (the bonus token, then each accepted draft)."""
+    return sum(acceptance ** i for i in range(k + 1))
+
+
+def acceptance_for_length(length: float, k: int) -> float:
+    """The per-position rate a with mean_accepted_length(a, k) = length (bisection; 1.0 past the cap k + 1)."""
+    if length >= k + 1:
+        return 1.0
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if mean_accepted_length(mid, k) < length else (lo, mid)
+    return (lo + hi) / 2
+
+
+def mtp_round_bytes(c: dict, context: int, k: int, fp8: bool = False, draft_vocab: int | None = None) -> StepBytes:
+    """One MTP round: k sequential draft steps (each the draft layer on one token, its KV and the LM head)
+    and one verify of k + 1 tokens through the target. k = 1 is the verify step `project` counts. The first
+    draft step of a round runs on the tokens the last verify accepted; counting it on one token, as k = 1
+    always has, leaves out a few experts."""
+    return decode_step_bytes(c, context, tokens=k + 1, mtp=True, fp8=fp8, draft_vocab=draft_vocab, draft_steps=k)
+
+
+# inclusionAI/Ling-3.0-flash-dspark (model card): 5 dense full-attention layers, 32 query / 32 KV heads, block
+# size 8, Markov head of rank 256, confidence head, target features after layers 1, 11, 23, 29, 35; its files hold
+# 961,316,865 parameters. head_dim 128 (a Qwen3 drafter, as the tiny one) and intermediate_size 16,640 are
+# inferred: with them the files' count comes out 0.07% high (655,360 parameters).
+DSPARK = {"num_hidden_layers": 5, "num_attention_heads": 32, "num_key_value_heads": 32, "head_dim": 128,
+          "intermediate_size": 16640, "dspark_block_size": 8, "dspark_markov_rank": 256,
+          "dspark_target_layer_ids": [1, 11, 23, 29, 35]}
+DSPARK_FILE_PARAMS = 961_316_865
+
+
+def dspark_config(c: dict) -> dict:
+    """The real drafter's config for target `c`, in the tiny drafter writer's format (vllm_ling/tiny/dspark.py)."""
+    from vllm_ling.tiny.dspark import dspark_config as tiny_config
+
+    return {**tiny_config(c, DSPARK["dspark_target_layer_ids"]), **DSPARK}
+
+
+def dspark_specs(c: dict) -> dict[str, TensorSpec]:
+    """Every tensor in the drafter's files (no embedding, no LM head: the target's), with its shape: the names
+    vLLM's loader requires (`vllm_ling.dspark.required_tensors`), the shapes the tiny writer gives them."""
+    from vllm_ling.dspark import required_tensors
+    from vllm_ling.tiny.dspark import _shape
+
+    d = dspark_config(c)
+    return {n: TensorSpec(_shape(n, d), "linear" if len(_shape(n, d)) > 1 else "norm") for n in required_tensors(d)}
+
+
+def dspark_round_bytes(c: dict, context: int, block: int, fp8: bool = False,
+                       draft_vocab: int | None = None) -> StepBytes:
+    """One DSpark round of K = `block` drafts, as vLLM's DSpark runtime runs it (v1/worker/gpu/spec_decode/dspark):
+
+    - `fc` maps the verified tokens' target features (5 x 2,560 wide) into the drafter, and a fused GEMM
+      writes their K/V for every drafter layer: a stacked copy of the k_proj/v_proj rows, read again;
+    - one parallel forward over the block: every drafter matrix once, attention over the drafter's KV cache
+      (5 layers x 2 x 32 heads x 128 x BF16 per context token);
+    - the shared LM head once over the K positions (one GEMM);
+    - the Markov head, sequential: per position one row of markov_w1 (the previous token) and the whole
+      157,184 x 256 markov_w2 (80.5 MB in BF16, half in FP8), so K reads of it; the confidence head once;
+    - the target verifies K + 1 tokens: experts touched for K + 1 tokens, every other matrix once, KDA state,
+      MLA KV.
+
+    With `draft_vocab` N the LM head pass and markov_w2 read N rows (vLLM sizes markov_w2 by the draft
+    vocabulary); the drafter's released files hold the whole vocabulary."""
+    specs, d = dspark_specs(c), dspark_config(c)
+    vocab = c["vocab_size"]
+    share = min(draft_vocab or vocab, vocab) / vocab
+
+    def mat(names: list[str]) -> float:
+        return sum(matrix_bytes(n, specs[n], fp8) for n in names)
+
+    layers = [n for n, s in specs.items() if n.startswith("layers.") and len(s.shape) > 1]
+    kv_proj = [n for n in layers if n.endswith(("k_proj.weight", "v_proj.weight"))]
+    w1, w2 = "markov_head.markov_w1.weight", "markov_head.markov_w2.weight"
+    kv_row = 2 * d["num_key_value_heads"] * d["head_dim"] * BF16 * d["num_hidden_layers"]
+    lm_head = matrix_bytes("lm_head.weight", tensor_specs(c)["lm_head.weight"], fp8)
+    parts = {
+        "drafter fc (target features)": mat(["fc.weight"]),
+        "drafter context K/V (k_proj, v_proj again)": mat(kv_proj),
+        "drafter layers": mat(layers),
+        "drafter KV cache": context * kv_row,
+        "drafter LM head (one pass, K positions)": lm_head * share,
+        "Markov head (markov_w2 per position)": block * (mat([w2]) * share + specs[w1].shape[1] * BF16),
+        "confidence head": mat(["confidence_head.proj.weight"]),
+    }
+    verify = decode_step_bytes(c, context, tokens=block + 1, fp8=fp8)
+    parts |= {f"verify: {k}": v for k, v in verify.parts.items()}
+    return StepBytes(parts)
+
+
+def dspark_params(c: dict) -> int:
+    """Parameters in the drafter's files, counted from `dspark_specs` (DSPARK_FILE_PARAMS to compare)."""
+    return sum(s.numel for s in dspark_specs(c).values())
+
+
+def round_rows(c: dict, context: int, bandwidth_gbs: float, efficiency: float, methods: list[str],
+               ks: list[int], blocks: list[int], acceptances: list[float], lengths: list[float],
+               draft_vocab: int | None = None) -> list[dict]:
+    """Every projected round, both formats: method, K, per-position rate (MTP), AL, GB per round (draft and
+    verify apart), round bytes over a plain step's, tok/s = AL x bandwidth x efficiency / bytes per round.
+    MTP runs at each rate in `acceptances` (AL from it) and at each AL in `lengths` it can reach, AL <= k + 1
+    (the rate from it). DSpark runs at each AL in `lengths`, capped at K + 1 (`capped` says where): the card's
+    lengths are at K = 8, and a narrower block accepts less, so below K = 8 they are upper bounds."""
+    bw = bandwidth_gbs * 1e9 * efficiency
+    rows = []
+    for fmt in FORMATS:
+        fp8 = fmt == "fp8"
+        plain = decode_step_bytes(c, context, fp8=fp8).total
+
+        def row(method: str, k: int, al: float, step: StepBytes, rate: float | None = None) -> dict:
+            draft = sum(v for p, v in step.parts.items() if p.startswith(("MTP draft", "drafter", "Markov", "conf")))
+            return {"method": method, "k": k, "format": fmt, "acceptance": rate, "al_given": al,
+                    "al": min(al, k + 1), "capped": al > k + 1,
+                    "gb_per_round": step.total / 1e9, "draft_gb": draft / 1e9, "verify_gb": (step.total - draft) / 1e9,
+                    "round_over_plain_bytes": step.total / plain, "tok_s": min(al, k + 1) * bw / step.total}
+
+        if "plain" in methods:
+            rows.append(row("plain", 0, 1.0, decode_step_bytes(c, context, fp8=fp8)))
+        if "mtp" in methods:
+            for k in ks:
+                step = mtp_round_bytes(c, context, k, fp8, draft_vocab)
+                rows += [row("mtp", k, mean_accepted_length(a, k), step, a) for a in acceptances]
+                rows += [row("mtp", k, al, step, acceptance_for_length(al, k)) for al in lengths if al <= k + 1]
+        if "dspark" in methods:
+            for k in blocks:
+                step = dspark_round_bytes(c, context, k, fp8, draft_vocab)
+                rows += [row("dspark", k, al, step) for al in lengths]
+    return rows
 
 
 def project(c: dict, context: int, bandwidth_gbs: float, efficiency: float, acceptance: float,
@@ -119,9 +263,24 @@ def _acceptances(text: str) -> list[float]:
     return values
 
 
+def _lengths(text: str) -> list[float]:
+    values = [float(x) for x in text.split(",") if x.strip()]
+    if not values or not all(v >= 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: give acceptance lengths >= 1 (bonus token included), comma-separated")
+    return values
+
+
+def _ints(text: str) -> list[int]:
+    values = [int(x) for x in text.split(",") if x.strip()]
+    if not values or not all(v >= 1 for v in values):
+        raise argparse.ArgumentTypeError(f"{text!r}: give positive integers, comma-separated")
+    return values
+
+
 def report(c: dict, context: int, bandwidth_gbs: float, efficiency: float, acceptances: list[float],
-           draft_vocab: int | None = None) -> str:
-    """The table: a plain step's GB by part, both step totals and tok/s, one column per weight format."""
+           draft_vocab: int | None = None, rows: list[dict] | None = None) -> str:
+    """The table: a plain step's GB by part, both step totals and tok/s, one column per weight format; then,
+    given `rows` (`round_rows`), one line per round: GB, bytes over a plain step's, tok/s."""
     runs = {f: [project(c, context, bandwidth_gbs, efficiency, a, fp8=f == "fp8", draft_vocab=draft_vocab)
                 for a in acceptances] for f in FORMATS}
     first = {f: r[0] for f, r in runs.items()}
@@ -140,6 +299,18 @@ def report(c: dict, context: int, bandwidth_gbs: float, efficiency: float, accep
               row("plain decode, tok/s", [f"{first[f]['plain_tok_s']:.1f}" for f in FORMATS])]
     lines += [row(f"MTP k=1 at {a:.0%} acceptance, tok/s", [f"{runs[f][i]['mtp_tok_s']:.1f}" for f in FORMATS])
               for i, a in enumerate(acceptances)]
+    if rows:
+        lines += ["", "Rounds, PROJECTED GB10 tok/s = AL x bandwidth x efficiency / GB per round "
+                  "(AL capped at K + 1, marked *):",
+                  f"  {'method':<7}{'K':>3}{'a':>7}{'AL':>7}" + "".join(
+                      f"{x:>11}" for x in ["GB bf16", "GB fp8", "x plain", "x plain", "tok/s bf16", "tok/s fp8"])]
+        fp8 = [r for r in rows if r["format"] == "fp8"]
+        for b, f in zip([r for r in rows if r["format"] == "bf16"], fp8):
+            a = "" if b["acceptance"] is None else f"{b['acceptance']:.3f}"
+            al = f"{b['al']:.2f}" + ("*" if b["capped"] else "")
+            lines.append(f"  {b['method']:<7}{b['k']:>3}{a:>7}{al:>7}" + "".join(f"{x:>11}" for x in [
+                f"{b['gb_per_round']:.2f}", f"{f['gb_per_round']:.2f}", f"{b['round_over_plain_bytes']:.2f}",
+                f"{f['round_over_plain_bytes']:.2f}", f"{b['tok_s']:.1f}", f"{f['tok_s']:.1f}"]))
     return "\n".join(lines)
 
 
@@ -152,14 +323,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--efficiency", type=float, default=0.7,
                     help="share of peak bandwidth reached (70%%, FINDINGS.md §6)")
     ap.add_argument("--acceptance", type=_acceptances, default=[0.94, 0.70],
-                    help="MTP k=1 acceptance rates, comma-separated (default 0.94, what Spark owners report, "
-                         "and 0.70)")
+                    help="MTP per-position acceptance rates, comma-separated (default 0.94, what Spark owners "
+                         "report for k=1, and 0.70)")
+    ap.add_argument("--method", choices=["plain", "mtp", "dspark", "all"], default="all",
+                    help="which rounds to project after the step table (default all)")
+    ap.add_argument("--k", type=_ints, default=[1, 2, 3], help="MTP draft steps per round (default 1,2,3)")
+    ap.add_argument("--block", type=_ints, default=[4, 6, 8], help="DSpark drafts per round K (default 4,6,8)")
+    ap.add_argument("--acceptance-length", type=_lengths, default=[3.5, 3.7, 5.3, 6.5],
+                    help="mean accepted lengths incl. the bonus token (DSpark; MTP at the equivalent rate); "
+                         "the drafter's card: GSM8K 6.40, HumanEval 6.57, MBPP 6.34, LiveCodeBench 5.33, "
+                         "MT-Bench 3.92, Alpaca 3.51, macro 5.29")
     ap.add_argument("--draft-vocab", type=int, metavar="N",
-                    help="the MTP draft reads only N rows of the LM head (a draft vocabulary); the acceptance you "
-                         "give is assumed to hold with it")
+                    help="drafts read only N rows of the LM head (and DSpark's markov_w2): a draft vocabulary; "
+                         "the acceptance you give is assumed to hold with it")
+    ap.add_argument("--json", type=Path, metavar="OUT", help="write every round's figures here")
     a = ap.parse_args(argv)
-    print(report(json.loads(a.config.read_text()), a.context, a.bandwidth_gbs, a.efficiency, a.acceptance,
-                 a.draft_vocab))
+    c = json.loads(a.config.read_text())
+    methods = ["plain", "mtp", "dspark"] if a.method == "all" else [a.method]
+    rows = round_rows(c, a.context, a.bandwidth_gbs, a.efficiency, methods, a.k, a.block, a.acceptance,
+                      a.acceptance_length, a.draft_vocab)
+    print(report(c, a.context, a.bandwidth_gbs, a.efficiency, a.acceptance, a.draft_vocab, rows))
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps({
+            "projection": "arithmetic, not a measurement: GB10 tok/s = AL x bandwidth x efficiency / bytes per round",
+            "context": a.context, "bandwidth_gbs": a.bandwidth_gbs, "efficiency": a.efficiency,
+            "draft_vocab": a.draft_vocab,
+            "plain_step_gb": {f: decode_step_bytes(c, a.context, fp8=f == "fp8").total / 1e9 for f in FORMATS},
+            "rows": rows}, indent=1) + "\n")
     return 0
 
 

@@ -6,7 +6,11 @@ read from the tensor table the projection sums.
 
 import pytest
 
-from ling_bench.projection import decode_step_bytes, experts_touched, main, matrix_bytes, project
+import json
+
+from ling_bench.projection import (DSPARK_FILE_PARAMS, StepBytes, acceptance_for_length, decode_step_bytes,
+                                   dspark_params, dspark_round_bytes, experts_touched, main, matrix_bytes,
+                                   mean_accepted_length, mtp_round_bytes, project, round_rows)
 from vllm_ling.configs import flash_config
 from vllm_ling.tensors import TensorSpec
 
@@ -102,3 +106,100 @@ def test_a_draft_vocabulary_cuts_only_the_drafts_head_pass_in_proportion():
         assert cut.parts["MTP draft"] == pytest.approx(whole.parts["MTP draft"] - head * (1 - 32768 / vocab))
     assert project(c, 4096, 273, 0.7, 0.94, fp8=True, draft_vocab=32768)["mtp_tok_s"] > \
         project(c, 4096, 273, 0.7, 0.94, fp8=True)["mtp_tok_s"]
+
+
+def test_mtp_k1_round_is_the_verify_step_and_its_figures_are_unchanged():
+    assert mtp_round_bytes(CONFIG, 4096, 1).total == 9_769_082_880
+    r = project(CONFIG, 4096, 273, 0.7, 0.94)
+    rows = round_rows(CONFIG, 4096, 273, 0.7, ["plain", "mtp"], [1], [], [0.94], [])
+    bf16 = {row["method"]: row for row in rows if row["format"] == "bf16"}
+    assert bf16["mtp"]["tok_s"] == pytest.approx(r["mtp_tok_s"]) and bf16["mtp"]["al"] == pytest.approx(1.94)
+    assert bf16["plain"]["tok_s"] == pytest.approx(r["plain_tok_s"])
+
+
+def test_mtp_rounds_grow_with_k_by_a_draft_step_and_a_wider_verify():
+    plain = decode_step_bytes(CONFIG, 4096)
+    draft = decode_step_bytes(CONFIG, 4096, tokens=2, mtp=True).parts["MTP draft"]
+    rounds = [mtp_round_bytes(CONFIG, 4096, k) for k in (1, 2, 3)]
+    assert rounds[0].total < rounds[1].total < rounds[2].total
+    for k, r in zip((1, 2, 3), rounds):
+        assert r.parts["MTP draft"] == pytest.approx(k * draft)
+        assert r.parts["KDA weights"] == plain.parts["KDA weights"]  # dense matrices: once, however many tokens
+        assert r.parts["MoE (router, shared, routed INT4)"] > plain.parts["MoE (router, shared, routed INT4)"]
+
+
+def test_accepted_length_from_a_per_position_rate_and_back():
+    assert mean_accepted_length(0.94, 1) == pytest.approx(1.94)
+    assert mean_accepted_length(0.5, 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert acceptance_for_length(mean_accepted_length(0.7, 3), 3) == pytest.approx(0.7, abs=1e-9)
+    assert acceptance_for_length(6.5, 3) == 1.0
+
+
+def test_the_drafter_is_the_cards_961m_parameters():
+    assert dspark_params(CONFIG) == pytest.approx(DSPARK_FILE_PARAMS, rel=1e-3)
+    assert dspark_params(CONFIG) + VOCAB * H == pytest.approx(1_363_707_905, rel=1e-3)  # the card's 1.36B
+
+
+def test_dspark_round_is_drafter_plus_verify_and_the_parts_add_up():
+    for fp8 in (False, True):
+        r = dspark_round_bytes(CONFIG, 4096, 8, fp8=fp8)
+        verify = decode_step_bytes(CONFIG, 4096, tokens=9, fp8=fp8)
+        assert {k.removeprefix("verify: "): v for k, v in r.parts.items() if k.startswith("verify: ")} == verify.parts
+        drafter = r.total - verify.total
+        w2 = VOCAB * 256 + (VOCAB * 4 if fp8 else VOCAB * 256)  # FP8: 1 byte + a channel scale; BF16: 2 bytes
+        head = VOCAB * H + (VOCAB * 4 if fp8 else VOCAB * H)
+        kv_cache = 4096 * 5 * 2 * 32 * 128 * 2
+        assert r.parts["Markov head (markov_w2 per position)"] == 8 * (w2 + 256 * 2)
+        assert r.parts["drafter LM head (one pass, K positions)"] == head
+        assert r.parts["drafter KV cache"] == kv_cache
+        parts = ["drafter fc (target features)", "drafter context K/V (k_proj, v_proj again)", "drafter layers",
+                 "drafter KV cache", "drafter LM head (one pass, K positions)",
+                 "Markov head (markov_w2 per position)", "confidence head"]
+        assert sum(r.parts[p] for p in parts) == pytest.approx(drafter)
+    bf16 = dspark_round_bytes(CONFIG, 4096, 8)
+    assert 157184 * 256 * 2 / 1e6 == pytest.approx(80.5, abs=0.1)  # the ~80 MB each position reads
+    weights = sum(bf16.parts[p] for p in ["drafter fc (target features)", "drafter layers", "confidence head"])
+    assert weights + VOCAB * 256 * 4 == pytest.approx(dspark_params(CONFIG) * 2, rel=1e-4)  # + w1, w2: all 2 B
+
+
+def test_a_drafter_without_its_markov_head_reads_less():
+    """The negative control: dropping a part changes the bytes (the sums above are not vacuous)."""
+    r = dspark_round_bytes(CONFIG, 4096, 8)
+    without = StepBytes({k: v for k, v in r.parts.items() if not k.startswith("Markov")})
+    assert r.total - without.total == pytest.approx(8 * 80.5e6, rel=1e-2)
+    assert dspark_round_bytes(CONFIG, 4096, 4).total < dspark_round_bytes(CONFIG, 4096, 8).total
+    cut = dspark_round_bytes(CONFIG, 4096, 8, draft_vocab=32768)
+    assert r.total - cut.total == pytest.approx(
+        (1 - 32768 / VOCAB) * (r.parts["drafter LM head (one pass, K positions)"] + 8 * VOCAB * 256 * 2))
+
+
+def test_accepted_length_is_capped_at_k_plus_one_and_tok_s_grows_with_it():
+    rows = round_rows(CONFIG, 4096, 273, 0.7, ["dspark"], [], [4, 8], [], [1.5, 3.5, 5.3, 6.5, 9.0])
+    for r in rows:
+        assert r["al"] == min(r["al_given"], r["k"] + 1) and r["capped"] == (r["al_given"] > r["k"] + 1)
+    for fmt in ("bf16", "fp8"):
+        for k in (4, 8):
+            speeds = [r["tok_s"] for r in rows if r["format"] == fmt and r["k"] == k]
+            assert speeds == sorted(speeds) and len(set(speeds)) == (3 if k == 4 else 5)  # K = 4: 5.3, 6.5, 9 all cap at 5
+    k8 = {r["al_given"]: r for r in rows if r["format"] == "bf16" and r["k"] == 8}
+    assert k8[9.0]["tok_s"] == pytest.approx(k8[6.5]["tok_s"] * 9 / 6.5)
+
+
+def test_cli_json_holds_every_row(tmp_path, capsys):
+    out = tmp_path / "p.json"
+    assert main(["--k", "1,2,3", "--block", "4,6,8", "--acceptance", "0.94,0.70",
+                 "--acceptance-length", "3.5,3.7,5.3,6.5", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "PROJECTED GB10 tok/s" in text and "dspark" in text
+    rows = json.loads(out.read_text())["rows"]
+    # per format: plain 1; MTP 3 k x 2 rates + the 2 ALs (3.5, 3.7) that k = 3 reaches; DSpark 3 K x 4 ALs
+    assert len(rows) == 2 * (1 + 6 + 2 + 12)
+    keys = {"method", "k", "format", "acceptance", "al", "al_given", "capped", "gb_per_round", "draft_gb",
+            "verify_gb", "round_over_plain_bytes", "tok_s"}
+    assert all(set(r) == keys for r in rows)
+    assert {(r["method"], r["k"], r["format"]) for r in rows if r["method"] == "dspark"} == {
+        ("dspark", k, f) for k in (4, 6, 8) for f in ("bf16", "fp8")}
+    for r in rows:
+        assert r["gb_per_round"] == pytest.approx(r["draft_gb"] + r["verify_gb"])
+        assert r["tok_s"] == pytest.approx(r["al"] * 273e9 * 0.7 / (r["gb_per_round"] * 1e9))
+    assert main(["--method", "plain"]) == 0 and "dspark" not in capsys.readouterr().out
