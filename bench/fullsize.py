@@ -34,6 +34,7 @@ import sys
 import time
 
 from ling_tuning.engine_compare import BACKENDS as MOE_BACKENDS  # vLLM >= 0.28's --moe-backend for INT4 experts
+from ling_tuning.step_kernels import kernels_per_step, timed
 from vllm_ling import compat, draft_vocab_file  # the draft vocabulary file (--draft-vocab)
 from vllm_ling.fp8 import KERNELS as FP8_KERNELS
 from vllm_ling.fp8 import DEFAULT_SCHEME as FP8_DEFAULT_SCHEME
@@ -49,18 +50,6 @@ MODES = {
     "graphs": {"enforce_eager": False},
     "mtp": {"enforce_eager": False, "speculative_config": {"method": "mtp", "num_speculative_tokens": 1}},
 }
-
-
-def _timed(llm, prompt: list[int] | list[list[int]], max_tokens: int) -> float:
-    """Seconds to generate `max_tokens` greedily for one prompt, or for a batch of prompts decoding together."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    prompts = prompt if prompt and isinstance(prompt[0], list) else [prompt]
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
-    start = time.perf_counter()
-    llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-    return time.perf_counter() - start
 
 
 def copy_bandwidth_gbs(gib: float = 1.0, repeats: int = 10) -> float | None:
@@ -274,13 +263,12 @@ def _accepted_per_draft(counters: dict[str, float]) -> float:
 
 
 DRAFTS = "vllm:spec_decode_num_drafts"
-TOP_KERNELS = 80  # kernels a profile lists by name (30 until 2026-12-02: 171 µs of a plain step went unnamed)
 
 
 def _counted(llm, prompt: list[int], max_tokens: int) -> tuple[float, dict[str, float]]:
     """(seconds, the spec-decode counters' increase) for one request."""
     before = _spec_counters(llm)
-    seconds = _timed(llm, prompt, max_tokens)
+    seconds = timed(llm, prompt, max_tokens)
     return seconds, {k: v - before.get(k, 0) for k, v in _spec_counters(llm).items()}
 
 
@@ -380,13 +368,13 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
                     "kda_gate_asked": os.environ.get(GATE_ENV, default_gate()) if impl == "ours" else None, **shape}
     short = [rng.randrange(10, vocab) for _ in range(32)]
     _progress(t0, f"engine up ({mode})")
-    _timed(llm, short, decode)  # warm-up: JIT and first-request costs are not speed
+    timed(llm, short, decode)  # warm-up: JIT and first-request costs are not speed
     _progress(t0, "warm-up done")
     at_context = {}
     for n in prefill:
         prompt = [rng.randrange(10, vocab) for _ in range(n)]
-        _timed(llm, prompt, 1)
-        t = statistics.median(_timed(llm, prompt, 1) for _ in range(repeats))
+        timed(llm, prompt, 1)
+        t = statistics.median(timed(llm, prompt, 1) for _ in range(repeats))
         result["prefill"][str(n)] = {"seconds": t, "tok_s": n / t}
         _progress(t0, f"prefill {n}: {n / t:.0f} tok/s")
         at_context[n] = _decode_step(llm, prompt, decode, repeats, t)
@@ -432,33 +420,6 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     return result
 
 
-def kernels_per_step(llm, prompt: list[int] | list[list[int]], decode: int) -> dict:
-    """CUDA kernels and their summed GPU time per decode step: a (1 + decode)-token request minus a 1-token one,
-    so the prefill cancels out (torch profiler over CUPTI; kernels replayed from CUDA graphs are counted). A list
-    of prompts is one batch decoding together (ling_tuning.engine_compare's batch-M step)."""
-    import collections
-
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    def kernels(n: int) -> list:
-        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-            _timed(llm, prompt, n)
-        return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-
-    one, many = kernels(1), kernels(1 + decode)
-    busy_us = (busy_us_of(many) - busy_us_of(one)) / decode
-    count, us = collections.Counter(), collections.Counter()
-    for sign, events in ((-1, one), (1, many)):
-        for e in events:
-            count[e.name] += sign
-            us[e.name] += sign * e.time_range.elapsed_us()
-    top = sorted(us, key=lambda n: -us[n])[:TOP_KERNELS]
-    return {"kernels_per_step": (len(many) - len(one)) / decode, "gpu_us_per_step": sum(us.values()) / decode,
-            "gpu_busy_us_per_step": busy_us,
-            "top": [{"name": n[:140], "count": count[n] / decode, "us": us[n] / decode} for n in top]}
-
-
 def _kernel_totals(llm, prompt: list[int], decode: int) -> dict:
     """`kernels_per_step`'s totals without its kernel list, or the error (a diagnostic never costs the run)."""
     try:
@@ -468,24 +429,12 @@ def _kernel_totals(llm, prompt: list[int], decode: int) -> dict:
     return {k: got[k] for k in ("kernels_per_step", "gpu_us_per_step", "gpu_busy_us_per_step")}
 
 
-def busy_us_of(events) -> float:
-    """Microseconds in which at least one kernel ran: the union of the kernels' intervals over every stream. Kernel
-    time summed counts overlapped streams twice; the wall-clock step adds the host's gaps (on 2026-12-02 a recipe step took
-    0.7 ms more than an earlier run's that day with the same kernel time). The union is the GPU's share of a step, overlap included."""
-    busy, end = 0.0, float("-inf")
-    for start, stop in sorted((e.time_range.start, e.time_range.end) for e in events):
-        if stop > end:
-            busy += stop - max(start, end)
-            end = stop
-    return busy
-
-
 def _decode_step(llm, prompt: list[int], decode: int, repeats: int, one: float | None = None) -> float:
     """Seconds per decode step after `prompt`: the extra time of `decode` more tokens over a 1-token request
     (medians; `one` is that request's median when already measured)."""
     if one is None:
-        one = statistics.median(_timed(llm, prompt, 1) for _ in range(repeats))
-    many = statistics.median(_timed(llm, prompt, decode + 1) for _ in range(repeats))
+        one = statistics.median(timed(llm, prompt, 1) for _ in range(repeats))
+    many = statistics.median(timed(llm, prompt, decode + 1) for _ in range(repeats))
     return (many - one) / decode
 
 

@@ -4,7 +4,7 @@ A projection from arithmetic, not a measurement. Decode at batch 1 is memory-bou
 weight matrix its tokens use once (the routed experts they pick, every other matrix whole), the KDA states
 (read and written) and the MLA KV cache, so tokens/s <= bandwidth / bytes-per-step. An MTP k=1 verify step
 reads the weights for 2 tokens plus the draft layer and yields 1 + acceptance tokens. The matrices come
-from the checkpoint's tensor table (`vllm_ling.tensors`); 1-D tensors (norms, A_log, dt_bias, expert_bias:
+from the checkpoint's tensor table (`ling_tools.tensors`); 1-D tensors (norms, A_log, dt_bias, expert_bias:
 about 1 MB a step) and the embedding (one row) are left out.
 
 Two weight formats. `bf16` is what is served today: routed experts INT4 (4 bits + a bf16 scale per 32),
@@ -25,7 +25,7 @@ from pathlib import Path
 
 from vllm_ling.config import is_mla_layer, is_moe_layer, kda_head_dim, num_mtp_layers
 from vllm_ling.configs import FLASH_INT4_DIR
-from vllm_ling.tensors import TensorSpec, layer_tensors, tensor_specs
+from ling_tools.tensors import TensorSpec, layer_tensors, tensor_specs
 
 BF16, FP8, FP32 = 2, 1, 4
 INT4_GROUP, INT4_GROUP_BYTES = 32, 32 // 2 + 2  # 32 int4 weights (16 B) + one bf16 scale

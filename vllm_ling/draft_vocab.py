@@ -5,7 +5,7 @@ per verify step just to pick one token. Over a draft vocabulary of N ids the dra
   token = ids[argmax_j h · W[ids_j]ᵀ · s[ids_j]]      (s: the FP8 head's per-row scale; 1 for a BF16 head)
 0.084 GB for N = 32,768 in FP8 (docs/speed.md §MTP). The target still verifies every proposal, so what is served is
 the same whatever the subset; a token outside it can never be proposed, which costs acceptance. The ids come from a
-file `python3 -m vllm_ling.draft_vocab_tool` counts on the owner's own text (`VLLM_LING_DRAFT_VOCAB=<path>`;
+file `python3 -m ling_tools.draft_vocab` counts on the owner's own text (`VLLM_LING_DRAFT_VOCAB=<path>`;
 the file: vllm_ling/draft_vocab_file.py).
 
 vLLM (0.32, 0.33) asks a draft model for `get_top_tokens(h)` instead of its logits when the speculative config has

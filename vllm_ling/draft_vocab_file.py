@@ -1,4 +1,4 @@
-"""The draft vocabulary file: what `python3 -m vllm_ling.draft_vocab_tool` writes and the MTP draft reads
+"""The draft vocabulary file: what `python3 -m ling_tools.draft_vocab` writes and the MTP draft reads
 (vllm_ling/draft_vocab.py, through VLLM_LING_DRAFT_VOCAB). Standard library only, so the tool runs without torch.
 
     {"format": FORMAT, "version": VERSION, "token_ids": [...], ...}   (the tool adds counts, coverage, sources)
@@ -30,7 +30,7 @@ def requested_path(env: Mapping[str, str] = os.environ) -> str | None:
 
 def load_ids(path: str | os.PathLike, vocab_size: int) -> list[int]:
     """The file's `token_ids`: unique ints in [0, vocab_size). Anything else is refused, naming the rule."""
-    safe = f"rebuild it with `python3 -m vllm_ling.draft_vocab_tool MODEL --text ... --out {path}`, or unset {ENV}"
+    safe = f"rebuild it with `python3 -m ling_tools.draft_vocab MODEL --text ... --out {path}`, or unset {ENV}"
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:

@@ -3,6 +3,9 @@
 A GB10 (sm_121) allows 101,376 B per block; a Triton launch that needs more fails with `OutOfResources: shared
 memory ... Hardware limit: 101376`, and an autotuner that fails mid-serve wedged a Spark (W6). The opt-in limit
 per compute capability is the CUDA programming guide's table; GB10's was measured by Spark owners.
+
+Standard library only at import: `ling_common.smem` loads this file alone for the tools that may not import the
+plugin (the watchdog), so the table has this one home.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ import dataclasses
 import subprocess
 from dataclasses import dataclass
 
-# Opt-in shared memory per block by compute capability: one table, the plugin's (a torch- and vLLM-free module;
-# GB10's 101,376 B is docs/ops-walls.md, "The box").
-from vllm_ling.smem import SMEM_PER_BLOCK
+# Opt-in shared memory per block by compute capability (GB10's 101,376 B is docs/ops-walls.md, "The box").
+from ling_common.smem import SMEM_PER_BLOCK
+
 UNIFIED = {(8, 7), (12, 1)}  # Jetson Orin, GB10 (DGX Spark): the GPU's memory is host RAM
 UNIFIED_NAMES = ("GB10",)  # by name too, whatever capability or memory total a driver reports for it
 QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,compute_cap", "--format=csv,noheader,nounits"]

@@ -41,7 +41,7 @@ if compat.draft_top_tokens_key() is None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     tmp = tmp_path_factory.mktemp("draft-vocab-gpu")
     model = ensure_tiny(variant="mtp_echo")

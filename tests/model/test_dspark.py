@@ -230,7 +230,7 @@ def test_vllm_routes_the_drafter_to_our_qwen3_dspark_class(tiny_bf16, tmp_path):
     """vLLM's own speculative config, the plugin loaded: our drafter class, K = the block size, the aux layers."""
     from model_helpers import run_script
 
-    from vllm_ling.tiny.dspark import TINY_TARGET_LAYER_IDS, make_tiny_dspark
+    from ling_tools.tiny.dspark import TINY_TARGET_LAYER_IDS, make_tiny_dspark
 
     draft = make_tiny_dspark(tmp_path / "draft", Path(tiny_bf16))
     out = run_script("test_dspark.py", {"side": "route", "model": tiny_bf16, "draft": str(draft)}, tmp_path,
@@ -247,7 +247,7 @@ def test_tiny_drafter_has_the_real_names_and_fits_its_target(tiny_bf16, tmp_path
     from safetensors.torch import load_file
 
     from vllm_ling.dspark import check_drafter, check_drafter_tensors, normalise_draft_config, required_tensors
-    from vllm_ling.tiny.dspark import make_tiny_dspark
+    from ling_tools.tiny.dspark import make_tiny_dspark
 
     out = make_tiny_dspark(tmp_path / "d", Path(tiny_bf16))
     config = normalise_draft_config(json.loads((out / "config.json").read_text()))
@@ -267,8 +267,8 @@ def test_the_agreeing_drafter_drafts_the_echo_targets_next_token(tmp_path):
     """Markov bias argmax = f(prev) for every token; the random drafter's almost never is."""
     from safetensors.torch import load_file
 
-    from vllm_ling.tiny import ensure_tiny
-    from vllm_ling.tiny.dspark import make_tiny_dspark, target_echo
+    from ling_tools.tiny import ensure_tiny
+    from ling_tools.tiny.dspark import make_tiny_dspark, target_echo
 
     target = ensure_tiny(variant="mtp_echo")
     echo = target_echo(target, json.loads((target / "config.json").read_text()))
@@ -355,7 +355,7 @@ def test_our_drafter_class_refuses_missing_tensors_and_checks_its_head(fp8_targe
     from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM
 
     from vllm_ling.dspark import LingDSparkForCausalLM, normalise_draft_config
-    from vllm_ling.tiny.dspark import make_tiny_dspark
+    from ling_tools.tiny.dspark import make_tiny_dspark
 
     assert issubclass(LingDSparkForCausalLM, Qwen3DSparkForCausalLM)
     out = make_tiny_dspark(tmp_path / "d", Path(tiny_bf16))

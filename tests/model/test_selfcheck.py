@@ -16,8 +16,8 @@ from ling_watchdog.events import EventLog
 from ling_watchdog.ports import free_port
 from ling_watchdog.serve_args import ServeArgs
 
-from vllm_ling.metrics import SpecCounters
-from vllm_ling.selfcheck import (Requested, inspect_log, judge_acceptance, judge_batch_agreement, main,
+from ling_common.metrics import SpecCounters
+from ling_tools.selfcheck import (Requested, inspect_log, judge_acceptance, judge_batch_agreement, main,
                                  prefix_cache_verdict, prefix_counters, read_choice)
 
 FAKE = Path(__file__).parents[1] / "watchdog" / "fake_vllm.py"
@@ -349,7 +349,7 @@ def test_the_hit_rate_reaches_ling_watchdog_status(keyed_server, tmp_path, monke
     log = tmp_path / "serve.log"
     log.write_text(PREFIX_LOG.replace("SpeculativeConfig(method='mtp', model='/m', num_spec_tokens=1)", "None"))
     monkeypatch.setenv("VLLM_API_KEY", key)
-    monkeypatch.setattr("vllm_ling.metrics.read_metrics", lambda url, headers=None, timeout=5.0: PREFIX_METRICS)
+    monkeypatch.setattr("ling_common.metrics.read_metrics", lambda url, headers=None, timeout=5.0: PREFIX_METRICS)
     assert main(["--json", "--log", str(log), "--url", url, "--", "vllm", "serve", "/m",
                  "--enable-prefix-caching"]) == 0
     out = capsys.readouterr().out

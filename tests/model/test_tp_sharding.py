@@ -165,7 +165,7 @@ def env():
 
 @pytest.fixture(scope="module")
 def tiny(env) -> dict[str, str]:
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     return {"bf16": str(ensure_tiny()), "int4": str(ensure_tiny(int4=True)), "qlora": str(ensure_tiny(variant="qlora"))}
 

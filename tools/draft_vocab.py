@@ -1,6 +1,6 @@
 """Build a draft vocabulary: the N most frequent token ids of a corpus, for the MTP draft's LM head.
 
-    python3 -m vllm_ling.draft_vocab_tool MODEL_DIR --text FILE [FILE ...] [--jsonl-field FIELD] \\
+    python3 -m ling_tools.draft_vocab MODEL_DIR --text FILE [FILE ...] [--jsonl-field FIELD] \\
         [--size 32768] --out PATH
 
 As in FR-Spec (Zhao et al. 2025), the draft proposes its next token only among these N ids, so its LM-head
@@ -373,7 +373,7 @@ def build(model_dir: Path, texts: Sequence[Path], out: Path, size: int | None = 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python3 -m vllm_ling.draft_vocab_tool",
+        prog="python3 -m ling_tools.draft_vocab",
         description="Build a draft vocabulary (the N most frequent token ids of your text) for the MTP draft; "
                     "serve it with VLLM_LING_DRAFT_VOCAB=PATH.")
     parser.add_argument("model_dir", metavar="MODEL_DIR", type=Path,

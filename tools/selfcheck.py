@@ -6,7 +6,7 @@ into an ON/OFF line with the reason, and fails loudly when something requested f
 
 The in-vLLM half (the MTP draft must run on the target's LM head and embedding, FP8 included) is
 `vllm_ling.draft_check`, part of the served plugin; this module is the tool that runs beside the server:
-`python -m vllm_ling.selfcheck --log logs/serve.log --url http://127.0.0.1:8000 -- <serve command>` runs
+`python -m ling_tools.selfcheck --log logs/serve.log --url http://127.0.0.1:8000 -- <serve command>` runs
   against a live server: reads what each optimisation did from this launch's lines of the server log (from
   the watchdog's launch line, `--launch ID`; never an earlier run's lines in a reused log dir), what was asked
   for from the serve command and the server's own environment (`--server-pid`: /proc/<pid>/environ, where
@@ -26,8 +26,9 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ling_common.metrics import ZERO, SpecCounters, prefix_cache
+from ling_common.vllm_log import served_int4_backend
 from vllm_ling.draft_vocab_file import ENV as DRAFT_VOCAB_ENV, requested_path  # standard library only, like this tool
-from vllm_ling.metrics import ZERO, SpecCounters, prefix_cache
 
 logger = logging.getLogger("vllm_ling")
 
@@ -133,7 +134,7 @@ def hit_rate_text(queries: float, hits: float) -> str:
 
 
 def prefix_counters(text: str) -> tuple[float, float] | None:
-    """(queries, hits) of a /metrics scrape (vllm_ling.metrics.prefix_cache); None when the server exports neither."""
+    """(queries, hits) of a /metrics scrape (ling_common.metrics.prefix_cache); None when the server exports neither."""
     cache = prefix_cache(text)
     return None if cache is None else (float(cache.queries), float(cache.hits))
 
@@ -203,19 +204,6 @@ def _tuned_verdict(log: str, folder: str | None) -> Verdict:
                f"this device and shape" if folder else "vLLM fell back to default tiles (no tuned folder set)")
         return Verdict("tuned MoE tiles", False, why, requested=bool(folder))
     return Verdict("tuned MoE tiles", False, "no Triton MoE config lookup (Marlin or CPU)")
-
-
-def served_int4_backend(log: str) -> tuple[str, str] | None:
-    """(backend, as logged) of the INT4 MoE experts from vLLM's start-up log, or None. 0.33 names its backend
-    ('HUMMING', 'MARLIN', 'TRITON', ...) after a line naming the one method class all of them share
-    (CompressedTensorsWNA16MoEMethod), so the backend line wins; a log without it names only the class."""
-    named = re.search(r"Using '(\w+)' WNA16 MoE backend", log)  # 0.33 also logs the method class, earlier
-    if named:
-        return named.group(1).lower(), named.group(1)
-    method = re.search(r"Using (CompressedTensorsWNA16\w*MoEMethod)", log)
-    if not method:
-        return None
-    return ("marlin" if "marlin" in method.group(1).lower() else "triton"), method.group(1)
 
 
 def _int4_verdict(log: str, choice: dict | None) -> Verdict:
@@ -340,9 +328,9 @@ def main(argv: list[str] | None = None) -> int:
     from ling_watchdog.probes import auth_headers
     from ling_watchdog.serve_args import ServeArgs
 
-    from vllm_ling.metrics import read_metrics, read_spec_counters
+    from ling_common.metrics import read_metrics, read_spec_counters
 
-    p = argparse.ArgumentParser(prog="python -m vllm_ling.selfcheck", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m ling_tools.selfcheck", description=__doc__.splitlines()[0])
     p.add_argument("--log", required=True, help="the server's log (serve.log of the watchdog's log dir)")
     p.add_argument("--launch", default=None, help="the watchdog's launch id: judge only that launch's lines "
                    "(default: the latest launch in the log)")

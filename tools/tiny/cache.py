@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from vllm_ling.tiny.writer import STAMP_FILE, make_tiny_checkpoint, stamp
+from ling_tools.tiny.writer import STAMP_FILE, make_tiny_checkpoint, stamp
 
 CACHE_ENV = "VLLM_LING_TINY_DIR"
 
