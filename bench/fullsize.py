@@ -35,7 +35,8 @@ import time
 
 from ling_tuning.engine_compare import BACKENDS as MOE_BACKENDS  # vLLM >= 0.28's --moe-backend for INT4 experts
 from ling_tuning.step_kernels import kernels_per_step, timed
-from vllm_ling import compat, draft_vocab_file  # the draft vocabulary file (--draft-vocab)
+from vllm_ling import compat
+from vllm_ling.draft import vocab_file as draft_vocab_file  # the draft vocabulary file (--draft-vocab)
 from vllm_ling.fp8 import KERNELS as FP8_KERNELS
 from vllm_ling.fp8 import DEFAULT_SCHEME as FP8_DEFAULT_SCHEME
 from vllm_ling.fp8 import SCHEME_ENV as FP8_SCHEME_ENV
@@ -481,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="our model's KDA gate: inside vLLM's raw-gate kernels (the default where vLLM has them, "
                          ">= 0.32) or computed by ours before the op (the default on 0.26)")
     ap.add_argument("--draft-vocab", type=int, metavar="N",
-                    help="mtp: the draft proposes among ids 0..N-1 only (a draft vocabulary, vllm_ling.draft_vocab)")
+                    help="mtp: the draft proposes among ids 0..N-1 only (a draft vocabulary, vllm_ling.draft.vocab)")
     ap.add_argument("--out", help="write the JSON result here")
     a = ap.parse_args(argv)
     prefill = [int(x) for x in a.prefill.split(",") if x]

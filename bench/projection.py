@@ -74,7 +74,7 @@ def decode_step_bytes(c: dict, context: int, tokens: int = 1, mtp: bool = False,
                       draft_vocab: int | None = None) -> StepBytes:
     """Bytes one forward step over `tokens` new tokens of one sequence reads; with `mtp`, plus the draft
     layer(s) on one token: eh_proj, MLA, MoE, their own KV cache and the shared lm_head again, or only its
-    `draft_vocab` rows (and their scales) with a draft vocabulary (vllm_ling/draft_vocab.py)."""
+    `draft_vocab` rows (and their scales) with a draft vocabulary (vllm_ling/draft/vocab.py)."""
     n, heads, d = c["num_hidden_layers"], c["num_attention_heads"], kda_head_dim(c)
     kv_row = (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * BF16  # one token's MLA latent + k_pe
     mla = [i for i in range(n) if is_mla_layer(c, i)]

@@ -5,7 +5,7 @@ slower than no draft; a missing tuned-MoE file falls back to generic tiles. This
 into an ON/OFF line with the reason, and fails loudly when something requested fell back.
 
 The in-vLLM half (the MTP draft must run on the target's LM head and embedding, FP8 included) is
-`vllm_ling.draft_check`, part of the served plugin; this module is the tool that runs beside the server:
+`vllm_ling.draft.check`, part of the served plugin; this module is the tool that runs beside the server:
 `python -m ling_tools.selfcheck --log logs/serve.log --url http://127.0.0.1:8000 -- <serve command>` runs
   against a live server: reads what each optimisation did from this launch's lines of the server log (from
   the watchdog's launch line, `--launch ID`; never an earlier run's lines in a reused log dir), what was asked
@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from ling_common.metrics import ZERO, SpecCounters, prefix_cache
 from ling_common.vllm_log import served_int4_backend
-from vllm_ling.draft_vocab_file import ENV as DRAFT_VOCAB_ENV, requested_path  # standard library only, like this tool
+from vllm_ling.draft.vocab_file import ENV as DRAFT_VOCAB_ENV, requested_path  # standard library only, like this tool
 
 logger = logging.getLogger("vllm_ling")
 
@@ -141,7 +141,7 @@ def prefix_counters(text: str) -> tuple[float, float] | None:
 
 def _draft_vocab_verdict(log: str, asked: bool) -> Verdict:
     """The MTP draft's vocabulary (VLLM_LING_DRAFT_VOCAB): our draft logs how many ids it proposes among once it
-    has gathered their head rows (vllm_ling.draft_vocab). Asked for and absent is a failure: vLLM's in-tree draft,
+    has gathered their head rows (vllm_ling.draft.vocab). Asked for and absent is a failure: vLLM's in-tree draft,
     for one, would serve its whole head and ignore the file."""
     found = re.search(r"vllm-ling: MTP draft proposes among (\d+) of (\d+) tokens .*?, (\S+)\)", log)
     if found:

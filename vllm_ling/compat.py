@@ -328,7 +328,7 @@ def install_humming_swiglustep_limit() -> bool:
 # `Qwen3DSparkModel` before vLLM's rewrite serves all three (docs/dspark.md §Draft).
 
 def _dspark_hf_config_override(hf_config: Any, *args: Any, **kwargs: Any) -> Any:
-    from vllm_ling.dspark import normalise_draft_config
+    from vllm_ling.draft.dspark import normalise_draft_config
 
     return _VLLM_HF_CONFIG_OVERRIDE(normalise_draft_config(hf_config), *args, **kwargs)
 
@@ -337,7 +337,7 @@ _VLLM_HF_CONFIG_OVERRIDE: Callable[..., Any] | None = None
 
 
 def install_dspark_draft_config() -> bool:
-    """Put `vllm_ling.dspark.normalise_draft_config` in front of vLLM's draft config rewrite. Idempotent;
+    """Put `vllm_ling.draft.dspark.normalise_draft_config` in front of vLLM's draft config rewrite. Idempotent;
     False where vLLM has no such rewrite (then a Ling drafter is not served)."""
     global _VLLM_HF_CONFIG_OVERRIDE
     from vllm.config.speculative import SpeculativeConfig

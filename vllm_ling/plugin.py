@@ -68,8 +68,8 @@ def _register() -> str:
     ours = serving == compat.OURS
     if ours:
         ModelRegistry.register_model(ARCH, "vllm_ling.model:BailingMoeV3ForCausalLM")
-        ModelRegistry.register_model(MTP_ARCH, "vllm_ling.mtp:BailingMoeV3MTPModel")
-        ModelRegistry.register_model("LingDSparkModel", "vllm_ling.dspark:LingDSparkForCausalLM")
+        ModelRegistry.register_model(MTP_ARCH, "vllm_ling.draft.mtp:BailingMoeV3MTPModel")
+        ModelRegistry.register_model("LingDSparkModel", "vllm_ling.draft.dspark:LingDSparkForCausalLM")
     register_parsers(force=ours and compat.has_intree_ling3())
     who = "vllm-ling" if ours else "vLLM's in-tree implementation"
     logger.info("vllm-ling: %s and its MTP draft are served by %s on vLLM %s (%s; %s=vllm-ling|vllm picks).",

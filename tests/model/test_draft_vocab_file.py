@@ -1,4 +1,4 @@
-"""The draft vocabulary file (vllm_ling/draft_vocab_file.py): what the MTP draft accepts from VLLM_LING_DRAFT_VOCAB,
+"""The draft vocabulary file (vllm_ling/draft/vocab_file.py): what the MTP draft accepts from VLLM_LING_DRAFT_VOCAB,
 and every way a file is refused, each naming its rule and the way out."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from vllm_ling.draft_vocab_file import ENV, FORMAT, load_ids
+from vllm_ling.draft.vocab_file import ENV, FORMAT, load_ids
 
 V = 300
 

@@ -273,8 +273,8 @@ def test_large_file_pieces_count_as_the_whole(model, monkeypatch):
 
 
 def test_the_served_side_reads_the_file_back(model, tmp_path, capsys):
-    """vllm_ling/draft_vocab_file.py's reader, the one the MTP draft uses, takes what the tool writes."""
-    from vllm_ling.draft_vocab_file import load_ids
+    """vllm_ling/draft/vocab_file.py's reader, the one the MTP draft uses, takes what the tool writes."""
+    from vllm_ling.draft.vocab_file import load_ids
 
     d, _, vocab, _ = model
     out = tmp_path / "dv.json"

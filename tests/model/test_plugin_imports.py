@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-SERVED = ["vllm_ling.plugin", "vllm_ling.model", "vllm_ling.mtp", "vllm_ling.fp8", "vllm_ling.kda",
-          "vllm_ling.kda_core", "vllm_ling.mla", "vllm_ling.moe", "vllm_ling.draft_check", "vllm_ling.smem_guard",
+SERVED = ["vllm_ling.plugin", "vllm_ling.model", "vllm_ling.draft.mtp", "vllm_ling.fp8", "vllm_ling.kda",
+          "vllm_ling.kda_core", "vllm_ling.mla", "vllm_ling.moe", "vllm_ling.draft.check", "vllm_ling.smem_guard",
           "vllm_ling.parsers"]
 TOOLS = ("ling_common", "ling_tools", "ling_watchdog", "ling_tuning", "ling_bench", "tests")  # ours, not the plugin
 # What else the plugin may reach besides the standard library: vLLM, torch, and packages vLLM itself requires.
@@ -55,7 +55,7 @@ def _tools_among(modules: list[str]) -> list[str]:
 ROOT = Path(__file__).resolve().parents[2]  # the folder holding the vllm_ling package
 # What vLLM loads to serve: the entry point, what `register()` registers (model, draft, FP8 method) and the parser
 # module it registers lazily as ("vllm_ling.parsers.ling3", Class), a name the source builds with an f-string.
-STATIC_STARTS = ("vllm_ling", "vllm_ling.plugin", "vllm_ling.model", "vllm_ling.mtp", "vllm_ling.fp8",
+STATIC_STARTS = ("vllm_ling", "vllm_ling.plugin", "vllm_ling.model", "vllm_ling.draft.mtp", "vllm_ling.fp8",
                  "vllm_ling.parsers.ling3")
 LAZY_TARGET = re.compile(r"(?:vllm_ling|ling_\w+)(?:\.\w+)+(?::\w+)?")  # "vllm_ling.model:BailingMoeV3ForCausalLM"
 
@@ -141,7 +141,7 @@ def test_the_static_walk_follows_imports_in_functions_and_lazy_targets():
     """From the entry point alone: plugin is imported inside `register()`, fp8 inside `_register()`, model and
     mtp only as "module:Class" strings, kda by model; vLLM and torch are seen but not followed."""
     graph = static_import_graph(ROOT, ("vllm_ling",))
-    assert {"vllm_ling.plugin", "vllm_ling.fp8", "vllm_ling.model", "vllm_ling.mtp", "vllm_ling.kda",
+    assert {"vllm_ling.plugin", "vllm_ling.fp8", "vllm_ling.model", "vllm_ling.draft.mtp", "vllm_ling.kda",
             "vllm_ling.smem_guard", "vllm", "torch"} <= set(graph)
     assert graph["vllm_ling.model"][0] == "vllm_ling.plugin"
 
@@ -168,10 +168,10 @@ def test_the_static_walk_sees_a_tool_imported_in_a_function_that_never_runs(muta
 def test_the_static_walk_sees_a_tool_named_as_a_lazy_target(mutant_root):
     """Negative control: a "module:Class" string naming a tool, and a `from package import module` of a helper."""
     _plant(mutant_root, "vllm_ling.plugin", 'LATER = "ling_tools.selfcheck:main"')
-    _plant(mutant_root, "vllm_ling.mtp", "def _never_called():\n    from ling_common import metrics\n")
+    _plant(mutant_root, "vllm_ling.draft.mtp", "def _never_called():\n    from ling_common import metrics\n")
     found = tools_reached(mutant_root)
     assert any(c.startswith("ling_tools.selfcheck <- vllm_ling.plugin:") for c in found), found
-    assert any(c.startswith("ling_common <- vllm_ling.mtp:") for c in found), found
+    assert any(c.startswith("ling_common <- vllm_ling.draft.mtp:") for c in found), found
 
 
 def test_the_served_plugin_imports_none_of_our_tools():

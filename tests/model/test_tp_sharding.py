@@ -135,7 +135,7 @@ def build(model_dir: str, rank: int, world_size: int, draft: bool = False):
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     from vllm_ling.model import BailingMoeV3ForCausalLM
-    from vllm_ling.mtp import BailingMoeV3MTPModel
+    from vllm_ling.draft.mtp import BailingMoeV3MTPModel
 
     with fake_tp(rank, world_size):
         config = EngineArgs(model=model_dir, dtype="float32", tensor_parallel_size=world_size, max_model_len=512,

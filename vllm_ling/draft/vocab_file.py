@@ -1,5 +1,5 @@
 """The draft vocabulary file: what `python3 -m ling_tools.draft_vocab` writes and the MTP draft reads
-(vllm_ling/draft_vocab.py, through VLLM_LING_DRAFT_VOCAB). Standard library only, so the tool runs without torch.
+(vllm_ling/draft/vocab.py, through VLLM_LING_DRAFT_VOCAB). Standard library only, so the tool runs without torch.
 
     {"format": FORMAT, "version": VERSION, "token_ids": [...], ...}   (the tool adds counts, coverage, sources)
 

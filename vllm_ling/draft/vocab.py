@@ -6,7 +6,7 @@ per verify step just to pick one token. Over a draft vocabulary of N ids the dra
 0.084 GB for N = 32,768 in FP8 (docs/speed.md §MTP). The target still verifies every proposal, so what is served is
 the same whatever the subset; a token outside it can never be proposed, which costs acceptance. The ids come from a
 file `python3 -m ling_tools.draft_vocab` counts on the owner's own text (`VLLM_LING_DRAFT_VOCAB=<path>`;
-the file: vllm_ling/draft_vocab_file.py).
+the file: vllm_ling/draft/vocab_file.py).
 
 vLLM (0.32, 0.33) asks a draft model for `get_top_tokens(h)` instead of its logits when the speculative config has
 `use_local_argmax_reduction: true` and drafts are greedy (its default); `compat.draft_top_tokens_key` names that key.
@@ -20,7 +20,7 @@ import logging
 
 import torch
 
-from vllm_ling.draft_vocab_file import ENV, load_ids, requested_path
+from vllm_ling.draft.vocab_file import ENV, load_ids, requested_path
 from vllm_ling.ops.router_gemm import MAX_TOKENS, router_gemm_small
 
 logger = logging.getLogger("vllm_ling")
