@@ -389,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         build(args.model_dir, args.text, args.out, size=args.size, jsonl_field=args.jsonl_field)
     except BadInput as e:
-        print(f"vllm-ling draft_vocab_tool: error: {e}; nothing written", file=sys.stderr)
+        print(f"ling_tools.draft_vocab: error: {e}; nothing written", file=sys.stderr)
         return 2
     return 0
 

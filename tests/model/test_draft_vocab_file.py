@@ -34,7 +34,7 @@ def test_a_valid_file_gives_its_ids_in_order(tmp_path):
 def test_a_bad_file_is_refused_naming_the_rule_and_the_way_out(tmp_path, doc, rule):
     with pytest.raises(ValueError, match=rule) as err:
         load_ids(_file(tmp_path, doc), V)
-    assert "draft_vocab_tool" in str(err.value) and ENV in str(err.value)
+    assert "ling_tools.draft_vocab" in str(err.value) and ENV in str(err.value)
 
 
 def test_a_missing_file_is_refused(tmp_path):
