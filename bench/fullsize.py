@@ -35,16 +35,16 @@ import time
 
 from ling_tuning.engine_compare import BACKENDS as MOE_BACKENDS  # vLLM >= 0.28's --moe-backend for INT4 experts
 from ling_tuning.step_kernels import kernels_per_step, timed
-from vllm_ling import compat
+from vllm_ling import compat, envs
 from vllm_ling.draft import vocab_file as draft_vocab_file  # the draft vocabulary file (--draft-vocab)
 from vllm_ling.fp8 import KERNELS as FP8_KERNELS
-from vllm_ling.fp8 import DEFAULT_SCHEME as FP8_DEFAULT_SCHEME
+from vllm_ling.fp8 import KERNEL_ENV as FP8_KERNEL_ENV
 from vllm_ling.fp8 import SCHEME_ENV as FP8_SCHEME_ENV
 from vllm_ling.fp8 import SCHEMES as FP8_SCHEMES
 from vllm_ling.ops.moe_align import ALIGN_ENV, ALIGNS  # our MoE token layout or vLLM's op (--moe-align)
-from vllm_ling.kda_core import GATE_ENV, GATES, default_gate  # KDA gate: in vLLM's kernels or ours (--kda-gate)
+from vllm_ling.kda_core import GATE_ENV, GATES  # KDA gate: in vLLM's kernels or ours (--kda-gate)
 from vllm_ling.ops.routing import ROUTER_ENV, ROUTERS  # our MoE router or vLLM's (--router)
-from vllm_ling.ops.router_gemm import DEFAULT_GEMM, GEMM_ENV, GEMMS  # the router's logits: our kernel or GateLinear
+from vllm_ling.ops.router_gemm import GEMM_ENV, GEMMS  # the router's logits: our kernel or GateLinear
 
 MODES = {
     "eager": {"enforce_eager": True},
@@ -126,7 +126,7 @@ def _engine_kwargs(mode: str, fp8: str | None, acceptance_length: float | None,
     if fp8_scheme and not fp8:
         raise ValueError(f"--fp8-scheme {fp8_scheme} picks FP8's scales: it needs --fp8 w8a8|w8a16")
     if fp8:
-        os.environ["VLLM_LING_FP8_KERNEL"] = fp8
+        os.environ[FP8_KERNEL_ENV] = fp8
         if fp8_scheme:
             os.environ[FP8_SCHEME_ENV] = fp8_scheme
         kwargs["quantization"] = "ling_fp8"
@@ -357,16 +357,16 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     served = llm.apply_model(lambda m: f"{type(m).__module__}.{type(m).__name__}")[0]
     shape = llm.apply_model(model_shape)[0]
     result: dict = {"mode": mode, "model": model, "impl": impl, "served_by": served, "fp8": fp8 or "off",
-                    "fp8_scheme": (os.environ.get(FP8_SCHEME_ENV) or FP8_DEFAULT_SCHEME).lower() if fp8 else "off",
+                    "fp8_scheme": envs.asked(FP8_SCHEME_ENV) if fp8 else "off",
                     "vllm": __import__("vllm").__version__, "prefill": {}, "decode_tokens": decode,
                     "repeats": repeats, "gpu_memory_utilization": util, "chunked_prefill_tokens": chunk,
                     "cudagraph_mode": _cudagraph_mode(llm),
                     "acceptance_length_synthetic": acceptance_length, "moe_backend_asked": moe_backend or "auto",
                     "draft_vocab": draft_vocab,
-                    "router_asked": os.environ.get(ROUTER_ENV, "ours") if impl == "ours" else None,
-                    "moe_align_asked": os.environ.get(ALIGN_ENV, "vllm"),
-                    "router_gemm_asked": os.environ.get(GEMM_ENV, DEFAULT_GEMM) if impl == "ours" else None,
-                    "kda_gate_asked": os.environ.get(GATE_ENV, default_gate()) if impl == "ours" else None, **shape}
+                    "router_asked": envs.asked(ROUTER_ENV) if impl == "ours" else None,
+                    "moe_align_asked": envs.asked(ALIGN_ENV),
+                    "router_gemm_asked": envs.asked(GEMM_ENV) if impl == "ours" else None,
+                    "kda_gate_asked": envs.asked(GATE_ENV) if impl == "ours" else None, **shape}
     short = [rng.randrange(10, vocab) for _ in range(32)]
     _progress(t0, f"engine up ({mode})")
     timed(llm, short, decode)  # warm-up: JIT and first-request costs are not speed

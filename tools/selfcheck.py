@@ -28,7 +28,8 @@ from dataclasses import dataclass
 
 from ling_common.metrics import ZERO, SpecCounters, prefix_cache
 from ling_common.vllm_log import served_int4_backend
-from vllm_ling.draft.vocab_file import ENV as DRAFT_VOCAB_ENV, requested_path  # standard library only, like this tool
+from vllm_ling import envs  # standard library only, like this tool
+from vllm_ling.draft.vocab_file import ENV as DRAFT_VOCAB_ENV, requested_path  # standard library only too
 
 logger = logging.getLogger("vllm_ling")
 
@@ -74,7 +75,7 @@ class Requested:
         quantization = str((args.values.get("quantization") if args is not None else None) or "")
         return cls(eager=bool(args and args.enforce_eager), mtp="mtp" in method,
                    tuned_folder=env.get("VLLM_TUNED_CONFIG_FOLDER") or None, fp8=quantization == FP8_METHOD,
-                   kda_gate_kernel=env.get(KDA_GATE_ENV, "").strip().lower() == "kernel",
+                   kda_gate_kernel=envs.raw(KDA_GATE_ENV, env).lower() == "kernel",
                    draft_vocab=requested_path(env) is not None,
                    prefix_cache=bool(args is not None and args.values.get("enable_prefix_caching")))
 

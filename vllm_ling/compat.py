@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-import os
 from functools import cache
 from typing import Any, Callable
 
@@ -95,12 +94,12 @@ def has_intree_ling3() -> bool:
 
 
 def force_requested() -> bool:
-    return os.environ.get(FORCE_ENV, "0").lower() in ("1", "true", "yes")
+    return envs.read(FORCE_ENV)
 
 
 def serving_model() -> tuple[str, str]:
     """(OURS or VLLM, why): which implementation of BailingMoeV3ForCausalLM serves in this process."""
-    asked = envs.choice(MODEL_ENV, ("auto", OURS, VLLM), "auto")
+    asked = envs.read(MODEL_ENV)
     if asked == "auto" and force_requested():
         asked, why = OURS, f"{FORCE_ENV}=1"
     else:

@@ -48,7 +48,7 @@ def _gate_in_kernel(asked: str) -> bool:
 
 
 def gate_in_kernel() -> bool:
-    return _gate_in_kernel(envs.choice(GATE_ENV, GATES, kda_core.default_gate()))
+    return _gate_in_kernel(envs.read(GATE_ENV))
 
 
 def _kda_op(qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, out: torch.Tensor, layer_name: str) -> None:

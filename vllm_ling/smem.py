@@ -10,7 +10,6 @@ plugin (the watchdog), so the table has this one home.
 
 from __future__ import annotations
 
-import os
 
 GB10_SMEM_PER_BLOCK = 101_376
 SMEM_LIMIT_ENV = "LING_SMEM_LIMIT"  # emulate a smaller GPU (101376 = GB10) on a bigger one
@@ -22,12 +21,9 @@ SMEM_PER_BLOCK = {
 
 
 def env_limit() -> int | None:
-    value = os.environ.get(SMEM_LIMIT_ENV, "").strip()
-    if not value:
-        return None
-    if not value.isdigit() or int(value) <= 0:
-        raise ValueError(f"{SMEM_LIMIT_ENV}={value!r} must be a positive number of bytes (GB10: {GB10_SMEM_PER_BLOCK})")
-    return int(value)
+    from vllm_ling import envs  # here, not at the top: ling_common.smem loads this file alone
+
+    return envs.read(SMEM_LIMIT_ENV)
 
 
 def device_smem_limit(device: int | None = None, honour_env: bool = True) -> int:

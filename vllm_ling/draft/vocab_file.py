@@ -25,7 +25,9 @@ def document(token_ids: list[int], **fields) -> dict:
 
 def requested_path(env: Mapping[str, str] = os.environ) -> str | None:
     """The file VLLM_LING_DRAFT_VOCAB names in `env` (this process's environment unless given), or None if unset."""
-    return env.get(ENV, "").strip() or None
+    from vllm_ling import envs
+
+    return envs.read(ENV, env)
 
 
 def load_ids(path: str | os.PathLike, vocab_size: int) -> list[int]:
