@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from ling_common.metrics import ZERO, SpecCounters, prefix_cache
 from ling_common.vllm_log import served_int4_backend
-from vllm_ling import envs  # standard library only, like this tool
+from vllm_ling import envs, startup_log  # standard library only, like this tool
 from vllm_ling.draft.vocab_file import ENV as DRAFT_VOCAB_ENV, requested_path  # standard library only too
 
 logger = logging.getLogger("vllm_ling")
@@ -144,9 +144,9 @@ def _draft_vocab_verdict(log: str, asked: bool) -> Verdict:
     """The MTP draft's vocabulary (VLLM_LING_DRAFT_VOCAB): our draft logs how many ids it proposes among once it
     has gathered their head rows (vllm_ling.draft.vocab). Asked for and absent is a failure: vLLM's in-tree draft,
     for one, would serve its whole head and ignore the file."""
-    found = re.search(r"vllm-ling: MTP draft proposes among (\d+) of (\d+) tokens .*?, (\S+)\)", log)
+    found = startup_log.DRAFT_VOCAB.search(log)
     if found:
-        return Verdict("Draft vocab", True, f"{found.group(1)} of {found.group(2)} tokens ({found.group(3)} rows)",
+        return Verdict("Draft vocab", True, f"{found['ids']} of {found['vocab']} tokens ({found['dtype']} rows)",
                        requested=asked)
     return Verdict("Draft vocab", False, f"asked for ({DRAFT_VOCAB_ENV}) but the draft never took it: is vllm-ling's "
                    "MTP draft serving?" if asked else "not asked for: the draft reads the whole LM head",
@@ -155,38 +155,39 @@ def _draft_vocab_verdict(log: str, asked: bool) -> Verdict:
 
 def _model_verdict(log: str) -> Verdict:
     """Which BailingMoeV3ForCausalLM serves, and why: the plugin's one line per process (vllm_ling.plugin)."""
-    served = re.search(r"vllm-ling: BailingMoeV3ForCausalLM and its MTP draft are served by (.+?) on vLLM (\S+) "
-                       r"\((.+)\)", log)
+    served = startup_log.REGISTERED.search(log)
     if served:
-        return Verdict("Ling V3 model", True, f"{served.group(1)} on vLLM {served.group(2)}: {served.group(3)}")
-    failed = re.search(r"vllm-ling: registration failed \((.+?)\);", log)
-    return Verdict("Ling V3 model", False, f"the plugin did not register: {failed.group(1)}" if failed else
+        return Verdict("Ling V3 model", True, f"{served['who']} on vLLM {served['version']}: {served['why']}; "
+                                              f"{served['env']}=vllm-ling|vllm picks")
+    failed = startup_log.REGISTRATION_FAILED.search(log)
+    return Verdict("Ling V3 model", False, f"the plugin did not register: {failed['error']}" if failed else
                    "no vllm-ling line: the plugin is not installed in the server's environment")
 
 
 def _fp8_verdict(log: str, asked: bool) -> Verdict:
     """FP8 weights (`--quantization ling_fp8`): the plugin's count of FP8 layers, logged once the LM head got
     its method; asked for and absent is a failure (the linears stayed BF16)."""
-    found = re.findall(r"vllm-ling: FP8 weights ON \((\d+) linears( \+ LM head|, LM head BF16)\), (\w+)", log)
+    found = startup_log.FP8_ON.findall(log)
     if not found:
         why = "asked for (--quantization ling_fp8) but no layer got FP8 weights" if asked else "not asked for"
         return Verdict("FP8 weights", False, why, requested=asked)
-    linears, head, kernel = found[0]  # the target's line comes first; the MTP draft's follows
-    return Verdict("FP8 weights", True, f"({linears} linears{head}), {kernel}", requested=asked)
+    target = found[0]  # the target's line comes first; the MTP draft's follows
+    return Verdict("FP8 weights", True, f"({target['linears']} linears{target['head']}), {target['kernel']}",
+                   requested=asked)
 
 
 def _kda_gate_verdict(log: str, asked: bool, on_cpu: bool) -> Verdict:
     """Where KDA's safe gate and σ(β) are computed: inside vLLM's raw-gate KDA kernels (VLLM_LING_KDA_GATE=kernel)
     or by our compiled gate before the op. Asked for and fallen back (a vLLM without the kernels, a cache whose
     state is not dense per slot) is a failure; the plugin logs the reason (vllm_ling.kda, vllm_ling.kda_core)."""
-    fell = re.search(r"vllm-ling: KDA gate fell back to ours: (.+)", log)
+    fell = startup_log.KDA_GATE_FELL_BACK.search(log)
     if fell:
-        return Verdict("KDA gate", False, fell.group(1).strip(), requested=asked)
-    if re.search(r"vllm-ling: KDA gate and β inside vLLM's KDA kernels", log):
+        return Verdict("KDA gate", False, fell["reason"].strip(), requested=asked)
+    if startup_log.KDA_GATE_IN_KERNEL.search(log):
         return Verdict("KDA gate", True, f"in vLLM's raw-gate KDA kernels ({KDA_GATE_ENV}=kernel)", requested=asked)
     if on_cpu:
         return Verdict("KDA gate", False, "CPU engine: our torch ops compute the gate")
-    if re.search(r"are served by vLLM's in-tree implementation", log):
+    if (served := startup_log.REGISTERED.search(log)) and served["who"] == startup_log.INTREE:
         return Verdict("KDA gate", False, "vLLM's in-tree model serves, with its own KDA layer", requested=asked)
     return Verdict("KDA gate", False, f"ours, before the KDA op ({KDA_GATE_ENV}=ours, or a vLLM without its raw-gate "
                    "KDA kernels)" if not asked else "asked for, but no vllm-ling KDA gate line in this launch",

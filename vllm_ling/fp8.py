@@ -45,7 +45,7 @@ import torch
 from vllm.model_executor.layers.quantization import get_quantization_config, register_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 
-from vllm_ling import envs
+from vllm_ling import envs, startup_log
 
 logger = logging.getLogger("vllm_ling")
 
@@ -313,15 +313,15 @@ class LingFp8Config(QuantizationConfig):
             return base if base is not None or not _is_linear(layer) else _bf16_linear()
         self.fp8_layers.append(prefix)
         if not _is_linear(layer):  # the LM head comes last in every Ling V3 model: the count is complete
-            logger.info("vllm-ling: %s", self.summary())
+            logger.info("%s", self.summary())
         return fp8_method(self.kernel, self.scheme)
 
     def get_cache_scale(self, name: str) -> str | None:
         return self.checkpoint.get_cache_scale(name) if self.checkpoint is not None else None
 
     def summary(self) -> str:
-        """`FP8 weights ON (N linears + LM head), w8a8, block scales` or what is missing."""
+        """`vllm-ling: FP8 weights ON (N linears + LM head), w8a8, block scales` (startup_log.FP8_ON)."""
         heads = sum(p.endswith("lm_head") for p in self.fp8_layers)
-        linears = len(self.fp8_layers) - heads
-        head = " + LM head" if heads else ", LM head BF16"
-        return f"FP8 weights ON ({linears} linears{head}), {self.kernel}, {self.scheme} scales"
+        head = startup_log.FP8_HEAD_ON if heads else startup_log.FP8_HEAD_BF16
+        return startup_log.FP8_ON.text(linears=len(self.fp8_layers) - heads, head=head, kernel=self.kernel,
+                                       scheme=self.scheme)

@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import torch
 
-from vllm_ling import compat, envs
+from vllm_ling import compat, envs, startup_log
 from vllm_ling.ops.conv import causal_conv1d_torch
 from vllm_ling.ops.kda import chunk_kda_torch, kda_safe_gate, kda_softplus_gate, recurrent_kda_torch
 
@@ -249,9 +249,9 @@ def dense_slots(rec_state: torch.Tensor) -> bool:
 @cache
 def _say_not_dense(strides: tuple[int, ...]) -> None:
     """Once per process and layout: the raw-gate path fell back (the self-check reads this line)."""
-    logger.warning("vllm-ling: KDA gate fell back to ours: vLLM's raw-gate KDA kernels need each cache slot's "
-                   "state dense [H, V, K], and this cache's state strides are %s; %s=kernel serves as %s=ours",
-                   strides, GATE_ENV, GATE_ENV)
+    logger.warning("%s", startup_log.KDA_GATE_FELL_BACK.text(
+        reason=f"vLLM's raw-gate KDA kernels need each cache slot's state dense [H, V, K], and this cache's state "
+               f"strides are {strides}; {GATE_ENV}=kernel serves as {GATE_ENV}=ours"))
 
 
 def gate_torch(f: torch.Tensor, b: torch.Tensor, gate: Gate) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,6 +20,7 @@ import logging
 
 import torch
 
+from vllm_ling import startup_log
 from vllm_ling.draft.vocab_file import ENV, load_ids, requested_path
 from vllm_ling.ops.router_gemm import MAX_TOKENS, router_gemm_small
 
@@ -83,8 +84,8 @@ class DraftVocab:
         self.ids = torch.tensor(self.ids_list, dtype=torch.long, device=device)
         self.rows, self.scale = head_rows(lm_head, self.ids)
         mib = self.rows.numel() * self.rows.element_size() / 2**20
-        logger.info("vllm-ling: MTP draft proposes among %d of %d tokens (%s; %.0f MiB of head rows, %s)",
-                    len(self.ids_list), self.vocab_size, ENV, mib, self.rows.dtype)
+        logger.info("%s", startup_log.DRAFT_VOCAB.text(ids=len(self.ids_list), vocab=self.vocab_size, env=ENV, mib=mib,
+                                                       dtype=self.rows.dtype))
 
     def top_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """ids[argmax(h · rowsᵀ · scale)] per row of h, the logits in fp32."""
