@@ -143,7 +143,7 @@ if [[ $DEVICE == cuda ]]; then
     if [[ $MOE_BACKEND == auto ]]; then
         MOE_BACKEND_AUTO=1
         MOE_BACKEND=$("$PYTHON" -c 'import sys; from ling_tuning.choice import recommended_backend as r
-from ling_tools.selfcheck import gpu_name; n = gpu_name(); print(n and r(sys.argv[1], n) or "vllm")' \
+from ling_common.device import gpu_name; n = gpu_name(); print(n and r(sys.argv[1], n) or "vllm")' \
             "$TUNED_DIR" 2>/dev/null || echo vllm)
     fi
     # vLLM >= 0.28 honours --moe-backend for compressed-tensors INT4 experts and picks its own default otherwise;

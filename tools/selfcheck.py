@@ -26,6 +26,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ling_common.device import gpu_name
 from ling_common.metrics import ZERO, SpecCounters, prefix_cache
 from ling_common.vllm_log import served_int4_backend
 from vllm_ling import envs, startup_log  # standard library only, like this tool
@@ -230,19 +231,6 @@ def read_choice(tuned_dir: str | None, device_name: str | None) -> dict | None:
     from ling_tuning.choice import read_choice as read_verdict
 
     return read_verdict(tuned_dir, device_name) if tuned_dir and device_name else None
-
-
-def gpu_name() -> str | None:
-    """This machine's first GPU as nvidia-smi names it (the name vLLM puts in tuned-file names), or None."""
-    import shutil
-    import subprocess
-
-    if not shutil.which("nvidia-smi"):
-        return None
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                         text=True, timeout=30)
-    names = out.stdout.strip().splitlines() if out.returncode == 0 else []
-    return names[0].strip() if names else None
 
 
 Counters = SpecCounters | Mapping[str, float] | None

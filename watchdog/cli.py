@@ -22,7 +22,7 @@ import uuid
 from ling_common import envs
 from ling_watchdog import memory, preflight, procs
 from ling_watchdog.config import DEFAULTS, Config, field_types, load_config
-from ling_watchdog.device import detect
+from ling_common.device import detect
 from ling_watchdog.events import EventLog, dirs_with_events, format_summary, read_events, summarise, summary_json
 from ling_watchdog.serve_args import ServeArgs, mask_argv
 from ling_watchdog.supervisor import ExitCode, Supervisor
