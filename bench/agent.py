@@ -32,12 +32,12 @@ from dataclasses import asdict, dataclass, field
 import aiohttp
 import requests
 
-from ling_bench.client import BenchError, Endpoint, token_counter
+from ling_bench.client import BenchError, Endpoint, resolve_endpoint, token_counter
 from ling_bench.gpu_memory import GpuMemSampler
 from ling_bench.prompts import agent_prefix, agent_task, estimate_tokens, fixed_reply, tool_output
 from ling_bench.vllm_bench import RequestResult, Sampling
 
-from vllm_ling.metrics import PrefixCache, SpecCounters, prefix_cache, spec_counters
+from ling_common.metrics import PrefixCache, SpecCounters, prefix_cache, spec_counters
 
 SCHEMA = "ling-bench-agent/1"
 
@@ -424,12 +424,10 @@ def markdown(report: dict) -> str:
 
 def main(args: argparse.Namespace) -> int:
     """`ling-bench --workload agent`, from bench.py's parser (its server, sampling, --out, --write-dataset flags)."""
-    from ling_bench.bench import _resolve  # the served model, as the serve workload resolves it
-
     try:
         cfg = config(args)
         with requests.Session() as s:
-            ep, max_model_len = _resolve(args, s)
+            ep, max_model_len = resolve_endpoint(args, s)
             _, source = token_counter(s, ep)
         validate(cfg, args.max_tokens, max_model_len)
         if args.write_dataset:

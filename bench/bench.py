@@ -28,7 +28,7 @@ from itertools import count
 import requests
 
 from ling_bench import agent
-from ling_bench.client import BenchError, Endpoint, served_models, server_error, token_counter
+from ling_bench.client import BenchError, Endpoint, resolve_endpoint, server_error, token_counter
 from ling_bench.gpu_memory import GpuMemSampler
 from ling_bench.prompts import SETS, Prompt, build_prompts, write_dataset
 from ling_bench.vllm_bench import CaseRun, Sampling, run_case
@@ -204,17 +204,6 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def _resolve(args: argparse.Namespace, session: requests.Session) -> tuple[Endpoint, int | None]:
-    models = served_models(session, args.base_url, args.api_key)
-    if args.model is None and not models:
-        raise BenchError(f"{args.base_url}/v1/models listed no model; is the server up? Else pass --model")
-    if args.model is not None and models and args.model not in models:
-        raise BenchError(f"--model {args.model!r} is not served at {args.base_url}; "
-                         f"it serves {sorted(models)}")
-    model = args.model or next(iter(models))
-    return Endpoint(args.base_url, model, args.chat, args.api_key), models.get(model)
-
-
 def _check_fits(long_tokens: list[int], max_tokens: int, max_model_len: int | None) -> None:
     if max_model_len and (too_long := [t for t in long_tokens if t + max_tokens > max_model_len]):
         raise BenchError(
@@ -227,7 +216,7 @@ def _check_fits(long_tokens: list[int], max_tokens: int, max_model_len: int | No
 def prepare(args: argparse.Namespace) -> tuple[Endpoint, int | None, str, list[Prompt]]:
     """Resolve the served model, check the long sizes fit, build the prompts with the server's tokenizer."""
     with requests.Session() as session:
-        ep, max_model_len = _resolve(args, session)
+        ep, max_model_len = resolve_endpoint(args, session)
         if "long" in args.sets:
             _check_fits(args.long_tokens, args.max_tokens, max_model_len)
         count_tokens, source = token_counter(session, ep)

@@ -4,6 +4,7 @@ server's own message when a case fails (vLLM's benchmark keeps only the HTTP rea
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass
 
 import requests
@@ -78,3 +79,16 @@ def server_error(ep: Endpoint, text: str) -> str | None:
     except requests.RequestException as e:
         return f"POST {path}: {e}"
     return None if resp.ok else f"POST {path} -> HTTP {resp.status_code}: {resp.text[:500]}"
+
+
+def resolve_endpoint(args: argparse.Namespace, session: requests.Session) -> tuple[Endpoint, int | None]:
+    """The endpoint of `--model` (the only model served when not given) and its max_model_len, as every workload
+    resolves it."""
+    models = served_models(session, args.base_url, args.api_key)
+    if args.model is None and not models:
+        raise BenchError(f"{args.base_url}/v1/models listed no model; is the server up? Else pass --model")
+    if args.model is not None and models and args.model not in models:
+        raise BenchError(f"--model {args.model!r} is not served at {args.base_url}; "
+                         f"it serves {sorted(models)}")
+    model = args.model or next(iter(models))
+    return Endpoint(args.base_url, model, args.chat, args.api_key), models.get(model)

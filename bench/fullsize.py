@@ -34,33 +34,23 @@ import sys
 import time
 
 from ling_tuning.engine_compare import BACKENDS as MOE_BACKENDS  # vLLM >= 0.28's --moe-backend for INT4 experts
-from vllm_ling import compat, draft_vocab_file  # the draft vocabulary file (--draft-vocab)
+from ling_tuning.step_kernels import kernels_per_step, timed
+from vllm_ling import compat, envs
+from vllm_ling.draft import vocab_file as draft_vocab_file  # the draft vocabulary file (--draft-vocab)
 from vllm_ling.fp8 import KERNELS as FP8_KERNELS
-from vllm_ling.fp8 import DEFAULT_SCHEME as FP8_DEFAULT_SCHEME
+from vllm_ling.fp8 import KERNEL_ENV as FP8_KERNEL_ENV
 from vllm_ling.fp8 import SCHEME_ENV as FP8_SCHEME_ENV
 from vllm_ling.fp8 import SCHEMES as FP8_SCHEMES
 from vllm_ling.ops.moe_align import ALIGN_ENV, ALIGNS  # our MoE token layout or vLLM's op (--moe-align)
-from vllm_ling.kda_core import GATE_ENV, GATES, default_gate  # KDA gate: in vLLM's kernels or ours (--kda-gate)
+from vllm_ling.kda_core import GATE_ENV, GATES  # KDA gate: in vLLM's kernels or ours (--kda-gate)
 from vllm_ling.ops.routing import ROUTER_ENV, ROUTERS  # our MoE router or vLLM's (--router)
-from vllm_ling.ops.router_gemm import DEFAULT_GEMM, GEMM_ENV, GEMMS  # the router's logits: our kernel or GateLinear
+from vllm_ling.ops.router_gemm import GEMM_ENV, GEMMS  # the router's logits: our kernel or GateLinear
 
 MODES = {
     "eager": {"enforce_eager": True},
     "graphs": {"enforce_eager": False},
     "mtp": {"enforce_eager": False, "speculative_config": {"method": "mtp", "num_speculative_tokens": 1}},
 }
-
-
-def _timed(llm, prompt: list[int] | list[list[int]], max_tokens: int) -> float:
-    """Seconds to generate `max_tokens` greedily for one prompt, or for a batch of prompts decoding together."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    prompts = prompt if prompt and isinstance(prompt[0], list) else [prompt]
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
-    start = time.perf_counter()
-    llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-    return time.perf_counter() - start
 
 
 def copy_bandwidth_gbs(gib: float = 1.0, repeats: int = 10) -> float | None:
@@ -136,7 +126,7 @@ def _engine_kwargs(mode: str, fp8: str | None, acceptance_length: float | None,
     if fp8_scheme and not fp8:
         raise ValueError(f"--fp8-scheme {fp8_scheme} picks FP8's scales: it needs --fp8 w8a8|w8a16")
     if fp8:
-        os.environ["VLLM_LING_FP8_KERNEL"] = fp8
+        os.environ[FP8_KERNEL_ENV] = fp8
         if fp8_scheme:
             os.environ[FP8_SCHEME_ENV] = fp8_scheme
         kwargs["quantization"] = "ling_fp8"
@@ -274,13 +264,12 @@ def _accepted_per_draft(counters: dict[str, float]) -> float:
 
 
 DRAFTS = "vllm:spec_decode_num_drafts"
-TOP_KERNELS = 80  # kernels a profile lists by name (30 until 2026-12-02: 171 µs of a plain step went unnamed)
 
 
 def _counted(llm, prompt: list[int], max_tokens: int) -> tuple[float, dict[str, float]]:
     """(seconds, the spec-decode counters' increase) for one request."""
     before = _spec_counters(llm)
-    seconds = _timed(llm, prompt, max_tokens)
+    seconds = timed(llm, prompt, max_tokens)
     return seconds, {k: v - before.get(k, 0) for k, v in _spec_counters(llm).items()}
 
 
@@ -368,25 +357,25 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     served = llm.apply_model(lambda m: f"{type(m).__module__}.{type(m).__name__}")[0]
     shape = llm.apply_model(model_shape)[0]
     result: dict = {"mode": mode, "model": model, "impl": impl, "served_by": served, "fp8": fp8 or "off",
-                    "fp8_scheme": (os.environ.get(FP8_SCHEME_ENV) or FP8_DEFAULT_SCHEME).lower() if fp8 else "off",
+                    "fp8_scheme": envs.asked(FP8_SCHEME_ENV) if fp8 else "off",
                     "vllm": __import__("vllm").__version__, "prefill": {}, "decode_tokens": decode,
                     "repeats": repeats, "gpu_memory_utilization": util, "chunked_prefill_tokens": chunk,
                     "cudagraph_mode": _cudagraph_mode(llm),
                     "acceptance_length_synthetic": acceptance_length, "moe_backend_asked": moe_backend or "auto",
                     "draft_vocab": draft_vocab,
-                    "router_asked": os.environ.get(ROUTER_ENV, "ours") if impl == "ours" else None,
-                    "moe_align_asked": os.environ.get(ALIGN_ENV, "vllm"),
-                    "router_gemm_asked": os.environ.get(GEMM_ENV, DEFAULT_GEMM) if impl == "ours" else None,
-                    "kda_gate_asked": os.environ.get(GATE_ENV, default_gate()) if impl == "ours" else None, **shape}
+                    "router_asked": envs.asked(ROUTER_ENV) if impl == "ours" else None,
+                    "moe_align_asked": envs.asked(ALIGN_ENV),
+                    "router_gemm_asked": envs.asked(GEMM_ENV) if impl == "ours" else None,
+                    "kda_gate_asked": envs.asked(GATE_ENV) if impl == "ours" else None, **shape}
     short = [rng.randrange(10, vocab) for _ in range(32)]
     _progress(t0, f"engine up ({mode})")
-    _timed(llm, short, decode)  # warm-up: JIT and first-request costs are not speed
+    timed(llm, short, decode)  # warm-up: JIT and first-request costs are not speed
     _progress(t0, "warm-up done")
     at_context = {}
     for n in prefill:
         prompt = [rng.randrange(10, vocab) for _ in range(n)]
-        _timed(llm, prompt, 1)
-        t = statistics.median(_timed(llm, prompt, 1) for _ in range(repeats))
+        timed(llm, prompt, 1)
+        t = statistics.median(timed(llm, prompt, 1) for _ in range(repeats))
         result["prefill"][str(n)] = {"seconds": t, "tok_s": n / t}
         _progress(t0, f"prefill {n}: {n / t:.0f} tok/s")
         at_context[n] = _decode_step(llm, prompt, decode, repeats, t)
@@ -432,33 +421,6 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     return result
 
 
-def kernels_per_step(llm, prompt: list[int] | list[list[int]], decode: int) -> dict:
-    """CUDA kernels and their summed GPU time per decode step: a (1 + decode)-token request minus a 1-token one,
-    so the prefill cancels out (torch profiler over CUPTI; kernels replayed from CUDA graphs are counted). A list
-    of prompts is one batch decoding together (ling_tuning.engine_compare's batch-M step)."""
-    import collections
-
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    def kernels(n: int) -> list:
-        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-            _timed(llm, prompt, n)
-        return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-
-    one, many = kernels(1), kernels(1 + decode)
-    busy_us = (busy_us_of(many) - busy_us_of(one)) / decode
-    count, us = collections.Counter(), collections.Counter()
-    for sign, events in ((-1, one), (1, many)):
-        for e in events:
-            count[e.name] += sign
-            us[e.name] += sign * e.time_range.elapsed_us()
-    top = sorted(us, key=lambda n: -us[n])[:TOP_KERNELS]
-    return {"kernels_per_step": (len(many) - len(one)) / decode, "gpu_us_per_step": sum(us.values()) / decode,
-            "gpu_busy_us_per_step": busy_us,
-            "top": [{"name": n[:140], "count": count[n] / decode, "us": us[n] / decode} for n in top]}
-
-
 def _kernel_totals(llm, prompt: list[int], decode: int) -> dict:
     """`kernels_per_step`'s totals without its kernel list, or the error (a diagnostic never costs the run)."""
     try:
@@ -468,24 +430,12 @@ def _kernel_totals(llm, prompt: list[int], decode: int) -> dict:
     return {k: got[k] for k in ("kernels_per_step", "gpu_us_per_step", "gpu_busy_us_per_step")}
 
 
-def busy_us_of(events) -> float:
-    """Microseconds in which at least one kernel ran: the union of the kernels' intervals over every stream. Kernel
-    time summed counts overlapped streams twice; the wall-clock step adds the host's gaps (on 2026-12-02 a recipe step took
-    0.7 ms more than an earlier run's that day with the same kernel time). The union is the GPU's share of a step, overlap included."""
-    busy, end = 0.0, float("-inf")
-    for start, stop in sorted((e.time_range.start, e.time_range.end) for e in events):
-        if stop > end:
-            busy += stop - max(start, end)
-            end = stop
-    return busy
-
-
 def _decode_step(llm, prompt: list[int], decode: int, repeats: int, one: float | None = None) -> float:
     """Seconds per decode step after `prompt`: the extra time of `decode` more tokens over a 1-token request
     (medians; `one` is that request's median when already measured)."""
     if one is None:
-        one = statistics.median(_timed(llm, prompt, 1) for _ in range(repeats))
-    many = statistics.median(_timed(llm, prompt, decode + 1) for _ in range(repeats))
+        one = statistics.median(timed(llm, prompt, 1) for _ in range(repeats))
+    many = statistics.median(timed(llm, prompt, decode + 1) for _ in range(repeats))
     return (many - one) / decode
 
 
@@ -532,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="our model's KDA gate: inside vLLM's raw-gate kernels (the default where vLLM has them, "
                          ">= 0.32) or computed by ours before the op (the default on 0.26)")
     ap.add_argument("--draft-vocab", type=int, metavar="N",
-                    help="mtp: the draft proposes among ids 0..N-1 only (a draft vocabulary, vllm_ling.draft_vocab)")
+                    help="mtp: the draft proposes among ids 0..N-1 only (a draft vocabulary, vllm_ling.draft.vocab)")
     ap.add_argument("--out", help="write the JSON result here")
     a = ap.parse_args(argv)
     prefill = [int(x) for x in a.prefill.split(",") if x]

@@ -9,7 +9,7 @@ length, bonus token included) runs at
 
 Plain decode: AL = 1, one forward over 1 token. MTP k: k draft steps of the MTP layer, then one verify of k + 1
 tokens (`mtp_round_bytes`). DSpark K: one drafter forward over the block, then one verify of K + 1 tokens
-(`dspark_round_bytes`). The matrices come from the checkpoint's tensor table (`vllm_ling.tensors`) and, for the
+(`dspark_round_bytes`). The matrices come from the checkpoint's tensor table (`ling_tools.tensors`) and, for the
 DSpark drafter, from the tiny drafter writer's names and shapes scaled to the real drafter (`dspark_config`);
 1-D tensors (norms, A_log, dt_bias, expert_bias: about 1 MB a step) and embedding rows are left out. Routing
 is taken as uniform (`experts_touched`): tokens of one sequence that share experts make a wide verify cheaper.
@@ -34,7 +34,7 @@ from pathlib import Path
 
 from vllm_ling.config import is_mla_layer, is_moe_layer, kda_head_dim, num_mtp_layers
 from vllm_ling.configs import FLASH_INT4_DIR
-from vllm_ling.tensors import TensorSpec, layer_tensors, tensor_specs
+from ling_tools.tensors import TensorSpec, layer_tensors, tensor_specs
 
 BF16, FP8, FP32 = 2, 1, 4
 INT4_GROUP, INT4_GROUP_BYTES = 32, 32 // 2 + 2  # 32 int4 weights (16 B) + one bf16 scale
@@ -84,7 +84,7 @@ def decode_step_bytes(c: dict, context: int, tokens: int = 1, mtp: bool = False,
     """Bytes one forward step over `tokens` new tokens of one sequence reads; with `mtp`, plus `draft_steps`
     passes of the draft layer(s) on one token each: eh_proj, MLA, MoE, their own KV cache and the shared
     lm_head again, or only its `draft_vocab` rows (and their scales) with a draft vocabulary
-    (vllm_ling/draft_vocab.py)."""
+    (vllm_ling/draft/vocab.py)."""
     n, heads, d = c["num_hidden_layers"], c["num_attention_heads"], kda_head_dim(c)
     kv_row = (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * BF16  # one token's MLA latent + k_pe
     mla = [i for i in range(n) if is_mla_layer(c, i)]
@@ -144,17 +144,17 @@ DSPARK_FILE_PARAMS = 961_316_865
 
 
 def dspark_config(c: dict) -> dict:
-    """The real drafter's config for target `c`, in the tiny drafter writer's format (vllm_ling/tiny/dspark.py)."""
-    from vllm_ling.tiny.dspark import dspark_config as tiny_config
+    """The real drafter's config for target `c`, in the tiny drafter writer's format (ling_tools/tiny/dspark.py)."""
+    from ling_tools.tiny.dspark import dspark_config as tiny_config
 
     return {**tiny_config(c, DSPARK["dspark_target_layer_ids"]), **DSPARK}
 
 
 def dspark_specs(c: dict) -> dict[str, TensorSpec]:
     """Every tensor in the drafter's files (no embedding, no LM head: the target's), with its shape: the names
-    vLLM's loader requires (`vllm_ling.dspark.required_tensors`), the shapes the tiny writer gives them."""
-    from vllm_ling.dspark import required_tensors
-    from vllm_ling.tiny.dspark import _shape
+    vLLM's loader requires (`vllm_ling.draft.dspark.required_tensors`), the shapes the tiny writer gives them."""
+    from vllm_ling.draft.dspark import required_tensors
+    from ling_tools.tiny.dspark import _shape
 
     d = dspark_config(c)
     return {n: TensorSpec(_shape(n, d), "linear" if len(_shape(n, d)) > 1 else "norm") for n in required_tensors(d)}

@@ -21,7 +21,7 @@ from typing import Any
 
 from ling_bench.client import BenchError, Endpoint
 
-from vllm_ling.metrics import SpecCounters  # the one home of spec-decode counter arithmetic
+from ling_common.metrics import SpecCounters  # the one home of spec-decode counter arithmetic
 
 
 @dataclass(frozen=True)

@@ -43,11 +43,11 @@
 #                rounding costs: FINDINGS.md §9)
 #   FP8_KERNEL   w8a8 | w8a16 (VLLM_LING_FP8_KERNEL)                                          w8a8
 #   FP8_SCHEME   block | channel (VLLM_LING_FP8_SCHEME): 128x128 blocks or per-channel scales  block
-#   DRAFT_VOCAB  with MTP: a draft vocabulary file (`python3 -m vllm_ling.draft_vocab_tool`): the   unset
+#   DRAFT_VOCAB  with MTP: a draft vocabulary file (`python3 -m ling_tools.draft_vocab`): the   unset
 #                draft proposes among its tokens only and reads only their LM-head rows; the output is
 #                the same, acceptance may drop (docs/speed.md §MTP). vLLM >= 0.32, one GPU
 # Which Ling V3 implementation serves: VLLM_LING_MODEL=auto|vllm-ling|vllm in the environment (README).
-#   SELFCHECK    1: once serving, run `python -m vllm_ling.selfcheck` through the watchdog (0: skip)
+#   SELFCHECK    1: once serving, run `python -m ling_tools.selfcheck` through the watchdog (0: skip)
 # An API key: VLLM_API_KEY in the environment (vLLM reads it; so do the watchdog's probes and the self-check),
 # never --api-key in EXTRA_ARGS (argv is readable by every user). DRY_RUN masks either.
 set -euo pipefail
@@ -143,7 +143,7 @@ if [[ $DEVICE == cuda ]]; then
     if [[ $MOE_BACKEND == auto ]]; then
         MOE_BACKEND_AUTO=1
         MOE_BACKEND=$("$PYTHON" -c 'import sys; from ling_tuning.choice import recommended_backend as r
-from vllm_ling.selfcheck import gpu_name; n = gpu_name(); print(n and r(sys.argv[1], n) or "vllm")' \
+from ling_common.device import gpu_name; n = gpu_name(); print(n and r(sys.argv[1], n) or "vllm")' \
             "$TUNED_DIR" 2>/dev/null || echo vllm)
     fi
     # vLLM >= 0.28 honours --moe-backend for compressed-tensors INT4 experts and picks its own default otherwise;
@@ -176,7 +176,7 @@ if (( 10#$MTP_K > 0 )); then  # MTP_K is digits only (checked above)
     SPEC="{\"method\":\"mtp\",\"num_speculative_tokens\":$((10#$MTP_K))"
     if [[ -n ${DRAFT_VOCAB:-} ]]; then  # the plugin reads the file; vLLM must ask the draft for top tokens
         [[ -f $DRAFT_VOCAB ]] || refuse "DRAFT_VOCAB='$DRAFT_VOCAB' is not a file. Build one with" \
-            "python3 -m vllm_ling.draft_vocab_tool MODEL_DIR --text FILE --out FILE, or unset DRAFT_VOCAB"
+            "python3 -m ling_tools.draft_vocab MODEL_DIR --text FILE --out FILE, or unset DRAFT_VOCAB"
         KEY=$("$PYTHON" -c 'from vllm_ling.compat import draft_top_tokens_key as k; print(k() or "")' 2>/dev/null) || KEY=
         [[ -n $KEY ]] || refuse "DRAFT_VOCAB needs a vLLM whose speculative config can ask the draft for its top" \
             "token (0.32-0.34); this one cannot. Safe: unset DRAFT_VOCAB"
@@ -201,7 +201,7 @@ if [[ ${CHECK:-0} == 1 ]]; then WATCHDOG+=(preflight); fi
 # acceptance; an optimisation that was asked for but is not active is an error line (SELFCHECK=0: skip).
 # The watchdog fills in this launch's id (the check judges only its lines) and the server's pid (its env).
 if [[ ${SELFCHECK:-1} == 1 ]]; then
-    CHECK_CMD="$PYTHON -m vllm_ling.selfcheck --json --log {log} --launch {launch} --server-pid {pid}"
+    CHECK_CMD="$PYTHON -m ling_tools.selfcheck --json --log {log} --launch {launch} --server-pid {pid}"
     WD_ARGS+=(--after-serving "$CHECK_CMD --url {url} {args}")
 fi
 

@@ -18,7 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 # The shipped code: its folders' .py/.sh/.yaml files, the installer and the device runner the README names.
-CODE_DIRS = ("vllm_ling", "watchdog", "tuning", "bench", "tools", "serve")
+CODE_DIRS = ("vllm_ling", "common", "watchdog", "tuning", "bench", "tools", "serve")
 CODE_SUFFIXES = (".py", ".sh", ".yaml", ".yml")
 SINGLE_FILES = ("README.md", "FINDINGS.md", "BENCHMARKS.md", "install.sh", "tests/gpu/run_on_device.sh")
 SKIP_DIRS = {"__pycache__", "build", "dist"}

@@ -32,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ling_common.vllm_log import served_int4_backend
 from ling_tuning.shapes import positive_ints, resolve_model
 
 BACKENDS = ("marlin", "humming", "triton")
@@ -78,8 +79,6 @@ def write_short_model(config_path: Path, folder: Path, layers: int = 8) -> Path:
 
 def served_backend(log: str) -> str | None:
     """The INT4 MoE backend vLLM's log names, lower case (the self-check's reading of the same line)."""
-    from vllm_ling.selfcheck import served_int4_backend
-
     found = served_int4_backend(log)
     return found[0] if found else None
 
@@ -173,7 +172,7 @@ def measure(model: str, backend: str, ms: list[int], decode: int = 8, prompt_len
     `ling_bench.fullsize --kernels`), so host overhead, which dominates a short model's step, drops out and
     eager mode (no compile, no graph capture: a quick start) times the same MoE kernels graphs would replay."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    from ling_bench.fullsize import kernels_per_step
+    from ling_tuning.step_kernels import kernels_per_step
     from vllm import LLM
 
     top = max(ms)

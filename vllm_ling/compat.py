@@ -19,7 +19,6 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-import os
 from functools import cache
 from typing import Any, Callable
 
@@ -95,12 +94,12 @@ def has_intree_ling3() -> bool:
 
 
 def force_requested() -> bool:
-    return os.environ.get(FORCE_ENV, "0").lower() in ("1", "true", "yes")
+    return envs.read(FORCE_ENV)
 
 
 def serving_model() -> tuple[str, str]:
     """(OURS or VLLM, why): which implementation of BailingMoeV3ForCausalLM serves in this process."""
-    asked = envs.choice(MODEL_ENV, ("auto", OURS, VLLM), "auto")
+    asked = envs.read(MODEL_ENV)
     if asked == "auto" and force_requested():
         asked, why = OURS, f"{FORCE_ENV}=1"
     else:
@@ -328,7 +327,7 @@ def install_humming_swiglustep_limit() -> bool:
 # `Qwen3DSparkModel` before vLLM's rewrite serves all three (docs/dspark.md §Draft).
 
 def _dspark_hf_config_override(hf_config: Any, *args: Any, **kwargs: Any) -> Any:
-    from vllm_ling.dspark import normalise_draft_config
+    from vllm_ling.draft.dspark import normalise_draft_config
 
     return _VLLM_HF_CONFIG_OVERRIDE(normalise_draft_config(hf_config), *args, **kwargs)
 
@@ -337,7 +336,7 @@ _VLLM_HF_CONFIG_OVERRIDE: Callable[..., Any] | None = None
 
 
 def install_dspark_draft_config() -> bool:
-    """Put `vllm_ling.dspark.normalise_draft_config` in front of vLLM's draft config rewrite. Idempotent;
+    """Put `vllm_ling.draft.dspark.normalise_draft_config` in front of vLLM's draft config rewrite. Idempotent;
     False where vLLM has no such rewrite (then a Ling drafter is not served)."""
     global _VLLM_HF_CONFIG_OVERRIDE
     from vllm.config.speculative import SpeculativeConfig

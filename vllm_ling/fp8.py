@@ -37,7 +37,6 @@ from __future__ import annotations
 import fnmatch
 import functools
 import logging
-import os
 from typing import Any
 
 import torch
@@ -46,18 +45,17 @@ import torch
 from vllm.model_executor.layers.quantization import get_quantization_config, register_quantization_config
 from vllm.model_executor.layers.quantization.base_config import QuantizationConfig, QuantizeMethodBase
 
-from vllm_ling import envs
+from vllm_ling import envs, startup_log
 
 logger = logging.getLogger("vllm_ling")
 
 NAME = "ling_fp8"
 KERNEL_ENV = "VLLM_LING_FP8_KERNEL"
-KEEP_ENV = "VLLM_LING_FP8_KEEP"  # more module patterns to keep BF16, comma-separated (e.g. "lm_head,*.o_proj")
-KERNELS = ("w8a16", "w8a8")
-DEFAULT_KERNEL = "w8a8"
+KEEP_ENV = "VLLM_LING_FP8_KEEP"
+KERNELS, DEFAULT_KERNEL = envs.VARIABLES[KERNEL_ENV].choices, envs.VARIABLES[KERNEL_ENV].default
 SCHEME_ENV = "VLLM_LING_FP8_SCHEME"
-SCHEMES = ("block", "channel")
-DEFAULT_SCHEME = "block"  # the one default (docs/speed.md §FP8 schemes: no less accurate on the CPU measurement)
+# block is the default: docs/speed.md §FP8 schemes, no less accurate on the CPU measurement
+SCHEMES, DEFAULT_SCHEME = envs.VARIABLES[SCHEME_ENV].choices, envs.VARIABLES[SCHEME_ENV].default
 BLOCK = 128  # `block`: weight blocks BLOCK x BLOCK, activation groups 1 x BLOCK
 # Module name patterns (the vLLM-side prefix) that stay BF16 whatever the kernel.
 KEEP_BF16 = ("*.kv_b_proj", "*.eh_proj")
@@ -66,23 +64,17 @@ ALIGN = 16  # FP8 linears' output width per rank must be a multiple of this (mod
 
 def requested_kernel() -> str:
     """`w8a8` (per-token dynamic activations) or `w8a16` (FP8-Marlin), from VLLM_LING_FP8_KERNEL."""
-    return envs.choice(KERNEL_ENV, KERNELS, DEFAULT_KERNEL,
-                       safe=f"unset it for the default ({DEFAULT_KERNEL}), or serve without --quantization {NAME} "
-                            "for BF16 weights")
+    return envs.read(KERNEL_ENV)
 
 
 def requested_scheme() -> str:
     """`block` (128 x 128 weight blocks, 1 x 128 activation groups) or `channel`, from VLLM_LING_FP8_SCHEME."""
-    return envs.choice(SCHEME_ENV, SCHEMES, DEFAULT_SCHEME,
-                       safe=f"unset it for the default ({DEFAULT_SCHEME}), or serve without --quantization {NAME} "
-                            "for BF16 weights")
+    return envs.read(SCHEME_ENV)
 
 
 def keeps_bf16(prefix: str) -> bool:
     """KEEP_BF16, and the operator's VLLM_LING_FP8_KEEP patterns (fnmatch, on vLLM's module names)."""
-    raw = os.environ.get(KEEP_ENV, "")
-    envs.into_compile_key(KEEP_ENV, raw)  # which linears are FP8 shapes the traced graph
-    extra = [p.strip() for p in raw.split(",") if p.strip()]
+    extra = envs.read(KEEP_ENV)  # also enters the compile-cache key: which linears are FP8 shapes the graph
     return any(fnmatch.fnmatchcase(prefix, pattern) for pattern in (*KEEP_BF16, *extra))
 
 
@@ -321,15 +313,15 @@ class LingFp8Config(QuantizationConfig):
             return base if base is not None or not _is_linear(layer) else _bf16_linear()
         self.fp8_layers.append(prefix)
         if not _is_linear(layer):  # the LM head comes last in every Ling V3 model: the count is complete
-            logger.info("vllm-ling: %s", self.summary())
+            logger.info("%s", self.summary())
         return fp8_method(self.kernel, self.scheme)
 
     def get_cache_scale(self, name: str) -> str | None:
         return self.checkpoint.get_cache_scale(name) if self.checkpoint is not None else None
 
     def summary(self) -> str:
-        """`FP8 weights ON (N linears + LM head), w8a8, block scales` or what is missing."""
+        """`vllm-ling: FP8 weights ON (N linears + LM head), w8a8, block scales` (startup_log.FP8_ON)."""
         heads = sum(p.endswith("lm_head") for p in self.fp8_layers)
-        linears = len(self.fp8_layers) - heads
-        head = " + LM head" if heads else ", LM head BF16"
-        return f"FP8 weights ON ({linears} linears{head}), {self.kernel}, {self.scheme} scales"
+        head = startup_log.FP8_HEAD_ON if heads else startup_log.FP8_HEAD_BF16
+        return startup_log.FP8_ON.text(linears=len(self.fp8_layers) - heads, head=head, kernel=self.kernel,
+                                       scheme=self.scheme)

@@ -30,7 +30,7 @@ from vllm.model_executor.utils import set_weight_attrs
 from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
-from vllm_ling import compat, envs, kda_core
+from vllm_ling import compat, envs, kda_core, startup_log
 from vllm_ling.config import kda_head_dim
 
 logger = logging.getLogger("vllm_ling")
@@ -43,12 +43,12 @@ def _gate_in_kernel(asked: str) -> bool:
     """VLLM_LING_KDA_GATE=kernel: the raw projections go to vLLM's gate-applying kernels (logged once on CUDA)."""
     if asked != "kernel" or compat.is_cpu():  # the CPU path computes the gate by our ops either way
         return asked == "kernel"
-    logger.info("vllm-ling: KDA gate and β inside vLLM's KDA kernels (%s=kernel)", GATE_ENV)  # selfcheck reads it
+    logger.info("%s", startup_log.KDA_GATE_IN_KERNEL.text(env=GATE_ENV))
     return True
 
 
 def gate_in_kernel() -> bool:
-    return _gate_in_kernel(envs.choice(GATE_ENV, GATES, kda_core.default_gate()))
+    return _gate_in_kernel(envs.read(GATE_ENV))
 
 
 def _kda_op(qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, out: torch.Tensor, layer_name: str) -> None:

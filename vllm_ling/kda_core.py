@@ -19,20 +19,20 @@ from typing import NamedTuple
 
 import torch
 
-from vllm_ling import compat
+from vllm_ling import compat, envs, startup_log
 from vllm_ling.ops.conv import causal_conv1d_torch
 from vllm_ling.ops.kda import chunk_kda_torch, kda_safe_gate, kda_softplus_gate, recurrent_kda_torch
 
 logger = logging.getLogger("vllm_ling")
 GATE_ENV = "VLLM_LING_KDA_GATE"
-GATES = ("ours", "kernel")  # our gate before the op (run_cuda), or in vLLM's kernels (run_cuda_gate_in_kernel)
+GATES = envs.VARIABLES[GATE_ENV].choices  # our gate before the op (run_cuda), or in vLLM's kernels (run_cuda_gate_in_kernel)
 
 
 def default_gate() -> str:
     """`kernel`: every supported vLLM ships the raw-gate KDA kernels. On the H200 (vLLM 0.33, full size, batch 1,
     FP8) they took the step from 4.349 to 4.063 ms and 1,071 to 1,001 kernels, and their prefill is the closer
     one to the fp32 oracle (docs/speed.md §Kernels)."""
-    return "kernel"
+    return envs.VARIABLES[GATE_ENV].default
 
 
 def _initial_states(rec_state: torch.Tensor, slots: torch.Tensor, has_initial_state: torch.Tensor) -> torch.Tensor:
@@ -249,9 +249,9 @@ def dense_slots(rec_state: torch.Tensor) -> bool:
 @cache
 def _say_not_dense(strides: tuple[int, ...]) -> None:
     """Once per process and layout: the raw-gate path fell back (the self-check reads this line)."""
-    logger.warning("vllm-ling: KDA gate fell back to ours: vLLM's raw-gate KDA kernels need each cache slot's "
-                   "state dense [H, V, K], and this cache's state strides are %s; %s=kernel serves as %s=ours",
-                   strides, GATE_ENV, GATE_ENV)
+    logger.warning("%s", startup_log.KDA_GATE_FELL_BACK.text(
+        reason=f"vLLM's raw-gate KDA kernels need each cache slot's state dense [H, V, K], and this cache's state "
+               f"strides are {strides}; {GATE_ENV}=kernel serves as {GATE_ENV}=ours"))
 
 
 def gate_torch(f: torch.Tensor, b: torch.Tensor, gate: Gate) -> tuple[torch.Tensor, torch.Tensor]:

@@ -3,7 +3,7 @@
 Pre-norm blocks (docs/architecture.md §Layers): h = x + Attn(RMSNorm(x)); y = h + MLP(RMSNorm(h)); layer i is
 MLA or KDA by `config.is_mla_layer`, dense MLP or MoE by `config.is_moe_layer`.
 Logits = lm_head(RMSNorm(y)) with an untied head; `forward` returns the post-norm hidden state, which
-the MTP draft (`vllm_ling.mtp`) consumes. A DSpark drafter also reads the residual stream at chosen layers
+the MTP draft (`vllm_ling.draft.mtp`) consumes. A DSpark drafter also reads the residual stream at chosen layers
 (vLLM's aux-hidden-state interface, docs/dspark.md §Target): then `forward` returns (hidden, [aux, ...]).
 """
 
@@ -24,8 +24,10 @@ from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 from vllm.model_executor.models.interfaces import EagleModelMixin, HasInnerState, IsHybrid, SupportsEagle3
 from vllm.model_executor.models.utils import WeightsMapper, maybe_prefix
 
-from vllm_ling import compat, draft_check, dspark
+from vllm_ling import compat
 from vllm_ling.config import check_supported, is_mla_layer, is_moe_layer, kda_head_dim
+from vllm_ling.draft import check as draft_check
+from vllm_ling.draft import dspark
 from vllm_ling.kda import BailingMoeV3KDA
 from vllm_ling.mla import BailingMoeV3MLA
 from vllm_ling.moe import BailingMoeV3MLP, BailingMoeV3MoE, TorchRoutedExperts

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from vllm_ling import compat
+from vllm_ling import compat, startup_log
 from vllm_ling.config import ARCH, MTP_ARCH, BailingMoeV3Config
 
 logger = logging.getLogger("vllm_ling")
@@ -39,9 +39,7 @@ def register() -> str:
         try:
             _registered = _register()
         except Exception as e:  # noqa: BLE001 - vLLM must keep serving its own model
-            logger.error("vllm-ling: registration failed (%s: %s); vLLM serves its in-tree model, if it has one. "
-                         "See README 'Which implementation serves'.",
-                         type(e).__name__, e)
+            logger.error("%s", startup_log.REGISTRATION_FAILED.text(error=f"{type(e).__name__}: {e}"))
             logger.debug("vllm-ling: registration traceback", exc_info=True)
             _registered = compat.VLLM
     return _registered
@@ -68,12 +66,12 @@ def _register() -> str:
     ours = serving == compat.OURS
     if ours:
         ModelRegistry.register_model(ARCH, "vllm_ling.model:BailingMoeV3ForCausalLM")
-        ModelRegistry.register_model(MTP_ARCH, "vllm_ling.mtp:BailingMoeV3MTPModel")
-        ModelRegistry.register_model("LingDSparkModel", "vllm_ling.dspark:LingDSparkForCausalLM")
+        ModelRegistry.register_model(MTP_ARCH, "vllm_ling.draft.mtp:BailingMoeV3MTPModel")
+        ModelRegistry.register_model("LingDSparkModel", "vllm_ling.draft.dspark:LingDSparkForCausalLM")
     register_parsers(force=ours and compat.has_intree_ling3())
-    who = "vllm-ling" if ours else "vLLM's in-tree implementation"
-    logger.info("vllm-ling: %s and its MTP draft are served by %s on vLLM %s (%s; %s=vllm-ling|vllm picks).",
-                ARCH, who, compat.vllm_version(), why, compat.MODEL_ENV)
+    who = compat.OURS if ours else startup_log.INTREE
+    logger.info("%s", startup_log.REGISTERED.text(arch=ARCH, who=who, version=compat.vllm_version(), why=why,
+                                                  env=compat.MODEL_ENV))
     return serving
 
 

@@ -3,11 +3,13 @@
 A GB10 (sm_121) allows 101,376 B per block; a Triton launch that needs more fails with `OutOfResources: shared
 memory ... Hardware limit: 101376`, and an autotuner that fails mid-serve wedged a Spark (W6). The opt-in limit
 per compute capability is the CUDA programming guide's table; GB10's was measured by Spark owners.
+
+Standard library only at import: `ling_common.smem` loads this file alone for the tools that may not import the
+plugin (the watchdog), so the table has this one home.
 """
 
 from __future__ import annotations
 
-import os
 
 GB10_SMEM_PER_BLOCK = 101_376
 SMEM_LIMIT_ENV = "LING_SMEM_LIMIT"  # emulate a smaller GPU (101376 = GB10) on a bigger one
@@ -19,12 +21,9 @@ SMEM_PER_BLOCK = {
 
 
 def env_limit() -> int | None:
-    value = os.environ.get(SMEM_LIMIT_ENV, "").strip()
-    if not value:
-        return None
-    if not value.isdigit() or int(value) <= 0:
-        raise ValueError(f"{SMEM_LIMIT_ENV}={value!r} must be a positive number of bytes (GB10: {GB10_SMEM_PER_BLOCK})")
-    return int(value)
+    from vllm_ling import envs  # here, not at the top: ling_common.smem loads this file alone
+
+    return envs.read(SMEM_LIMIT_ENV)
 
 
 def device_smem_limit(device: int | None = None, honour_env: bool = True) -> int:

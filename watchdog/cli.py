@@ -19,9 +19,10 @@ import signal
 import sys
 import uuid
 
+from ling_common import envs
 from ling_watchdog import memory, preflight, procs
 from ling_watchdog.config import DEFAULTS, Config, field_types, load_config
-from ling_watchdog.device import detect
+from ling_common.device import detect
 from ling_watchdog.events import EventLog, dirs_with_events, format_summary, read_events, summarise, summary_json
 from ling_watchdog.serve_args import ServeArgs, mask_argv
 from ling_watchdog.supervisor import ExitCode, Supervisor
@@ -62,8 +63,8 @@ def _split(argv: list[str]) -> tuple[list[str], list[str]]:
 
 def _load(opts: argparse.Namespace) -> Config:
     overrides = {k: v for k, v in vars(opts).items() if k != "config"}
-    env_file = os.environ.get("LING_WATCHDOG_CONFIG")
-    return load_config([*([env_file] if env_file else []), *opts.config], overrides)
+    env_file = envs.LING_WATCHDOG_CONFIG
+    return load_config([*([str(env_file)] if env_file else []), *opts.config], overrides)
 
 
 def run_preflight(args: ServeArgs, cfg: Config, log: EventLog) -> bool:

@@ -25,7 +25,7 @@ from ling_watchdog.config import Config
 from ling_watchdog.headlink import LinkResult
 from ling_watchdog.probes import ProbeResult
 from ling_watchdog.procs import Busiest
-from ling_watchdog.vllm_log import LogEvent
+from ling_common.vllm_log import LogEvent
 
 
 class Phase(str, Enum):

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ling_watchdog.config import Config
-from ling_watchdog.device import Device
+from ling_common.device import Device
 from ling_watchdog.memory import GiB, gib
 from ling_watchdog.ports import bind_error, free_port
 from ling_watchdog.serve_args import ServeArgs

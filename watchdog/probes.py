@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import requests
 from ling_watchdog.config import Config
-from vllm_ling.metrics import tokens_total
+from ling_common.metrics import tokens_total
 
 READY_POLL_S = 0.5
 REFUSED = (401, 403)

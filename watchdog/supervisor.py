@@ -30,7 +30,7 @@ from ling_watchdog.phases import Fault, Monitor, Phase
 from ling_watchdog.policy import RelaunchPolicy
 from ling_watchdog.probes import Prober, ProbeResult
 from ling_watchdog.procs import CpuSampler
-from ling_watchdog.vllm_log import parse
+from ling_common.vllm_log import parse
 
 TICK_S = 0.25
 EXIT_LINES_S = 1.0  # after the server exits, how long its last lines may take to arrive

@@ -194,7 +194,7 @@ def test_write_dataset_is_a_custom_dataset_vllm_reads_back(fake, tmp_path, capsy
     from vllm.benchmarks.datasets import CustomDataset
     from vllm.tokenizers import get_tokenizer
 
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     server, path = fake(), tmp_path / "ling.jsonl"
     args = ["--base-url", server.url, "--sets", "code,long", "--num-prompts", "2", "--long-tokens", "512",

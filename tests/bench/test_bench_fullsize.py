@@ -10,11 +10,11 @@ import pytest
 pytestmark = pytest.mark.engine
 
 
-# the draft vocabulary gathers per-channel FP8 head rows (vllm_ling/draft_vocab.py): its run asks for channel scales
+# the draft vocabulary gathers per-channel FP8 head rows (vllm_ling/draft/vocab.py): its run asks for channel scales
 @pytest.mark.parametrize("mode, extra", [("eager", []), ("mtp", ["--draft-vocab", "512", "--fp8", "w8a8", "--fp8-scheme", "channel"]), ("eager", ["--fp8", "w8a8", "--fp8-scheme", "block", "--router", "vllm", "--moe-align", "ours", "--router-gemm", "vllm"])])
 def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode, extra):
     pytest.importorskip("vllm")
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     env = {**os.environ, "VLLM_LING_FORCE": "1", "VLLM_MLA_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE": "1",
            "VLLM_CPU_CI_ENV": "1"}
@@ -144,7 +144,7 @@ def test_busy_time_is_the_union_of_kernel_intervals_across_streams():
     """Overlapping kernels (two streams) count once, gaps (the host's) not at all, nested ones not again."""
     from types import SimpleNamespace
 
-    from ling_bench.fullsize import busy_us_of
+    from ling_tuning.step_kernels import busy_us_of
 
     def k(start, end):
         return SimpleNamespace(time_range=SimpleNamespace(start=start, end=end))

@@ -12,7 +12,7 @@ from ling_bench.projection import (DSPARK_FILE_PARAMS, StepBytes, acceptance_for
                                    dspark_params, dspark_round_bytes, experts_touched, main, matrix_bytes,
                                    mean_accepted_length, mtp_round_bytes, project, round_rows)
 from vllm_ling.configs import flash_config
-from vllm_ling.tensors import TensorSpec
+from ling_tools.tensors import TensorSpec
 
 CONFIG = flash_config()
 H, P, HEADS, VOCAB = 2560, 4096, 32, 157184
@@ -87,7 +87,7 @@ def test_cli_labels_it_a_projection_and_prints_both_formats_at_both_acceptances(
 
 def test_fullsize_roofline_counts_the_weight_format_it_served(tmp_path):
     from ling_bench.fullsize import roofline
-    from vllm_ling.tiny import write_full_config
+    from ling_tools.tiny import write_full_config
 
     model = str(write_full_config(tmp_path / "flash"))
     bf16, fp8 = (roofline(model, "graphs", 4096, 0.01, None, 0.0, fp8=f)["bytes_per_step_gb"] for f in (False, True))

@@ -14,7 +14,7 @@ ENV = {"VLLM_LING_FORCE": "1", "VLLM_MLA_DISABLE": "1", "VLLM_CPU_KVCACHE_SPACE"
 
 def _check(tmp_path, *args: str) -> dict:
     pytest.importorskip("vllm")
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     out = tmp_path / f"{'-'.join(args) or 'default'}.json"
     proc = subprocess.run([sys.executable, "-m", "ling_bench.fp8_check", str(ensure_tiny()), "--prompts", "2",

@@ -24,7 +24,7 @@ from criteria import DECIDED, TOPK, model_prompts  # noqa: E402
 def main() -> None:
     from transformers import BailingHybridForCausalLM
 
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     p = argparse.ArgumentParser()
     p.add_argument("model", nargs="?", default=None)

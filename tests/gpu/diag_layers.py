@@ -28,7 +28,7 @@ def hooks(store):
 def main():
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
     model = str(ensure_tiny())
     eager = "--eager" in sys.argv
     store = {}

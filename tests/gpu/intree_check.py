@@ -28,7 +28,7 @@ ENGINES = {"bare": {"VLLM_PLUGINS": "none"}, "intree": {"VLLM_LING_MODEL": "vllm
 
 
 def main() -> int:
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     out, tmp = Path(sys.argv[1]), Path("/tmp/intree_check")
     tmp.mkdir(exist_ok=True)

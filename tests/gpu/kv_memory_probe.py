@@ -8,7 +8,7 @@ blocks, with the extensible cache on and off, one fresh process each, so the two
 
     python3 tests/gpu/kv_memory_probe.py MODEL_DIR OUT.json [--util 0.5]
 
-MODEL_DIR is a tiny checkpoint (python3 -m vllm_ling.tiny DIR). Prints one line per configuration.
+MODEL_DIR is a tiny checkpoint (python3 -m ling_tools.tiny DIR). Prints one line per configuration.
 """
 
 from __future__ import annotations

@@ -57,7 +57,7 @@ export VLLM_LING_GPU_RESULTS=$OUT
 # Triton keeps compiled kernels on disk but re-times every autotuned kernel in each new process unless told to keep
 # the timings: we saw ~80 s of each engine's start-up in its first CUDA-graph capture, warm machine or not.
 export TRITON_CACHE_AUTOTUNING=1
-[ -f /tmp/flash/config.json ] || python3 -m vllm_ling.tiny /tmp/flash --full-config --force >/dev/null
+[ -f /tmp/flash/config.json ] || python3 -m ling_tools.tiny /tmp/flash --full-config --force >/dev/null
 for STEP in "$@"; do
 run() { timeout -k 10 "$1" "${@:2}" 2>&1 | tee -a "$OUT/${STEP%%:*}.log" | grep -v " INFO \| WARNING " | tail -40; }
 echo "=== $STEP ($(date +%T))"
@@ -80,7 +80,7 @@ case $STEP in
     router_gemm) run 200 python3 -m pytest -q -p no:cacheprovider -s tests/gpu/test_router_gemm_gpu.py ;;
     draft_vocab) run 400 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_draft_vocab_gpu.py ;;
     fp8_gemm) run 300 python3 tests/gpu/fp8_gemm_bench.py /tmp/flash "$OUT/fp8_gemm.json" ;;
-    kv_memory) [ -f /tmp/tiny/config.json ] || python3 -m vllm_ling.tiny /tmp/tiny --force >/dev/null
+    kv_memory) [ -f /tmp/tiny/config.json ] || python3 -m ling_tools.tiny /tmp/tiny --force >/dev/null
         run 500 python3 tests/gpu/kv_memory_probe.py /tmp/tiny "$OUT/kv_memory.json" ;;
     intree_check) run 400 python3 tests/gpu/intree_check.py "$OUT/intree_check.json" ;;
     clamp) run 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_clamp_gpu.py ;;

@@ -86,7 +86,7 @@ def _configs() -> dict[str, tuple[str, dict]]:
 
 @pytest.fixture(scope="module")
 def captured(tmp_path_factory) -> dict[str, tuple[dict, str, str]]:
-    from vllm_ling.tiny import dequantize_checkpoint, ensure_tiny
+    from ling_tools.tiny import dequantize_checkpoint, ensure_tiny
 
     tmp = tmp_path_factory.mktemp("clamp-gpu")
     models = {"bf16": str(ensure_tiny(seed=0)), "int4": str(ensure_tiny(seed=0, int4=True))}

@@ -1,4 +1,4 @@
-"""A draft vocabulary on the GPU (vllm_ling/draft_vocab.py): CUDA graphs, the FP8 LM head, our small-M kernel
+"""A draft vocabulary on the GPU (vllm_ling/draft/vocab.py): CUDA graphs, the FP8 LM head, our small-M kernel
 scoring the gathered FP8 rows, on vLLM >= 0.32 (speculative_config `use_local_argmax_reduction`).
 
 Side by side on the `mtp_echo` checkpoint with `--quantization ling_fp8`, MTP k=1:
@@ -28,7 +28,7 @@ from model_helpers import (NO_CLAMPS, draft_vocab_file, first_difference, random
                            spec_acceptance)
 
 from vllm_ling import compat  # noqa: E402
-from vllm_ling.draft_vocab import ENV  # noqa: E402
+from vllm_ling.draft.vocab import ENV  # noqa: E402
 
 PROMPT_LENGTHS = [3, 17, 64, 130, 400]
 MAX_TOKENS = 128
@@ -41,7 +41,7 @@ if compat.draft_top_tokens_key() is None:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     tmp = tmp_path_factory.mktemp("draft-vocab-gpu")
     model = ensure_tiny(variant="mtp_echo")

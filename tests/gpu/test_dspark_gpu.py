@@ -1,7 +1,7 @@
 """DSpark speculative decoding on a GPU with tiny drafters (docs/dspark.md): lossless for K = 1..8, both the reject and
 the accept path.
 
-Two pairs, each a tiny target with a tiny drafter from `vllm_ling.tiny.dspark` (the released drafter's names and
+Two pairs, each a tiny target with a tiny drafter from `ling_tools.tiny.dspark` (the released drafter's names and
 config format, normalised by the plugin onto vLLM's Qwen3 DSpark runtime):
 - `random`: the `stable_router` target with a random drafter: acceptance near 0, verification rejects;
 - `agree`: the `mtp_echo` target with the agreeing drafter (its Markov head drafts f(previous token), what the echo
@@ -44,8 +44,8 @@ def _spec(draft: str, k: int) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, dict]:
     """pair -> {"plain": run, k: run, "oracle": scored runs in the order plain, K = 1..8}."""
-    from vllm_ling.tiny import ensure_tiny
-    from vllm_ling.tiny.dspark import make_tiny_dspark
+    from ling_tools.tiny import ensure_tiny
+    from ling_tools.tiny.dspark import make_tiny_dspark
 
     tmp = tmp_path_factory.mktemp("dspark")
     prompts = random_prompts(PROMPT_LENGTHS, seed=13)

@@ -53,7 +53,7 @@ from model_helpers import FP8_MERGED, NO_CLAMPS, by_margin  # noqa: E402  (on sy
 from vllm_ling import kda_core  # noqa: E402
 from vllm_ling.ops.router_gemm import DEFAULT_GEMM  # noqa: E402
 from vllm_ling.fp8 import DEFAULT_SCHEME  # noqa: E402
-from vllm_ling.selfcheck import Requested, inspect_log  # noqa: E402
+from ling_tools.selfcheck import Requested, inspect_log  # noqa: E402
 
 TOKEN_BUDGET = 256
 MAX_TOKENS = 64  # a request (32 until session 14): ~420 decided tokens in all, a paired-noise bar 1/sqrt(2) as wide
@@ -113,7 +113,7 @@ class Run:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, Run]:
-    from vllm_ling.tiny import dequantize_checkpoint, ensure_tiny
+    from ling_tools.tiny import dequantize_checkpoint, ensure_tiny
 
     tmp = tmp_path_factory.mktemp("gpu-model")
     models = {"bf16": str(ensure_tiny(seed=0, variant="stable_router")),

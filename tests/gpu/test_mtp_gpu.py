@@ -74,7 +74,7 @@ def _batch() -> list[list[int]]:
 @pytest.fixture(scope="module")
 def reports(tmp_path_factory) -> dict[str, tuple[dict, dict, dict]]:
     """variant -> (plain run, MTP run, report); the runs carry the fp32 oracle's scores of their tokens."""
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     tmp = tmp_path_factory.mktemp("mtp")
     models = {v: str(ensure_tiny(variant=ckpt)) for v, (ckpt, _, _) in CHECKPOINTS.items()}
@@ -200,7 +200,7 @@ def test_identical_prompts_decoded_side_by_side_agree(pair):
 
 def test_acceptance_tracks_draft_quality(pair):
     """And the start-up self-check's acceptance probe passes the good draft and fails the random one."""
-    from vllm_ling.selfcheck import judge_acceptance
+    from ling_tools.selfcheck import judge_acceptance
 
     name, _, spec, _ = pair
     rate = spec_acceptance(spec)

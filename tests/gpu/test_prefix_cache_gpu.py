@@ -38,7 +38,7 @@ def _base(model: str, rounds: list[dict], block: int) -> dict:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     tmp = tmp_path_factory.mktemp("prefix-cache-gpu")
     tiny, echo = str(ensure_tiny(seed=0)), str(ensure_tiny(variant="mtp_echo"))

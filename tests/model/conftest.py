@@ -34,7 +34,7 @@ def run_oracle(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_bf16() -> str:
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     return str(ensure_tiny(seed=0))
 

@@ -91,7 +91,7 @@ def paired(a: list[tuple[bool, float]], b: list[tuple[bool, float]]) -> dict:
 def schemes_main(out: Path, variants: list[str], names: list[str]) -> int:
     import torch
 
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     lengths = LENGTHS * len(SCHEME_PROMPT_SEEDS)
     prompts = []
@@ -133,7 +133,7 @@ def main() -> int:
     ap.add_argument("out")
     ap.add_argument("--schemes", action="store_true", help="the scale schemes against each other, references only")
     ap.add_argument("--variants", default="stable_router,default",
-                    help="--schemes: tiny checkpoints (vllm_ling.tiny variants, or int4)")
+                    help="--schemes: tiny checkpoints (ling_tools.tiny variants, or int4)")
     ap.add_argument("--runs", default=",".join(SCHEME_RUNS), help="--schemes: which of " + ", ".join(SCHEME_RUNS))
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--variant", default="stable_router")
@@ -150,7 +150,7 @@ def main() -> int:
     for item in a.keep:
         name, _, patterns = item.partition("=")
         configs[name] = ({"quantization": "ling_fp8"}, {"VLLM_LING_FP8_KEEP": patterns})
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     rng = random.Random(7)
     prompts = [[rng.randrange(10, 900) for _ in range(n)] for n in LENGTHS]

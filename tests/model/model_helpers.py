@@ -47,8 +47,8 @@ def random_prompts(lengths: list[int], seed: int) -> list[list[int]]:
 
 
 def draft_vocab_file(tmp: Path, name: str, ids: list[int]) -> str:
-    """A draft vocabulary file (vllm_ling/draft_vocab.py's format) holding `ids`, for VLLM_LING_DRAFT_VOCAB."""
-    from vllm_ling.draft_vocab_file import document
+    """A draft vocabulary file (vllm_ling/draft/vocab.py's format) holding `ids`, for VLLM_LING_DRAFT_VOCAB."""
+    from vllm_ling.draft.vocab_file import document
 
     path = tmp / f"{name}.json"
     path.write_text(json.dumps(document(ids)))

@@ -125,7 +125,7 @@ def test_bundled_config_is_the_released_config_plus_the_int4_block():
 def test_tiny_int4_config_has_the_bundled_key_set(tmp_path):
     """The INT4 tiny checkpoint carries exactly the bundled key set (the BF16 one all but quantization_config:
     test_tiny.py), auto_map included, so loaders meet what they meet on the release."""
-    from vllm_ling.tiny import make_tiny_checkpoint
+    from ling_tools.tiny import make_tiny_checkpoint
 
     out = make_tiny_checkpoint(tmp_path / "int4", int4=True)
     config = json.loads((out / "config.json").read_text())
@@ -134,7 +134,7 @@ def test_tiny_int4_config_has_the_bundled_key_set(tmp_path):
 
 
 def test_stale_tiny_caches_rebuild_after_the_config_change():
-    from vllm_ling.tiny.writer import GENERATOR_VERSION, stamp
+    from ling_tools.tiny.writer import GENERATOR_VERSION, stamp
 
     # version 2 built configs without the released keys: a cache stamped with it must not match
     assert GENERATOR_VERSION >= 3

@@ -9,7 +9,7 @@ import sys
 import pytest
 from ling_watchdog.events import EventLog
 
-from vllm_ling.demo import selfcheck_verdict
+from ling_tools.demo import selfcheck_verdict
 
 
 def _log(tmp_path, t: float) -> EventLog:

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.engine
 
 def test_demo_serves_tiny_model_through_watchdog_and_leaves_nothing_running(tmp_path):
     before = {p.pid for p in psutil.process_iter()}
-    proc = subprocess.run([sys.executable, "-m", "vllm_ling.demo", "--log-dir", str(tmp_path / "logs")],
+    proc = subprocess.run([sys.executable, "-m", "ling_tools.demo", "--log-dir", str(tmp_path / "logs")],
                           capture_output=True, text=True, timeout=1200)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-6000:]

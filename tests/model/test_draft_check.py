@@ -9,7 +9,8 @@ from torch import nn
 
 from vllm_layers import vllm_layer_context
 
-from vllm_ling import draft_check, fp8
+from vllm_ling import fp8
+from vllm_ling.draft import check as draft_check
 
 pytest.importorskip("vllm")
 VOCAB, HIDDEN = 512, 256

@@ -1,4 +1,4 @@
-"""The MTP draft's vocabulary (vllm_ling/draft_vocab.py): the head rows it gathers (BF16, and vLLM's per-channel FP8
+"""The MTP draft's vocabulary (vllm_ling/draft/vocab.py): the head rows it gathers (BF16, and vLLM's per-channel FP8
 layout), its top token against the full logits restricted to its ids, on the CPU, and when the draft takes it."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from model_helpers import draft_vocab_file
 
 pytest.importorskip("vllm")
 
-from vllm_ling import draft_vocab  # noqa: E402
-from vllm_ling.draft_vocab import DraftVocab, head_rows  # noqa: E402
-from vllm_ling.draft_vocab_file import FORMAT  # noqa: E402
+from vllm_ling.draft import vocab as draft_vocab  # noqa: E402
+from vllm_ling.draft.vocab import DraftVocab, head_rows  # noqa: E402
+from vllm_ling.draft.vocab_file import FORMAT  # noqa: E402
 
 V, K = 300, 64
 
@@ -104,7 +104,7 @@ def _vllm_config(tp: int = 1, top_tokens: bool = True) -> SimpleNamespace:
 
 
 def test_the_draft_reads_the_file_only_where_vllm_asks_it_for_top_tokens(tmp_path, monkeypatch):
-    from vllm_ling.mtp import _draft_vocab
+    from vllm_ling.draft.mtp import _draft_vocab
 
     assert _draft_vocab(_vllm_config(), V) is None  # unset: the whole head
     monkeypatch.setenv(draft_vocab.ENV, draft_vocab_file(tmp_path, "v", [3, 1]))

@@ -26,7 +26,7 @@ TOP_TOKENS = {**MTP, "use_local_argmax_reduction": True}
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     tmp = tmp_path_factory.mktemp("draft-vocab")
     model = ensure_tiny(variant="mtp_echo")
@@ -54,7 +54,7 @@ def test_output_is_plain_greedy_whatever_the_vocabulary(runs, name):
 
 
 def test_the_whole_vocabulary_drafts_what_the_whole_head_drafts(runs):
-    from vllm_ling.selfcheck import Requested, inspect_log
+    from ling_tools.selfcheck import Requested, inspect_log
 
     vocab = {v.name: v for v in inspect_log("\n".join(runs["all"]["log_lines"]), Requested(draft_vocab=True))}
     assert vocab["Draft vocab"].on, vocab["Draft vocab"].line()  # the self-check reads the engine's own line
@@ -69,7 +69,7 @@ def test_a_vocabulary_without_the_generated_tokens_gets_no_draft_accepted(runs):
 
 
 def test_a_set_vocabulary_that_vllm_would_not_ask_for_refuses_to_start(tmp_path):
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     spec = {"model": str(ensure_tiny(variant="mtp_echo")), "prompts": [[11, 12, 13]], "max_tokens": 4,
             "dtype": "float32", "max_model_len": 128, "prompt_logprobs": False, "speculative_config": MTP}

@@ -1,4 +1,4 @@
-"""The draft vocabulary file (vllm_ling/draft_vocab_file.py): what the MTP draft accepts from VLLM_LING_DRAFT_VOCAB,
+"""The draft vocabulary file (vllm_ling/draft/vocab_file.py): what the MTP draft accepts from VLLM_LING_DRAFT_VOCAB,
 and every way a file is refused, each naming its rule and the way out."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from vllm_ling.draft_vocab_file import ENV, FORMAT, load_ids
+from vllm_ling.draft.vocab_file import ENV, FORMAT, load_ids
 
 V = 300
 
@@ -34,7 +34,7 @@ def test_a_valid_file_gives_its_ids_in_order(tmp_path):
 def test_a_bad_file_is_refused_naming_the_rule_and_the_way_out(tmp_path, doc, rule):
     with pytest.raises(ValueError, match=rule) as err:
         load_ids(_file(tmp_path, doc), V)
-    assert "draft_vocab_tool" in str(err.value) and ENV in str(err.value)
+    assert "ling_tools.draft_vocab" in str(err.value) and ENV in str(err.value)
 
 
 def test_a_missing_file_is_refused(tmp_path):

@@ -1,4 +1,4 @@
-"""The draft-vocabulary tool (vllm_ling/draft_vocab_tool.py) on the tiny checkpoint's real tokenizer: the ids it
+"""The draft-vocabulary tool (tools/draft_vocab.py) on the tiny checkpoint's real tokenizer: the ids it
 picks are checked against an independent count of the same text, and every refused input exits 2 and
 writes nothing."""
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from vllm_ling import draft_vocab_tool as tool
+from ling_tools import draft_vocab as tool
 
 CORPUS = Path(tool.__file__).parent / "tiny" / "corpus.txt"
 SIZE = 256
@@ -273,8 +273,8 @@ def test_large_file_pieces_count_as_the_whole(model, monkeypatch):
 
 
 def test_the_served_side_reads_the_file_back(model, tmp_path, capsys):
-    """vllm_ling/draft_vocab_file.py's reader, the one the MTP draft uses, takes what the tool writes."""
-    from vllm_ling.draft_vocab_file import load_ids
+    """vllm_ling/draft/vocab_file.py's reader, the one the MTP draft uses, takes what the tool writes."""
+    from vllm_ling.draft.vocab_file import load_ids
 
     d, _, vocab, _ = model
     out = tmp_path / "dv.json"
@@ -286,12 +286,12 @@ def test_the_served_side_reads_the_file_back(model, tmp_path, capsys):
 
 def test_the_module_runs_as_a_command(model, tmp_path):
     out = tmp_path / "dv.json"
-    cmd = [sys.executable, "-m", "vllm_ling.draft_vocab_tool", str(model[0]), "--text", str(CORPUS), "--out"]
+    cmd = [sys.executable, "-m", "ling_tools.draft_vocab", str(model[0]), "--text", str(CORPUS), "--out"]
     done = subprocess.run(cmd + [str(out)], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert "using 2,048" in done.stderr and json.loads(out.read_text())["size"] == 2048  # default, clamped
     done = subprocess.run(cmd + [str(tmp_path / "no" / "dv.json")], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and "does not exist" in done.stderr
     assert "torch" not in subprocess.run(
-        [sys.executable, "-c", "import sys, vllm_ling.draft_vocab_tool; print(sorted(sys.modules))"],
+        [sys.executable, "-c", "import sys, ling_tools.draft_vocab; print(sorted(sys.modules))"],
         capture_output=True, text=True, timeout=60).stdout

@@ -115,7 +115,7 @@ def aux_capture(tiny_bf16, tmp_path_factory):
     """(captured aux tensors, oracle hidden states, oracle per-layer outputs, engine facts, aux ids)."""
     from model_helpers import CPU_ENGINE_ENV, NO_CLAMPS, random_prompts, run_scripts
 
-    from vllm_ling.dspark import normalise_draft_config
+    from vllm_ling.draft.dspark import normalise_draft_config
 
     tmp = tmp_path_factory.mktemp("dspark-aux")
     draft = normalise_draft_config({"architectures": ["LingDSparkModel"], "model_type": "qwen3",
@@ -171,7 +171,7 @@ def _card_drafter(**changes) -> dict:
 
 
 def test_normalise_puts_lings_drafter_on_vllms_qwen3_dspark_path():
-    from vllm_ling.dspark import normalise_draft_config
+    from vllm_ling.draft.dspark import normalise_draft_config
 
     c = normalise_draft_config(_card_drafter())
     assert c["architectures"] == ["LingDSparkModel", "Qwen3DSparkModel"]
@@ -184,7 +184,7 @@ def test_normalise_puts_lings_drafter_on_vllms_qwen3_dspark_path():
 
 
 def test_normalise_refuses_two_spellings_that_disagree():
-    from vllm_ling.dspark import normalise_draft_config
+    from vllm_ling.draft.dspark import normalise_draft_config
 
     with pytest.raises(ValueError, match=r"block_size twice.*dspark_block_size.*8.*block_size.*4"):
         normalise_draft_config(_card_drafter(block_size=4))
@@ -192,7 +192,7 @@ def test_normalise_refuses_two_spellings_that_disagree():
 
 def test_the_released_drafter_fits_flash():
     from vllm_ling.configs import flash_config
-    from vllm_ling.dspark import drafter_problems, normalise_draft_config
+    from vllm_ling.draft.dspark import drafter_problems, normalise_draft_config
 
     draft = normalise_draft_config(_card_drafter())
     assert drafter_problems(flash_config(), draft, num_speculative_tokens=7) == []
@@ -209,7 +209,7 @@ def test_the_released_drafter_fits_flash():
 ])
 def test_a_bad_drafter_is_refused_with_the_field_the_values_and_the_fix(change, words):
     from vllm_ling.configs import flash_config
-    from vllm_ling.dspark import check_drafter, normalise_draft_config
+    from vllm_ling.draft.dspark import check_drafter, normalise_draft_config
 
     with pytest.raises(ValueError) as err:
         check_drafter(flash_config(), normalise_draft_config(_card_drafter(**change)))
@@ -219,7 +219,7 @@ def test_a_bad_drafter_is_refused_with_the_field_the_values_and_the_fix(change, 
 
 def test_k_beyond_the_block_is_refused():
     from vllm_ling.configs import flash_config
-    from vllm_ling.dspark import check_drafter, normalise_draft_config
+    from vllm_ling.draft.dspark import check_drafter, normalise_draft_config
 
     with pytest.raises(ValueError, match=r"num_speculative_tokens=9 is outside 1..block_size=8"):
         check_drafter(flash_config(), normalise_draft_config(_card_drafter()), num_speculative_tokens=9)
@@ -230,7 +230,7 @@ def test_vllm_routes_the_drafter_to_our_qwen3_dspark_class(tiny_bf16, tmp_path):
     """vLLM's own speculative config, the plugin loaded: our drafter class, K = the block size, the aux layers."""
     from model_helpers import run_script
 
-    from vllm_ling.tiny.dspark import TINY_TARGET_LAYER_IDS, make_tiny_dspark
+    from ling_tools.tiny.dspark import TINY_TARGET_LAYER_IDS, make_tiny_dspark
 
     draft = make_tiny_dspark(tmp_path / "draft", Path(tiny_bf16))
     out = run_script("test_dspark.py", {"side": "route", "model": tiny_bf16, "draft": str(draft)}, tmp_path,
@@ -246,8 +246,8 @@ def test_vllm_routes_the_drafter_to_our_qwen3_dspark_class(tiny_bf16, tmp_path):
 def test_tiny_drafter_has_the_real_names_and_fits_its_target(tiny_bf16, tmp_path):
     from safetensors.torch import load_file
 
-    from vllm_ling.dspark import check_drafter, check_drafter_tensors, normalise_draft_config, required_tensors
-    from vllm_ling.tiny.dspark import make_tiny_dspark
+    from vllm_ling.draft.dspark import check_drafter, check_drafter_tensors, normalise_draft_config, required_tensors
+    from ling_tools.tiny.dspark import make_tiny_dspark
 
     out = make_tiny_dspark(tmp_path / "d", Path(tiny_bf16))
     config = normalise_draft_config(json.loads((out / "config.json").read_text()))
@@ -267,8 +267,8 @@ def test_the_agreeing_drafter_drafts_the_echo_targets_next_token(tmp_path):
     """Markov bias argmax = f(prev) for every token; the random drafter's almost never is."""
     from safetensors.torch import load_file
 
-    from vllm_ling.tiny import ensure_tiny
-    from vllm_ling.tiny.dspark import make_tiny_dspark, target_echo
+    from ling_tools.tiny import ensure_tiny
+    from ling_tools.tiny.dspark import make_tiny_dspark, target_echo
 
     target = ensure_tiny(variant="mtp_echo")
     echo = target_echo(target, json.loads((target / "config.json").read_text()))
@@ -289,7 +289,8 @@ def fp8_target(tiny_bf16):
     from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
     from vllm_layers import vllm_layer_context
 
-    from vllm_ling import draft_check, fp8
+    from vllm_ling import fp8
+    from vllm_ling.draft import check as draft_check
 
     with vllm_layer_context(tiny_bf16):
         torch.manual_seed(0)
@@ -320,7 +321,7 @@ def test_vllms_dspark_loader_installs_the_targets_fp8_head_module_itself(fp8_tar
     from vllm.v1.worker.gpu.spec_decode.eagle import utils
     from vllm_layers import vllm_layer_context
 
-    from vllm_ling.dspark import check_draft_shares_target
+    from vllm_ling.draft.dspark import check_draft_shares_target
 
     with vllm_layer_context(tiny_bf16):
         draft = _draft_without_head(fp8_target)
@@ -338,7 +339,7 @@ def test_vllms_dspark_loader_installs_the_targets_fp8_head_module_itself(fp8_tar
 def test_a_drafter_reading_the_fp8_bytes_through_a_bf16_head_is_refused(fp8_target, tiny_bf16):
     from vllm_layers import vllm_layer_context
 
-    from vllm_ling.dspark import check_draft_shares_target
+    from vllm_ling.draft.dspark import check_draft_shares_target
 
     with vllm_layer_context(tiny_bf16):
         draft = _draft_without_head(fp8_target)
@@ -354,8 +355,8 @@ def test_our_drafter_class_refuses_missing_tensors_and_checks_its_head(fp8_targe
     from torch import nn
     from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM
 
-    from vllm_ling.dspark import LingDSparkForCausalLM, normalise_draft_config
-    from vllm_ling.tiny.dspark import make_tiny_dspark
+    from vllm_ling.draft.dspark import LingDSparkForCausalLM, normalise_draft_config
+    from ling_tools.tiny.dspark import make_tiny_dspark
 
     assert issubclass(LingDSparkForCausalLM, Qwen3DSparkForCausalLM)
     out = make_tiny_dspark(tmp_path / "d", Path(tiny_bf16))

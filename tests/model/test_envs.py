@@ -12,7 +12,7 @@ def test_a_choice_read_under_a_vllm_config_changes_its_compile_hash(monkeypatch)
     from vllm_layers import vllm_layer_context
     from vllm_ling import envs
     from vllm_ling.kda_core import GATE_ENV, GATES
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     with vllm_layer_context(str(ensure_tiny(seed=0))) as config:
         hashes = {}
@@ -41,7 +41,7 @@ def test_the_fp8_keep_list_enters_the_compile_hash(monkeypatch):
     pytest.importorskip("vllm")
     from vllm_layers import vllm_layer_context
     from vllm_ling import envs, fp8
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     with vllm_layer_context(str(ensure_tiny(seed=0))) as config:
         seen = []

@@ -41,7 +41,7 @@ def expected_fp8() -> set[str]:
 
 @pytest.fixture(scope="module")
 def checkpoint() -> str:
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     return str(ensure_tiny(int4=True))
 
@@ -60,7 +60,7 @@ def engines(run_engine, checkpoint):
 def references(run_oracle, checkpoint, tmp_path_factory):
     """The reference of each scheme, scoring the prompts (ours serves the CPU engine: its merged layout), on the
     checkpoint dequantized by compressed-tensors (what the CPU engine computes its INT4 experts from)."""
-    from vllm_ling.tiny import dequantize_checkpoint
+    from ling_tools.tiny import dequantize_checkpoint
 
     bf16 = dequantize_checkpoint(checkpoint, tmp_path_factory.mktemp("deq") / "bf16")
     job = {"model": str(bf16), "prompts": [], "score": random_prompts(LENGTHS, seed=11), "fp8": "w8a8",
@@ -92,7 +92,7 @@ def test_the_start_up_line_counts_each_fp8_linear_once(engines, scheme):
     """`FP8 weights ON (N linears + LM head), w8a8, <scheme> scales`, as the self-check reads it from the engine's
     own log: N is the number of linears above, each built once (a layer that built a linear twice under one prefix
     would count it twice and still pass the set comparison)."""
-    from vllm_ling.selfcheck import Requested, inspect_log
+    from ling_tools.selfcheck import Requested, inspect_log
 
     log = "\n".join(engines[scheme]["log_lines"])
     fp8 = next(v for v in inspect_log(log, Requested(fp8=True)) if v.name == "FP8 weights")

@@ -16,7 +16,7 @@ PROMPT_LENGTHS = [5, 64, 130]
 
 @pytest.fixture(scope="module")
 def runs(run_engine, run_oracle, tmp_path_factory):
-    from vllm_ling.tiny import dequantize_checkpoint, ensure_tiny
+    from ling_tools.tiny import dequantize_checkpoint, ensure_tiny
 
     int4 = str(ensure_tiny(int4=True))
     reference = str(dequantize_checkpoint(int4, tmp_path_factory.mktemp("deq") / "bf16"))

@@ -15,7 +15,7 @@ from compressed_tensors.quantization import QuantizationConfig
 
 from model_helpers import config_of, read_checkpoint
 
-from vllm_ling import tiny
+from ling_tools import tiny
 
 EXPERT = re.compile(r"model\.layers\.(\d+)\.mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
 

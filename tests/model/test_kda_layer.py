@@ -35,7 +35,7 @@ def test_in_proj_is_padded_to_16_with_zero_rows_and_the_real_width_is_not(tmp_pa
     from vllm.forward_context import set_forward_context
 
     from vllm_layers import vllm_layer_context
-    from vllm_ling.tiny import ensure_tiny, write_full_config
+    from ling_tools.tiny import ensure_tiny, write_full_config
 
     with vllm_layer_context(str(ensure_tiny(seed=0))) as vllm_config:
         layer = _layer(vllm_config, runnable=False)
@@ -76,7 +76,7 @@ def test_the_op_gets_our_fp32_gate_or_the_raw_projections(monkeypatch, mode):
     from vllm_ling.kda import GATE_ENV
     from vllm_ling.ops.kda import kda_safe_gate
     from vllm_layers import vllm_layer_context
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     monkeypatch.setenv(GATE_ENV, mode)
     with vllm_layer_context(str(ensure_tiny(seed=0))) as vllm_config:

@@ -26,7 +26,7 @@ MTP = {"method": "mtp", "num_speculative_tokens": 1}
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     tiny = ensure_tiny(variant="mtp_echo")
     base = {"model": str(tiny), "prompts": [[5, 6, 7]], "max_tokens": 2, "prompt_logprobs": False,

@@ -1,6 +1,6 @@
-"""vllm_ling.metrics: the one reader of vLLM's /metrics text (prometheus_client's parser)."""
+"""ling_common.metrics: the one reader of vLLM's /metrics text (prometheus_client's parser)."""
 
-from vllm_ling.metrics import SpecCounters, spec_counters, tokens_total
+from ling_common.metrics import SpecCounters, spec_counters, tokens_total
 
 METRICS = """# HELP vllm:generation_tokens_total Number of generation tokens processed.
 # TYPE vllm:generation_tokens_total counter

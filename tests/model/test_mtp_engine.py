@@ -29,7 +29,7 @@ MTP = {"method": "mtp", "num_speculative_tokens": 1}
 
 @pytest.fixture(scope="module", params=["mtp_echo", "stable_router"])
 def pair(request, tmp_path_factory):
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     tmp = tmp_path_factory.mktemp(f"mtp-cpu-{request.param}")
     base = {"model": str(ensure_tiny(variant=request.param)), "prompts": _prompts(), "max_tokens": MAX_TOKENS,
@@ -53,7 +53,7 @@ def test_mtp_greedy_output_is_identical_to_plain_greedy(pair):
 
 
 def test_acceptance_tracks_draft_quality_and_the_self_check_judges_it(pair):
-    from vllm_ling.selfcheck import judge_acceptance
+    from ling_tools.selfcheck import judge_acceptance
 
     name, _, spec = pair
     assert spec["spec_decode"].get("num_drafts", 0) > 0, "MTP never drafted"
@@ -84,7 +84,7 @@ def _replay_k1(prompt_len: int, seq: list[int], guess: list[int]) -> tuple[int, 
 
 
 def test_acceptance_is_exactly_what_the_draft_equations_predict(pair, run_oracle, tmp_path):
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     name, _, spec = pair
     model = str(ensure_tiny(variant=name))

@@ -23,7 +23,7 @@ MAX_TOKENS = 48
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     rng = random.Random(11)
     base = {"model": str(ensure_tiny(variant="mtp_echo")), "max_tokens": MAX_TOKENS, "dtype": "float32",

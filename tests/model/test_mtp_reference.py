@@ -31,14 +31,14 @@ def _agreement(model_dir: str, run_oracle, tmp: Path) -> float:
 
 
 def test_echo_draft_predicts_the_target(run_oracle, tmp_path):
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     rate = _agreement(str(ensure_tiny(variant="mtp_echo")), run_oracle, tmp_path)
     assert rate >= 0.8, f"the mtp_echo draft agreed with the target on {rate:.0%} of positions"
 
 
 def test_random_draft_rarely_predicts_the_target(run_oracle, tmp_path):
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     rate = _agreement(str(ensure_tiny()), run_oracle, tmp_path)
     assert rate <= 0.2, f"a random draft agreed with the target on {rate:.0%} of positions"

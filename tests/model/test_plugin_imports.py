@@ -1,7 +1,7 @@
 """The served plugin stands on its own: what vLLM imports to serve Ling V3 (the entry point's `register()`, the
-model and draft classes it registers, the FP8 method and the parsers) reaches vLLM, torch and `vllm_ling` only,
-never our tools (`ling_watchdog`, `ling_tuning`, `ling_bench`) nor the tools that stand inside the package
-(self-check CLI, demo, tiny-checkpoint writer).
+model and draft classes it registers, the FP8 method and the parsers) reaches vLLM, torch and `vllm_ling` only
+(and what vLLM itself depends on), never our other packages (`ling_common`, `ling_tools`, `ling_watchdog`,
+`ling_tuning`, `ling_bench`). tests/test_import_graph.py checks the tools' graphs.
 
 Two checks: a static one over the source (every import statement, inside functions too, and the lazy
 "vllm_ling.x:Class" targets), which needs no vLLM and sees code that never runs; and a dynamic one, what a real
@@ -20,11 +20,12 @@ from pathlib import Path
 
 import pytest
 
-SERVED = ["vllm_ling.plugin", "vllm_ling.model", "vllm_ling.mtp", "vllm_ling.fp8", "vllm_ling.kda",
-          "vllm_ling.kda_core", "vllm_ling.mla", "vllm_ling.moe", "vllm_ling.draft_check", "vllm_ling.smem_guard",
+SERVED = ["vllm_ling.plugin", "vllm_ling.model", "vllm_ling.draft.mtp", "vllm_ling.fp8", "vllm_ling.kda",
+          "vllm_ling.kda_core", "vllm_ling.mla", "vllm_ling.moe", "vllm_ling.draft.check", "vllm_ling.smem_guard",
           "vllm_ling.parsers"]
-TOOLS = ("ling_watchdog", "ling_tuning", "ling_bench", "tests", "vllm_ling.selfcheck", "vllm_ling.demo",
-         "vllm_ling.tiny", "vllm_ling.draft_vocab_tool")
+TOOLS = ("ling_common", "ling_tools", "ling_watchdog", "ling_tuning", "ling_bench", "tests")  # ours, not the plugin
+# What else the plugin may reach besides the standard library: vLLM, torch, and packages vLLM itself requires.
+THIRD_PARTY = {"vllm", "torch", "triton", "transformers", "packaging", "jsonschema"}
 
 
 def _is_tool(module: str) -> bool:
@@ -54,9 +55,11 @@ def _tools_among(modules: list[str]) -> list[str]:
 ROOT = Path(__file__).resolve().parents[2]  # the folder holding the vllm_ling package
 # What vLLM loads to serve: the entry point, what `register()` registers (model, draft, FP8 method) and the parser
 # module it registers lazily as ("vllm_ling.parsers.ling3", Class), a name the source builds with an f-string.
-STATIC_STARTS = ("vllm_ling", "vllm_ling.plugin", "vllm_ling.model", "vllm_ling.mtp", "vllm_ling.fp8",
+STATIC_STARTS = ("vllm_ling", "vllm_ling.plugin", "vllm_ling.model", "vllm_ling.draft.mtp", "vllm_ling.fp8",
                  "vllm_ling.parsers.ling3")
-LAZY_TARGET = re.compile(r"vllm_ling(?:\.\w+)+(?::\w+)?")  # "vllm_ling.model:BailingMoeV3ForCausalLM"
+# "vllm_ling.model:BailingMoeV3ForCausalLM"; another package of ours only as "module:name" (the registry of settings
+# names its readers, "ling_bench.fullsize", as text)
+LAZY_TARGET = re.compile(r"vllm_ling(?:\.\w+)+(?::\w+)?|ling_\w+(?:\.\w+)*:\w+")
 
 Edge = tuple[str, int]  # (importing module, line)
 
@@ -130,11 +133,17 @@ def test_no_served_module_imports_a_tool_anywhere_in_its_source():
     assert tools_reached(ROOT) == [], "the served plugin can import a tool"
 
 
+def test_the_served_plugin_reaches_only_vllm_torch_and_itself():
+    graph = static_import_graph(ROOT, STATIC_STARTS)
+    outside = {m.split(".")[0] for m in graph} - set(sys.stdlib_module_names) - THIRD_PARTY - {"vllm_ling"}
+    assert outside == set(), [_chain(graph, m) for m in sorted(graph) if m.split(".")[0] in outside]
+
+
 def test_the_static_walk_follows_imports_in_functions_and_lazy_targets():
     """From the entry point alone: plugin is imported inside `register()`, fp8 inside `_register()`, model and
     mtp only as "module:Class" strings, kda by model; vLLM and torch are seen but not followed."""
     graph = static_import_graph(ROOT, ("vllm_ling",))
-    assert {"vllm_ling.plugin", "vllm_ling.fp8", "vllm_ling.model", "vllm_ling.mtp", "vllm_ling.kda",
+    assert {"vllm_ling.plugin", "vllm_ling.fp8", "vllm_ling.model", "vllm_ling.draft.mtp", "vllm_ling.kda",
             "vllm_ling.smem_guard", "vllm", "torch"} <= set(graph)
     assert graph["vllm_ling.model"][0] == "vllm_ling.plugin"
 
@@ -159,12 +168,12 @@ def test_the_static_walk_sees_a_tool_imported_in_a_function_that_never_runs(muta
 
 
 def test_the_static_walk_sees_a_tool_named_as_a_lazy_target(mutant_root):
-    """Negative control: a "module:Class" string naming an in-package tool, and a relative import of one."""
-    _plant(mutant_root, "vllm_ling.plugin", 'LATER = "vllm_ling.selfcheck:main"')
-    _plant(mutant_root, "vllm_ling.mtp", "def _never_called():\n    from .tiny import cache\n")
+    """Negative control: a "module:Class" string naming a tool, and a `from package import module` of a helper."""
+    _plant(mutant_root, "vllm_ling.plugin", 'LATER = "ling_tools.selfcheck:main"')
+    _plant(mutant_root, "vllm_ling.draft.mtp", "def _never_called():\n    from ling_common import metrics\n")
     found = tools_reached(mutant_root)
-    assert any(c.startswith("vllm_ling.selfcheck <- vllm_ling.plugin:") for c in found), found
-    assert any(c.startswith("vllm_ling.tiny <- vllm_ling.mtp:") for c in found), found
+    assert any(c.startswith("ling_tools.selfcheck <- vllm_ling.plugin:") for c in found), found
+    assert any(c.startswith("ling_common <- vllm_ling.draft.mtp:") for c in found), found
 
 
 def test_the_served_plugin_imports_none_of_our_tools():
@@ -177,5 +186,5 @@ def test_the_served_plugin_imports_none_of_our_tools():
 def test_the_check_sees_a_tool_when_one_is_imported():
     """Negative control: the same child, asked to import the self-check CLI too, reports it and what it pulls in."""
     pytest.importorskip("vllm")
-    found = _tools_among(_imported([*SERVED, "vllm_ling.selfcheck"]))
-    assert "vllm_ling.selfcheck" in found
+    found = _tools_among(_imported([*SERVED, "ling_tools.selfcheck"]))
+    assert "ling_tools.selfcheck" in found

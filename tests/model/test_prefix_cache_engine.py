@@ -92,7 +92,7 @@ def _spec(model: str, rounds: list[dict], **extra) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     """The plain engine's rounds, and the MTP engine's exit status and log, run at the same time."""
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     tmp = tmp_path_factory.mktemp("prefix-cache")
     spec = _spec(str(ensure_tiny(variant="mtp_echo")), [{"name": "warm", "prompts": [_concurrent()[0]]}],

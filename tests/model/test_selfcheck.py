@@ -16,9 +16,10 @@ from ling_watchdog.events import EventLog
 from ling_watchdog.ports import free_port
 from ling_watchdog.serve_args import ServeArgs
 
-from vllm_ling.metrics import SpecCounters
-from vllm_ling.selfcheck import (Requested, inspect_log, judge_acceptance, judge_batch_agreement, main,
+from ling_common.metrics import SpecCounters
+from ling_tools.selfcheck import (Requested, inspect_log, judge_acceptance, judge_batch_agreement, main,
                                  prefix_cache_verdict, prefix_counters, read_choice)
+from vllm_ling import startup_log
 
 FAKE = Path(__file__).parents[1] / "watchdog" / "fake_vllm.py"
 
@@ -214,11 +215,12 @@ def test_the_probe_presents_the_servers_key(keyed_server, tmp_path, monkeypatch,
         main(["--json", "--log", str(log), "--url", url, "--model", "fake-model", "--", "vllm", "serve", "/m"])
 
 
-V033_LOG = """INFO Initializing a V1 LLM engine (v0.33.0) with config: model='/m', quantization=ling_fp8, speculative_config=None, device_config=cuda, compilation_config={'cudagraph_mode': <CUDAGraphMode.FULL_AND_PIECEWISE: (2, 1)>}
+FP8_LINE = startup_log.FP8_ON.text(linears=279, head=startup_log.FP8_HEAD_ON, kernel="w8a8", scheme="block")
+V033_LOG = f"""INFO Initializing a V1 LLM engine (v0.33.0) with config: model='/m', quantization=ling_fp8, speculative_config=None, device_config=cuda, compilation_config={{'cudagraph_mode': <CUDAGraphMode.FULL_AND_PIECEWISE: (2, 1)>}}
 INFO [plugin.py:70] vllm-ling: BailingMoeV3ForCausalLM and its MTP draft are served by vllm-ling on vLLM 0.33.0 (VLLM_LING_MODEL=vllm-ling; VLLM_LING_MODEL=vllm-ling|vllm picks).
 INFO [compressed_tensors_moe.py:139] Using CompressedTensorsWNA16MoEMethod
 INFO [int_wna16.py:356] Using 'HUMMING' WNA16 MoE backend.
-INFO [fp8.py:190] vllm-ling: FP8 weights ON (279 linears + LM head), w8a8
+INFO [fp8.py:190] {FP8_LINE}
 INFO [gpu_model_runner.py:6517] Graph capturing finished in 81 secs, took 0.55 GiB
 """
 
@@ -230,7 +232,7 @@ def test_fp8_asked_for_and_active_names_the_layers_and_the_kernel():
 
 
 def test_fp8_asked_for_but_no_fp8_layer_fails():
-    log = V033_LOG.replace("vllm-ling: FP8 weights ON (279 linears + LM head), w8a8", "")
+    log = V033_LOG.replace(FP8_LINE, "")
     v = _by_name(inspect_log(log, Requested(fp8=True)))["FP8 weights"]
     assert v.failed and "--quantization ling_fp8" in v.why
     assert not _by_name(inspect_log(log, Requested()))["FP8 weights"].failed  # not asked for: just OFF
@@ -244,7 +246,7 @@ def test_the_fp8_request_is_read_from_the_serve_command(vllm_parser):
 def test_which_model_serves_and_why_is_a_line_of_its_own():
     v = _by_name(inspect_log(V033_LOG, Requested()))["Ling V3 model"]
     assert v.on and v.why.startswith("vllm-ling on vLLM 0.33.0: VLLM_LING_MODEL=vllm-ling")
-    gone = _by_name(inspect_log("INFO vllm-ling: registration failed (ValueError: bad); vLLM serves", Requested()))
+    gone = _by_name(inspect_log("INFO " + startup_log.REGISTRATION_FAILED.text(error="ValueError: bad"), Requested()))
     assert "did not register: ValueError: bad" in gone["Ling V3 model"].why
 
 
@@ -349,7 +351,7 @@ def test_the_hit_rate_reaches_ling_watchdog_status(keyed_server, tmp_path, monke
     log = tmp_path / "serve.log"
     log.write_text(PREFIX_LOG.replace("SpeculativeConfig(method='mtp', model='/m', num_spec_tokens=1)", "None"))
     monkeypatch.setenv("VLLM_API_KEY", key)
-    monkeypatch.setattr("vllm_ling.metrics.read_metrics", lambda url, headers=None, timeout=5.0: PREFIX_METRICS)
+    monkeypatch.setattr("ling_common.metrics.read_metrics", lambda url, headers=None, timeout=5.0: PREFIX_METRICS)
     assert main(["--json", "--log", str(log), "--url", url, "--", "vllm", "serve", "/m",
                  "--enable-prefix-caching"]) == 0
     out = capsys.readouterr().out

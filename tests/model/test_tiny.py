@@ -12,7 +12,7 @@ import torch
 
 from model_helpers import config_of, read_checkpoint
 
-from vllm_ling import tiny
+from ling_tools import tiny
 from vllm_ling.config import BailingMoeV3Config, is_mla_layer
 
 FP32_SUFFIXES = ("A_log", "dt_bias", "_conv1d.weight", "expert_bias")
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.usefixtures("single_thread")
 
 def expected_tensors(c: dict) -> dict[str, tuple[int, ...]]:
     """The checkpoint table written from docs/architecture.md §Layers/§MTP/§Tensors, independently of
-    vllm_ling.tensors (the table the writer reads)."""
+    ling_tools.tensors (the table the writer reads)."""
     H, V, L, G = c["hidden_size"], c["vocab_size"], c["num_hidden_layers"], c["layer_group_size"]
     heads, d, K = c["num_attention_heads"], c["head_dim"], c["short_conv_kernel_size"]
     P, E, I, Ie = heads * d, c["num_experts"], c["intermediate_size"], c["moe_intermediate_size"]

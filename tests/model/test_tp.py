@@ -68,7 +68,7 @@ def _spec(model: str, tp: int, max_tokens: int = MAX_TOKENS) -> dict:
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory) -> dict[str, tuple[str, str]]:
     """name -> (the engine's checkpoint, the oracle's): INT4 is judged against its compressed-tensors dequantization."""
-    from vllm_ling.tiny import dequantize_checkpoint, ensure_tiny
+    from ling_tools.tiny import dequantize_checkpoint, ensure_tiny
 
     bf16, int4 = str(ensure_tiny(seed=0)), str(ensure_tiny(int4=True))
     return {"bf16": (bf16, bf16),
@@ -178,7 +178,7 @@ MTP = {"method": "mtp", "num_speculative_tokens": 1}
 @pytest.fixture(scope="module")
 def mtp_runs(run_engine) -> dict[int, dict]:
     """MTP k=1 with the `mtp_echo` draft (built to agree: mostly accepted) at TP = 1 and TP = 2, 48 new tokens."""
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     rng = random.Random(11)
     spec = {"model": str(ensure_tiny(variant="mtp_echo")), "max_tokens": 48, "max_model_len": 512,

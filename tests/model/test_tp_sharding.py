@@ -135,7 +135,7 @@ def build(model_dir: str, rank: int, world_size: int, draft: bool = False):
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     from vllm_ling.model import BailingMoeV3ForCausalLM
-    from vllm_ling.mtp import BailingMoeV3MTPModel
+    from vllm_ling.draft.mtp import BailingMoeV3MTPModel
 
     with fake_tp(rank, world_size):
         config = EngineArgs(model=model_dir, dtype="float32", tensor_parallel_size=world_size, max_model_len=512,
@@ -165,7 +165,7 @@ def env():
 
 @pytest.fixture(scope="module")
 def tiny(env) -> dict[str, str]:
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     return {"bf16": str(ensure_tiny()), "int4": str(ensure_tiny(int4=True)), "qlora": str(ensure_tiny(variant="qlora"))}
 

@@ -111,7 +111,7 @@ print(json.dumps(out))
 
 
 def test_a_per_row_scale_multiplies_each_rows_sums(interpret):
-    """The draft vocabulary's head (vllm_ling/draft_vocab.py): FP8 (and BF16) rows read as stored, widened to fp32,
+    """The draft vocabulary's head (vllm_ling/draft/vocab.py): FP8 (and BF16) rows read as stored, widened to fp32,
     each row's sum times its scale; without the scale the same call is far off (the check can fail)."""
     for case, r in interpret(SCALED_CHILD).items():
         assert r["err"] <= TOLERANCE, (case, r)

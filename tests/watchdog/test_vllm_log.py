@@ -2,7 +2,7 @@
 from pathlib import Path
 
 import pytest
-from ling_watchdog.vllm_log import parse
+from ling_common.vllm_log import parse
 
 
 @pytest.mark.parametrize("line, shard, total", [

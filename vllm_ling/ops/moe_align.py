@@ -31,7 +31,7 @@ from vllm_ling import envs
 logger = logging.getLogger("vllm_ling")
 
 ALIGN_ENV = "VLLM_LING_MOE_ALIGN"
-ALIGNS = ("vllm", "ours")  # vLLM's CUDA op (default until measured), or this kernel at decode sizes
+ALIGNS = envs.VARIABLES[ALIGN_ENV].choices  # vLLM's CUDA op (default until measured), or this kernel at decode sizes
 MAX_ROWS = 128  # routed rows one program holds: the pairwise [rows, rows] comparisons live in registers
 # The expert id of the blocks past the total: -1, as vLLM 0.33's CUDA op writes there (seen on the H200 on
 # 2026-12-02, tests/gpu/test_moe_align_gpu.py at 8 and 16 tokens, where routed ids repeat and the array has a
@@ -107,7 +107,7 @@ def wrap(vllm_op):
 
 def align_choice() -> str:
     """VLLM_LING_MOE_ALIGN: `vllm` (default) or `ours`; anything else is refused with the choices."""
-    return envs.choice(ALIGN_ENV, ALIGNS, "vllm")
+    return envs.read(ALIGN_ENV)
 
 
 def install() -> bool:

@@ -13,7 +13,7 @@ fixed chunks: a row's logits depend on its own input only, never on the batch's 
 GEMM. The default since 2026-12-02: inside the engine on the H200, two rows took 5.6 µs a layer against cuBLAS's
 12.0 (-0.26 ms of GPU time per MTP verify step), one row 4.8 against 4.3, both at 4 experts a program, before
 `block_experts` chose fewer (docs/speed.md §Kernels). `VLLM_LING_ROUTER_GEMM=vllm` goes back to GateLinear.
-The same kernel, with a per-row scale, gives the MTP draft's logits over a draft vocabulary (vllm_ling/draft_vocab.py).
+The same kernel, with a per-row scale, gives the MTP draft's logits over a draft vocabulary (vllm_ling/draft/vocab.py).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from vllm_ling import envs
 logger = logging.getLogger("vllm_ling")
 
 GEMM_ENV = "VLLM_LING_ROUTER_GEMM"
-GEMMS = ("ours", "vllm")  # this kernel up to MAX_TOKENS rows (the default), or vLLM's GateLinear
-DEFAULT_GEMM = "ours"
+GEMMS = envs.VARIABLES[GEMM_ENV].choices  # this kernel up to MAX_TOKENS rows (the default), or vLLM's GateLinear
+DEFAULT_GEMM = envs.VARIABLES[GEMM_ENV].default
 MAX_TOKENS = 16  # rows one program holds: decode batches and MTP verify steps of a few sequences
 PRODUCT = 8192  # BLOCK_M x BLOCK_E x BLOCK_K products per step: 64 fp32 registers a thread at 4 warps
 
@@ -109,7 +109,7 @@ def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def gemm_choice() -> str:
     """VLLM_LING_ROUTER_GEMM: `ours` (default) or `vllm`; anything else is refused with the choices."""
-    asked = envs.choice(GEMM_ENV, GEMMS, DEFAULT_GEMM)
+    asked = envs.read(GEMM_ENV)
     _log_choice(asked)
     return asked
 

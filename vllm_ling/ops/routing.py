@@ -24,7 +24,7 @@ from vllm_ling import envs
 logger = logging.getLogger("vllm_ling")
 
 ROUTER_ENV = "VLLM_LING_ROUTER"
-ROUTERS = ("ours", "vllm")  # our one-kernel router (vllm_ling.ops.routing), or vLLM's grouped_topk
+ROUTERS = envs.VARIABLES[ROUTER_ENV].choices  # our one-kernel router (vllm_ling.ops.routing), or vLLM's grouped_topk
 
 
 @triton.jit
@@ -103,7 +103,7 @@ def ling_grouped_topk(logits: torch.Tensor, bias: torch.Tensor, n_group: int, to
 
 def router_choice() -> str:
     """VLLM_LING_ROUTER: `ours` (default) or `vllm`; anything else is refused with the choices."""
-    asked = envs.choice(ROUTER_ENV, ROUTERS, "ours")
+    asked = envs.read(ROUTER_ENV)
     _log_router(asked)
     return asked
 

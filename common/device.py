@@ -1,4 +1,5 @@
-"""What the serve command will run on: CPU only, a discrete GPU, or unified memory (GB10).
+"""The GPU query: what the serve command will run on (CPU only, a discrete GPU, or unified memory: GB10), and the
+first GPU's name.
 
 Asked of `nvidia-smi`, not torch: importing torch costs seconds, and a CUDA context in the
 watchdog would hold unified memory that the server needs.
@@ -6,12 +7,13 @@ watchdog would hold unified memory that the server needs.
 from __future__ import annotations
 
 import dataclasses
+import shutil
 import subprocess
 from dataclasses import dataclass
 
-# Opt-in shared memory per block by compute capability: one table, the plugin's (a torch- and vLLM-free module;
-# GB10's 101,376 B is docs/ops-walls.md, "The box").
-from vllm_ling.smem import SMEM_PER_BLOCK
+# Opt-in shared memory per block by compute capability (GB10's 101,376 B is docs/ops-walls.md, "The box").
+from ling_common.smem import SMEM_PER_BLOCK
+
 UNIFIED = {(8, 7), (12, 1)}  # Jetson Orin, GB10 (DGX Spark): the GPU's memory is host RAM
 UNIFIED_NAMES = ("GB10",)  # by name too, whatever capability or memory total a driver reports for it
 QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,compute_cap", "--format=csv,noheader,nounits"]
@@ -48,3 +50,13 @@ def detect(run=subprocess.run) -> Device:
         return dataclasses.replace(parse_query(lines[0]), count=len(lines)) if lines else Device("cpu")
     except ValueError:
         return Device("unified", lines[0], count=len(lines))  # unknown format: assume the cautious memory model
+
+
+def gpu_name() -> str | None:
+    """This machine's first GPU as nvidia-smi names it (the name vLLM puts in tuned-file names), or None."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                         text=True, timeout=30)
+    names = out.stdout.strip().splitlines() if out.returncode == 0 else []
+    return names[0].strip() if names else None

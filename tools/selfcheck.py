@@ -5,8 +5,8 @@ slower than no draft; a missing tuned-MoE file falls back to generic tiles. This
 into an ON/OFF line with the reason, and fails loudly when something requested fell back.
 
 The in-vLLM half (the MTP draft must run on the target's LM head and embedding, FP8 included) is
-`vllm_ling.draft_check`, part of the served plugin; this module is the tool that runs beside the server:
-`python -m vllm_ling.selfcheck --log logs/serve.log --url http://127.0.0.1:8000 -- <serve command>` runs
+`vllm_ling.draft.check`, part of the served plugin; this module is the tool that runs beside the server:
+`python -m ling_tools.selfcheck --log logs/serve.log --url http://127.0.0.1:8000 -- <serve command>` runs
   against a live server: reads what each optimisation did from this launch's lines of the server log (from
   the watchdog's launch line, `--launch ID`; never an earlier run's lines in a reused log dir), what was asked
   for from the serve command and the server's own environment (`--server-pid`: /proc/<pid>/environ, where
@@ -26,8 +26,11 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from vllm_ling.draft_vocab_file import ENV as DRAFT_VOCAB_ENV, requested_path  # standard library only, like this tool
-from vllm_ling.metrics import ZERO, SpecCounters, prefix_cache
+from ling_common.device import gpu_name
+from ling_common.metrics import ZERO, SpecCounters, prefix_cache
+from ling_common.vllm_log import served_int4_backend
+from vllm_ling import envs, startup_log  # standard library only, like this tool
+from vllm_ling.draft.vocab_file import ENV as DRAFT_VOCAB_ENV, requested_path  # standard library only too
 
 logger = logging.getLogger("vllm_ling")
 
@@ -73,7 +76,7 @@ class Requested:
         quantization = str((args.values.get("quantization") if args is not None else None) or "")
         return cls(eager=bool(args and args.enforce_eager), mtp="mtp" in method,
                    tuned_folder=env.get("VLLM_TUNED_CONFIG_FOLDER") or None, fp8=quantization == FP8_METHOD,
-                   kda_gate_kernel=env.get(KDA_GATE_ENV, "").strip().lower() == "kernel",
+                   kda_gate_kernel=envs.raw(KDA_GATE_ENV, env).lower() == "kernel",
                    draft_vocab=requested_path(env) is not None,
                    prefix_cache=bool(args is not None and args.values.get("enable_prefix_caching")))
 
@@ -133,18 +136,18 @@ def hit_rate_text(queries: float, hits: float) -> str:
 
 
 def prefix_counters(text: str) -> tuple[float, float] | None:
-    """(queries, hits) of a /metrics scrape (vllm_ling.metrics.prefix_cache); None when the server exports neither."""
+    """(queries, hits) of a /metrics scrape (ling_common.metrics.prefix_cache); None when the server exports neither."""
     cache = prefix_cache(text)
     return None if cache is None else (float(cache.queries), float(cache.hits))
 
 
 def _draft_vocab_verdict(log: str, asked: bool) -> Verdict:
     """The MTP draft's vocabulary (VLLM_LING_DRAFT_VOCAB): our draft logs how many ids it proposes among once it
-    has gathered their head rows (vllm_ling.draft_vocab). Asked for and absent is a failure: vLLM's in-tree draft,
+    has gathered their head rows (vllm_ling.draft.vocab). Asked for and absent is a failure: vLLM's in-tree draft,
     for one, would serve its whole head and ignore the file."""
-    found = re.search(r"vllm-ling: MTP draft proposes among (\d+) of (\d+) tokens .*?, (\S+)\)", log)
+    found = startup_log.DRAFT_VOCAB.search(log)
     if found:
-        return Verdict("Draft vocab", True, f"{found.group(1)} of {found.group(2)} tokens ({found.group(3)} rows)",
+        return Verdict("Draft vocab", True, f"{found['ids']} of {found['vocab']} tokens ({found['dtype']} rows)",
                        requested=asked)
     return Verdict("Draft vocab", False, f"asked for ({DRAFT_VOCAB_ENV}) but the draft never took it: is vllm-ling's "
                    "MTP draft serving?" if asked else "not asked for: the draft reads the whole LM head",
@@ -153,38 +156,39 @@ def _draft_vocab_verdict(log: str, asked: bool) -> Verdict:
 
 def _model_verdict(log: str) -> Verdict:
     """Which BailingMoeV3ForCausalLM serves, and why: the plugin's one line per process (vllm_ling.plugin)."""
-    served = re.search(r"vllm-ling: BailingMoeV3ForCausalLM and its MTP draft are served by (.+?) on vLLM (\S+) "
-                       r"\((.+)\)", log)
+    served = startup_log.REGISTERED.search(log)
     if served:
-        return Verdict("Ling V3 model", True, f"{served.group(1)} on vLLM {served.group(2)}: {served.group(3)}")
-    failed = re.search(r"vllm-ling: registration failed \((.+?)\);", log)
-    return Verdict("Ling V3 model", False, f"the plugin did not register: {failed.group(1)}" if failed else
+        return Verdict("Ling V3 model", True, f"{served['who']} on vLLM {served['version']}: {served['why']}; "
+                                              f"{served['env']}=vllm-ling|vllm picks")
+    failed = startup_log.REGISTRATION_FAILED.search(log)
+    return Verdict("Ling V3 model", False, f"the plugin did not register: {failed['error']}" if failed else
                    "no vllm-ling line: the plugin is not installed in the server's environment")
 
 
 def _fp8_verdict(log: str, asked: bool) -> Verdict:
     """FP8 weights (`--quantization ling_fp8`): the plugin's count of FP8 layers, logged once the LM head got
     its method; asked for and absent is a failure (the linears stayed BF16)."""
-    found = re.findall(r"vllm-ling: FP8 weights ON \((\d+) linears( \+ LM head|, LM head BF16)\), (\w+)", log)
+    found = startup_log.FP8_ON.findall(log)
     if not found:
         why = "asked for (--quantization ling_fp8) but no layer got FP8 weights" if asked else "not asked for"
         return Verdict("FP8 weights", False, why, requested=asked)
-    linears, head, kernel = found[0]  # the target's line comes first; the MTP draft's follows
-    return Verdict("FP8 weights", True, f"({linears} linears{head}), {kernel}", requested=asked)
+    target = found[0]  # the target's line comes first; the MTP draft's follows
+    return Verdict("FP8 weights", True, f"({target['linears']} linears{target['head']}), {target['kernel']}",
+                   requested=asked)
 
 
 def _kda_gate_verdict(log: str, asked: bool, on_cpu: bool) -> Verdict:
     """Where KDA's safe gate and σ(β) are computed: inside vLLM's raw-gate KDA kernels (VLLM_LING_KDA_GATE=kernel)
     or by our compiled gate before the op. Asked for and fallen back (a vLLM without the kernels, a cache whose
     state is not dense per slot) is a failure; the plugin logs the reason (vllm_ling.kda, vllm_ling.kda_core)."""
-    fell = re.search(r"vllm-ling: KDA gate fell back to ours: (.+)", log)
+    fell = startup_log.KDA_GATE_FELL_BACK.search(log)
     if fell:
-        return Verdict("KDA gate", False, fell.group(1).strip(), requested=asked)
-    if re.search(r"vllm-ling: KDA gate and β inside vLLM's KDA kernels", log):
+        return Verdict("KDA gate", False, fell["reason"].strip(), requested=asked)
+    if startup_log.KDA_GATE_IN_KERNEL.search(log):
         return Verdict("KDA gate", True, f"in vLLM's raw-gate KDA kernels ({KDA_GATE_ENV}=kernel)", requested=asked)
     if on_cpu:
         return Verdict("KDA gate", False, "CPU engine: our torch ops compute the gate")
-    if re.search(r"are served by vLLM's in-tree implementation", log):
+    if (served := startup_log.REGISTERED.search(log)) and served["who"] == startup_log.INTREE:
         return Verdict("KDA gate", False, "vLLM's in-tree model serves, with its own KDA layer", requested=asked)
     return Verdict("KDA gate", False, f"ours, before the KDA op ({KDA_GATE_ENV}=ours, or a vLLM without its raw-gate "
                    "KDA kernels)" if not asked else "asked for, but no vllm-ling KDA gate line in this launch",
@@ -203,19 +207,6 @@ def _tuned_verdict(log: str, folder: str | None) -> Verdict:
                f"this device and shape" if folder else "vLLM fell back to default tiles (no tuned folder set)")
         return Verdict("tuned MoE tiles", False, why, requested=bool(folder))
     return Verdict("tuned MoE tiles", False, "no Triton MoE config lookup (Marlin or CPU)")
-
-
-def served_int4_backend(log: str) -> tuple[str, str] | None:
-    """(backend, as logged) of the INT4 MoE experts from vLLM's start-up log, or None. 0.33 names its backend
-    ('HUMMING', 'MARLIN', 'TRITON', ...) after a line naming the one method class all of them share
-    (CompressedTensorsWNA16MoEMethod), so the backend line wins; a log without it names only the class."""
-    named = re.search(r"Using '(\w+)' WNA16 MoE backend", log)  # 0.33 also logs the method class, earlier
-    if named:
-        return named.group(1).lower(), named.group(1)
-    method = re.search(r"Using (CompressedTensorsWNA16\w*MoEMethod)", log)
-    if not method:
-        return None
-    return ("marlin" if "marlin" in method.group(1).lower() else "triton"), method.group(1)
 
 
 def _int4_verdict(log: str, choice: dict | None) -> Verdict:
@@ -240,19 +231,6 @@ def read_choice(tuned_dir: str | None, device_name: str | None) -> dict | None:
     from ling_tuning.choice import read_choice as read_verdict
 
     return read_verdict(tuned_dir, device_name) if tuned_dir and device_name else None
-
-
-def gpu_name() -> str | None:
-    """This machine's first GPU as nvidia-smi names it (the name vLLM puts in tuned-file names), or None."""
-    import shutil
-    import subprocess
-
-    if not shutil.which("nvidia-smi"):
-        return None
-    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
-                         text=True, timeout=30)
-    names = out.stdout.strip().splitlines() if out.returncode == 0 else []
-    return names[0].strip() if names else None
 
 
 Counters = SpecCounters | Mapping[str, float] | None
@@ -340,9 +318,9 @@ def main(argv: list[str] | None = None) -> int:
     from ling_watchdog.probes import auth_headers
     from ling_watchdog.serve_args import ServeArgs
 
-    from vllm_ling.metrics import read_metrics, read_spec_counters
+    from ling_common.metrics import read_metrics, read_spec_counters
 
-    p = argparse.ArgumentParser(prog="python -m vllm_ling.selfcheck", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m ling_tools.selfcheck", description=__doc__.splitlines()[0])
     p.add_argument("--log", required=True, help="the server's log (serve.log of the watchdog's log dir)")
     p.add_argument("--launch", default=None, help="the watchdog's launch id: judge only that launch's lines "
                    "(default: the latest launch in the log)")

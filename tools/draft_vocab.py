@@ -1,12 +1,12 @@
 """Build a draft vocabulary: the N most frequent token ids of a corpus, for the MTP draft's LM head.
 
-    python3 -m vllm_ling.draft_vocab_tool MODEL_DIR --text FILE [FILE ...] [--jsonl-field FIELD] \\
+    python3 -m ling_tools.draft_vocab MODEL_DIR --text FILE [FILE ...] [--jsonl-field FIELD] \\
         [--size 32768] --out PATH
 
 As in FR-Spec (Zhao et al. 2025), the draft proposes its next token only among these N ids, so its LM-head
 pass reads N rows instead of vocab_size (157,184 for Ling-3.0-flash). The target still verifies every token:
 the output is unchanged, and what a subset can cost is acceptance, when the right token lies outside it.
-The served side (vllm_ling/draft_vocab_file.py, `load_ids`) reads the file VLLM_LING_DRAFT_VOCAB names and validates
+The served side (vllm_ling/draft/vocab_file.py, `load_ids`) reads the file VLLM_LING_DRAFT_VOCAB names and validates
 it itself (docs/speed.md §MTP); this module imports neither vLLM nor torch.
 
 MODEL_DIR holds the model's tokenizer.json and config.json (vocab_size; eos_token_id, an int or a list;
@@ -41,7 +41,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from vllm_ling.draft_vocab_file import document  # the file's one definition (the served side reads it)
+from vllm_ling.draft.vocab_file import document  # the file's one definition (the served side reads it)
 
 DEFAULT_SIZE = 32768
 PIECE_CHARS = 1 << 18  # a plain-text file is encoded in pieces of at most this many characters
@@ -373,7 +373,7 @@ def build(model_dir: Path, texts: Sequence[Path], out: Path, size: int | None = 
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python3 -m vllm_ling.draft_vocab_tool",
+        prog="python3 -m ling_tools.draft_vocab",
         description="Build a draft vocabulary (the N most frequent token ids of your text) for the MTP draft; "
                     "serve it with VLLM_LING_DRAFT_VOCAB=PATH.")
     parser.add_argument("model_dir", metavar="MODEL_DIR", type=Path,
@@ -389,7 +389,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         build(args.model_dir, args.text, args.out, size=args.size, jsonl_field=args.jsonl_field)
     except BadInput as e:
-        print(f"vllm-ling draft_vocab_tool: error: {e}; nothing written", file=sys.stderr)
+        print(f"ling_tools.draft_vocab: error: {e}; nothing written", file=sys.stderr)
         return 2
     return 0
 

@@ -9,14 +9,15 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from vllm_ling.tiny.writer import STAMP_FILE, make_tiny_checkpoint, stamp
+from ling_common import envs
+from ling_tools.tiny.writer import STAMP_FILE, make_tiny_checkpoint, stamp
 
 CACHE_ENV = "VLLM_LING_TINY_DIR"
 
 
 def cache_root() -> Path:
     """`$VLLM_LING_TINY_DIR` if set, else ~/.cache/vllm-ling."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "vllm-ling")
+    return envs.read(CACHE_ENV) or Path.home() / ".cache" / "vllm-ling"
 
 
 def default_tiny_dir(*, seed: int = 0, int4: bool = False, variant: str = "default") -> Path:

@@ -5,8 +5,8 @@ per verify step just to pick one token. Over a draft vocabulary of N ids the dra
   token = ids[argmax_j h · W[ids_j]ᵀ · s[ids_j]]      (s: the FP8 head's per-row scale; 1 for a BF16 head)
 0.084 GB for N = 32,768 in FP8 (docs/speed.md §MTP). The target still verifies every proposal, so what is served is
 the same whatever the subset; a token outside it can never be proposed, which costs acceptance. The ids come from a
-file `python3 -m vllm_ling.draft_vocab_tool` counts on the owner's own text (`VLLM_LING_DRAFT_VOCAB=<path>`;
-the file: vllm_ling/draft_vocab_file.py).
+file `python3 -m ling_tools.draft_vocab` counts on the owner's own text (`VLLM_LING_DRAFT_VOCAB=<path>`;
+the file: vllm_ling/draft/vocab_file.py).
 
 vLLM (0.32, 0.33) asks a draft model for `get_top_tokens(h)` instead of its logits when the speculative config has
 `use_local_argmax_reduction: true` and drafts are greedy (its default); `compat.draft_top_tokens_key` names that key.
@@ -20,7 +20,8 @@ import logging
 
 import torch
 
-from vllm_ling.draft_vocab_file import ENV, load_ids, requested_path
+from vllm_ling import startup_log
+from vllm_ling.draft.vocab_file import ENV, load_ids, requested_path
 from vllm_ling.ops.router_gemm import MAX_TOKENS, router_gemm_small
 
 logger = logging.getLogger("vllm_ling")
@@ -83,8 +84,8 @@ class DraftVocab:
         self.ids = torch.tensor(self.ids_list, dtype=torch.long, device=device)
         self.rows, self.scale = head_rows(lm_head, self.ids)
         mib = self.rows.numel() * self.rows.element_size() / 2**20
-        logger.info("vllm-ling: MTP draft proposes among %d of %d tokens (%s; %.0f MiB of head rows, %s)",
-                    len(self.ids_list), self.vocab_size, ENV, mib, self.rows.dtype)
+        logger.info("%s", startup_log.DRAFT_VOCAB.text(ids=len(self.ids_list), vocab=self.vocab_size, env=ENV, mib=mib,
+                                                       dtype=self.rows.dtype))
 
     def top_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """ids[argmax(h · rowsᵀ · scale)] per row of h, the logits in fp32."""

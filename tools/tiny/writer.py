@@ -14,10 +14,10 @@ from safetensors.torch import load_file, save_file
 
 from vllm_ling.config import check_supported
 from vllm_ling.configs import FLASH_INT4_DIR
-from vllm_ling.tiny.config import tiny_config
-from vllm_ling.tiny.int4 import check_int4_shapes, dequantize_experts, quantize_experts, write_quantization_config
-from vllm_ling.tiny.tokenizer import write_tokenizer
-from vllm_ling.tiny.weights import make_draft_agree, random_weights, widen_router_bias
+from ling_tools.tiny.config import tiny_config
+from ling_tools.tiny.int4 import check_int4_shapes, dequantize_experts, quantize_experts, write_quantization_config
+from ling_tools.tiny.tokenizer import write_tokenizer
+from ling_tools.tiny.weights import make_draft_agree, random_weights, widen_router_bias
 
 GENERATOR_VERSION = 3  # bump when the weights, config or tokenizer recipe change: stale caches rebuild
 STAMP_FILE = "vllm_ling_tiny.json"

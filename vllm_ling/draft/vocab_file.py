@@ -1,5 +1,5 @@
-"""The draft vocabulary file: what `python3 -m vllm_ling.draft_vocab_tool` writes and the MTP draft reads
-(vllm_ling/draft_vocab.py, through VLLM_LING_DRAFT_VOCAB). Standard library only, so the tool runs without torch.
+"""The draft vocabulary file: what `python3 -m ling_tools.draft_vocab` writes and the MTP draft reads
+(vllm_ling/draft/vocab.py, through VLLM_LING_DRAFT_VOCAB). Standard library only, so the tool runs without torch.
 
     {"format": FORMAT, "version": VERSION, "token_ids": [...], ...}   (the tool adds counts, coverage, sources)
 
@@ -25,12 +25,14 @@ def document(token_ids: list[int], **fields) -> dict:
 
 def requested_path(env: Mapping[str, str] = os.environ) -> str | None:
     """The file VLLM_LING_DRAFT_VOCAB names in `env` (this process's environment unless given), or None if unset."""
-    return env.get(ENV, "").strip() or None
+    from vllm_ling import envs
+
+    return envs.read(ENV, env)
 
 
 def load_ids(path: str | os.PathLike, vocab_size: int) -> list[int]:
     """The file's `token_ids`: unique ints in [0, vocab_size). Anything else is refused, naming the rule."""
-    safe = f"rebuild it with `python3 -m vllm_ling.draft_vocab_tool MODEL --text ... --out {path}`, or unset {ENV}"
+    safe = f"rebuild it with `python3 -m ling_tools.draft_vocab MODEL --text ... --out {path}`, or unset {ENV}"
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:

@@ -1,6 +1,6 @@
 """Every tensor of a Ling-3.0 checkpoint, from config.json: its name, shape and kind.
 
-The one table behind the tiny-checkpoint writer (`vllm_ling.tiny`) and the bytes a decode step reads
+The one table behind the tiny-checkpoint writer (`ling_tools.tiny`) and the bytes a decode step reads
 (`ling_bench.projection`). Names and shapes are the real checkpoint's (docs/architecture.md §Tensors):
 `.attention.` prefixes (vLLM remaps them to `.self_attn.`), unfused per-expert gate/up/down, the MTP
 layer as `model.layers.{num_hidden_layers}`. The kind says how a tensor is stored and served:

@@ -1,4 +1,5 @@
-"""What a line of vLLM's log means to the watchdog (vLLM 0.32, 0.33, 0.34; docs/ops-walls.md, "vLLM's log")."""
+"""What a line of vLLM's log means (vLLM 0.32, 0.33, 0.34; docs/ops-walls.md, "vLLM's log"): the watchdog's
+start-up phases and faults, and which INT4 MoE backend serves (the self-check and ling-tune's engine comparison)."""
 from __future__ import annotations
 
 import re
@@ -80,3 +81,16 @@ def parse(line: str) -> LogEvent | None:
     if any(pattern.search(text) for pattern in ALERTS):
         return LogEvent("alert", text)
     return None
+
+
+def served_int4_backend(log: str) -> tuple[str, str] | None:
+    """(backend, as logged) of the INT4 MoE experts from vLLM's start-up log, or None. 0.33 names its backend
+    ('HUMMING', 'MARLIN', 'TRITON', ...) after a line naming the one method class all of them share
+    (CompressedTensorsWNA16MoEMethod), so the backend line wins; a log without it names only the class."""
+    named = re.search(r"Using '(\w+)' WNA16 MoE backend", log)  # 0.33 also logs the method class, earlier
+    if named:
+        return named.group(1).lower(), named.group(1)
+    method = re.search(r"Using (CompressedTensorsWNA16\w*MoEMethod)", log)
+    if not method:
+        return None
+    return ("marlin" if "marlin" in method.group(1).lower() else "triton"), method.group(1)

@@ -1,4 +1,4 @@
-"""Random weights for the tensor table (`vllm_ling.tensors`), and the variants' edits to them.
+"""Random weights for the tensor table (`ling_tools.tensors`), and the variants' edits to them.
 
 Each tensor is drawn from a generator seeded by sha256(f"{seed}/{name}"): the same seed gives the same
 bytes, and checkpoints that share a tensor name (BF16 and INT4, default and qlora) share its values.
@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from vllm_ling.tensors import TensorSpec, tensor_specs
+from ling_tools.tensors import TensorSpec, tensor_specs
 
 STABLE_BIAS_GAIN = 100.0  # expert_bias N(0, 0.05) -> N(0, 5): selection set by the bias, far above bf16 noise
 ECHO_DAMPING = 0.03  # scale of every layer's output projection in the mtp_echo variant

@@ -23,8 +23,10 @@ from vllm.model_executor.layers.logits_processor import LogitsProcessor
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.models.utils import maybe_prefix
 
-from vllm_ling import compat, draft_check, draft_vocab
+from vllm_ling import compat
 from vllm_ling.config import num_mtp_layers
+from vllm_ling.draft import check as draft_check
+from vllm_ling.draft import vocab as draft_vocab
 from vllm_ling.mla import BailingMoeV3MLA
 from vllm_ling.model import HF_TO_VLLM, BailingMoeV3ForCausalLM, layer_index, load_checkpoint_weights
 from vllm_ling.moe import BailingMoeV3MoE
@@ -104,7 +106,7 @@ class BailingMoeV3MTPModel(nn.Module):
 
     def get_top_tokens(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """vLLM's greedy draft without logits (speculative_config `use_local_argmax_reduction`): the top token
-        over the draft vocabulary when one is set (vllm_ling/draft_vocab.py), over the whole head otherwise."""
+        over the draft vocabulary when one is set (vllm_ling/draft/vocab.py), over the whole head otherwise."""
         if self.draft_vocab is not None:
             return self.draft_vocab.top_tokens(hidden_states)
         return self.logits_processor.get_top_tokens(self.lm_head, hidden_states)

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from vllm_ling.tensors import tensor_specs
+from ling_tools.tensors import tensor_specs
 
 INT4_GROUP_SIZE = 32
 QUANTIZED_KIND = "expert"  # the only INT4 tensors; everything else keeps its BF16 `.weight`

@@ -62,7 +62,7 @@ def check_draft_shares_target(draft: nn.Module, label: str = "MTP draft", subjec
                               fix: str = "Serve without --speculative-config or fix the checkpoint.") -> str:
     """Raise unless the draft's lm_head and embedding compute what the target's do (module docstring); log and
     return the verdict line. `label` names the draft in that line, `subject` in the failure, which ends in `fix`.
-    Every drafter of ours runs it: the MTP draft and the DSpark drafter (vllm_ling.dspark)."""
+    Every drafter of ours runs it: the MTP draft and the DSpark drafter (vllm_ling.draft.dspark)."""
     targets = list(_targets)
     if len(targets) != 1:
         raise RuntimeError(f"vllm-ling draft check: expected one target model in this process, found {len(targets)}")

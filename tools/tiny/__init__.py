@@ -3,7 +3,7 @@
 The tiny model keeps every structural feature of Ling-3.0-flash at toy width (docs/tiny-checkpoints.md):
 KDA layers with the MLA layer every ``layer_group_size``-th, a dense first layer, grouped sigmoid routing
 with a correction bias, shared + routed experts with per-layer SwiGLU clamps, and one MTP layer. Names,
-shapes and the INT4 layout are those of the real checkpoints (`vllm_ling.tensors`, docs/architecture.md
+shapes and the INT4 layout are those of the real checkpoints (`ling_tools.tensors`, docs/architecture.md
 §Tensors, §INT4); the config is the bundled full-size Flash config with smaller values, so the field set
 is the real one. Same seed, same bytes.
 
@@ -17,14 +17,14 @@ Modules: `config` (tiny values), `weights` (random init, variants), `int4` (the 
 """
 
 from vllm_ling.configs import flash_config as full_config
-from vllm_ling.tensors import TensorSpec, param_counts, tensor_specs
-from vllm_ling.tiny.cache import default_tiny_dir, ensure_tiny
-from vllm_ling.tiny.cli import main
-from vllm_ling.tiny.config import QLORA_VALUES, TINY_VALUES, VARIANTS, tiny_config
-from vllm_ling.tiny.int4 import INT4_GROUP_SIZE, int4_ignore_list, int4_scheme, quantize_experts
-from vllm_ling.tiny.tokenizer import SPECIAL_TOKENS, build_tokenizer, chat_template, corpus
-from vllm_ling.tiny.weights import ECHO_DAMPING, STABLE_BIAS_GAIN, make_draft_agree, random_weights
-from vllm_ling.tiny.writer import (GENERATOR_VERSION, STAMP_FILE, dequantize_checkpoint, make_tiny_checkpoint,
+from ling_tools.tensors import TensorSpec, param_counts, tensor_specs
+from ling_tools.tiny.cache import default_tiny_dir, ensure_tiny
+from ling_tools.tiny.cli import main
+from ling_tools.tiny.config import QLORA_VALUES, TINY_VALUES, VARIANTS, tiny_config
+from ling_tools.tiny.int4 import INT4_GROUP_SIZE, int4_ignore_list, int4_scheme, quantize_experts
+from ling_tools.tiny.tokenizer import SPECIAL_TOKENS, build_tokenizer, chat_template, corpus
+from ling_tools.tiny.weights import ECHO_DAMPING, STABLE_BIAS_GAIN, make_draft_agree, random_weights
+from ling_tools.tiny.writer import (GENERATOR_VERSION, STAMP_FILE, dequantize_checkpoint, make_tiny_checkpoint,
                                    write_full_config)
 
 __all__ = [

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from vllm_ling import draft_check
+from vllm_ling.draft import check as draft_check
 
 LING_DSPARK_ARCHS = ("LingDSparkModel",)
 QWEN3_DSPARK_ARCH = "Qwen3DSparkModel"
@@ -174,7 +174,7 @@ def check_drafter_tensors(draft: Any, names: Iterable[str]) -> None:
 def check_draft_shares_target(draft: Any) -> str:
     """Raise unless the drafter's LM head and embedding compute what the target's do: the very modules (what
     vLLM's DSpark loader installs when the drafter's checkpoint holds neither) or equal ones under the same
-    quantization method (vllm_ling.draft_check: FP8 bytes read through a BF16 method accept ~nothing, silently).
+    quantization method (vllm_ling.draft.check: FP8 bytes read through a BF16 method accept ~nothing, silently).
     Logs and returns the verdict line."""
     return draft_check.check_draft_shares_target(
         draft, label="DSpark drafter", subject="the DSpark drafter's",

