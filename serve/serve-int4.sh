@@ -5,6 +5,7 @@
 #   CTX=32768 PORT=8001 bash serve/serve-int4.sh
 #   DRY_RUN=1 bash serve/serve-int4.sh       # print the command, start nothing
 #   CHECK=1 bash serve/serve-int4.sh         # run only the watchdog's preflight safety rules
+#   SPEC=dspark bash serve/serve-int4.sh     # draft with Ling's DSpark drafter (GPU only, docs/dspark.md §Recipe)
 #
 # Every setting is an environment variable (defaults = the shipped recipe; the walls W1-W11 behind them are in
 # docs/ops-walls.md). Numeric settings are checked as numbers before any use (exit 2 names the setting):
@@ -19,7 +20,14 @@
 #                after warm-up, the whole box on a GB10 (the watchdog's rule kv_cache_size refuses that).
 #   MAX_BATCHED  --max-num-batched-tokens (chunked)    8192 (W4)
 #   MAX_SEQS     --max-num-seqs                        2 (4 lanes crashed at c=10, 2 held, W5)
-#   MTP_K        MTP draft tokens, 0 = off             0 here, 1 in serve-int4-mtp.sh (W3)
+#   SPEC         speculative decoding: off | mtp | dspark   unset: mtp when MTP_K > 0, else off
+#                (mtp: the checkpoint's own MTP layer; dspark: Ling's block drafter, vLLM's DSpark runtime,
+#                GPU only, not yet run on a GPU: docs/dspark.md §Recipe)
+#   MTP_K        MTP draft tokens, 0 = off             0 here, 1 in serve-int4-mtp.sh (W3); 1 with SPEC=mtp
+#   DSPARK_MODEL with SPEC=dspark: the drafter (hub id   inclusionAI/Ling-3.0-flash-dspark
+#                or local folder with config.json)
+#   DSPARK_K     with SPEC=dspark: draft tokens per     unset: not passed, vLLM takes the drafter's block
+#                round, 1..8 (num_speculative_tokens)  size (8)
 #   PREFIX_CACHE 1: --enable-prefix-caching (vLLM       1
 #                checkpoints KDA's state at block boundaries, mamba_cache_mode "align": an agent's next turn
 #                prefills only what is new; docs/vllm-seams.md §Prefix cache); 0: --no-enable-prefix-caching
@@ -46,7 +54,8 @@
 #   DRAFT_VOCAB  with MTP: a draft vocabulary file (`python3 -m ling_tools.draft_vocab`): the   unset
 #                draft proposes among its tokens only and reads only their LM-head rows; the output is
 #                the same, acceptance may drop (docs/speed.md §MTP). vLLM >= 0.32, one GPU
-# Which Ling V3 implementation serves: VLLM_LING_MODEL=auto|vllm-ling|vllm in the environment (README).
+# Which Ling V3 implementation serves: VLLM_LING_MODEL=auto|vllm-ling|vllm in the environment (README);
+# SPEC=dspark needs vllm-ling's.
 #   SELFCHECK    1: once serving, run `python -m ling_tools.selfcheck` through the watchdog (0: skip)
 # An API key: VLLM_API_KEY in the environment (vLLM reads it; so do the watchdog's probes and the self-check),
 # never --api-key in EXTRA_ARGS (argv is readable by every user). DRY_RUN masks either.
@@ -68,6 +77,7 @@ PORT=${PORT:-8000}
 UTIL=${UTIL:-0.72}
 MAX_BATCHED=${MAX_BATCHED:-8192}
 MAX_SEQS=${MAX_SEQS:-2}
+MTP_K_GIVEN=${MTP_K:+yes}
 MTP_K=${MTP_K:-0}
 TOOL_PARSER=${TOOL_PARSER:-ling3}
 REASONING_PARSER=${REASONING_PARSER:-ling3}
@@ -103,6 +113,19 @@ case $DEVICE in
     cuda) VLLM_CMD=${VLLM_CMD:-vllm serve} ;;
     cpu) VLLM_CMD=${VLLM_CMD:-$PYTHON -m vllm.entrypoints.openai.api_server} ;;
     *) refuse "DEVICE='$DEVICE' must be auto, cuda or cpu. Safe: DEVICE=auto" ;;
+esac
+# One speculative method at a time. serve-int4-mtp.sh sets MTP_K=1, so SPEC=off|dspark goes through serve-int4.sh.
+SPEC=${SPEC:-}
+case $SPEC in
+    "") if (( 10#$MTP_K > 0 )); then SPEC=mtp; else SPEC=off; fi ;;
+    mtp) if [[ -z $MTP_K_GIVEN ]]; then MTP_K=1
+         elif (( 10#$MTP_K == 0 )); then
+             refuse "SPEC=mtp with MTP_K=0: MTP needs at least one draft token. Safe: MTP_K=1 (or SPEC=off)"
+         fi ;;
+    off|dspark)
+        (( 10#$MTP_K == 0 )) || refuse "SPEC=$SPEC with MTP_K=$MTP_K: MTP_K drafts with MTP, one speculative method" \
+            "at a time (serve-int4-mtp.sh sets MTP_K=1). Safe: MTP_K=0 with serve-int4.sh, or SPEC=mtp" ;;
+    *) refuse "SPEC='$SPEC' must be off, mtp or dspark. Safe: SPEC=mtp (the shipped recipe)" ;;
 esac
 
 # A cold load of the 77 GB checkpoint outlasts vLLM's 600 s engine start-up timeout (E1).
@@ -172,8 +195,8 @@ from ling_common.device import gpu_name; n = gpu_name(); print(n and r(sys.argv[
 fi
 if [[ $FP8 == 1 ]]; then ARGS+=(--quantization ling_fp8); fi
 # MTP on both devices (the CPU engine verifies drafts with the plugin's torch KDA path).
-if (( 10#$MTP_K > 0 )); then  # MTP_K is digits only (checked above)
-    SPEC="{\"method\":\"mtp\",\"num_speculative_tokens\":$((10#$MTP_K))"
+if [[ $SPEC == mtp ]]; then  # MTP_K is digits only (checked above)
+    SPEC_JSON="{\"method\":\"mtp\",\"num_speculative_tokens\":$((10#$MTP_K))"
     if [[ -n ${DRAFT_VOCAB:-} ]]; then  # the plugin reads the file; vLLM must ask the draft for top tokens
         [[ -f $DRAFT_VOCAB ]] || refuse "DRAFT_VOCAB='$DRAFT_VOCAB' is not a file. Build one with" \
             "python3 -m ling_tools.draft_vocab MODEL_DIR --text FILE --out FILE, or unset DRAFT_VOCAB"
@@ -185,12 +208,42 @@ if (( 10#$MTP_K > 0 )); then  # MTP_K is digits only (checked above)
                 "whose rows cannot be gathered. Safe: FP8_KERNEL=w8a8 (the default), or unset DRAFT_VOCAB"
         fi
         export VLLM_LING_DRAFT_VOCAB=$DRAFT_VOCAB
-        SPEC+=",\"$KEY\":true"
+        SPEC_JSON+=",\"$KEY\":true"
     fi
-    ARGS+=(--speculative-config "$SPEC}")
+    ARGS+=(--speculative-config "$SPEC_JSON}")
+elif [[ $SPEC == dspark ]]; then  # vLLM's DSpark runtime on our model (docs/dspark.md)
+    [[ $DEVICE == cuda ]] || refuse "SPEC=dspark on DEVICE=$DEVICE: vLLM's DSpark runtime is Model Runner V2" \
+        "only, CUDA only; the CPU engine cannot run it. Safe: SPEC=mtp"
+    [[ -z ${DRAFT_VOCAB:-} ]] || refuse "DRAFT_VOCAB='$DRAFT_VOCAB' is for the MTP draft, and SPEC=dspark drafts" \
+        "with the DSpark drafter over the whole LM head. Safe: unset DRAFT_VOCAB, or SPEC=mtp"
+    [[ ${VLLM_LING_MODEL:-auto} != vllm ]] || refuse "SPEC=dspark with VLLM_LING_MODEL=vllm: vLLM's in-tree" \
+        "Ling model lacks the aux-hidden-state interface the DSpark drafter reads. Safe: unset VLLM_LING_MODEL"
+    DSPARK_MODEL=${DSPARK_MODEL:-inclusionAI/Ling-3.0-flash-dspark}
+    DSPARK_DIR=${DSPARK_MODEL/#\~/$HOME}
+    # a local folder, not a hub id (`org/name`): as vLLM tells them apart (ling_watchdog.preflight._is_path)
+    if [[ -e $DSPARK_DIR || $DSPARK_DIR == /* || $DSPARK_DIR == ./* || $DSPARK_DIR == ../* \
+          || $DSPARK_DIR == */*/* ]]; then
+        [[ -f $DSPARK_DIR/config.json ]] || refuse "DSPARK_MODEL='$DSPARK_MODEL' is a local path without" \
+            "config.json: not a drafter folder. Safe: DSPARK_MODEL=inclusionAI/Ling-3.0-flash-dspark, or the folder" \
+            "\`hf download inclusionAI/Ling-3.0-flash-dspark --local-dir DIR\` wrote"
+        DSPARK_MODEL=$DSPARK_DIR
+    fi
+    if [[ -n ${DSPARK_K:-} ]]; then
+        whole DSPARK_K "DSpark draft tokens per round, 1..8" "8 (or unset: the drafter's block size)"
+        (( 10#$DSPARK_K >= 1 && 10#$DSPARK_K <= 8 )) || refuse "DSPARK_K=$DSPARK_K is outside 1..8 (the" \
+            "drafter's block size is 8). Safe: DSPARK_K=8 (or unset: the drafter's block size)"
+    fi
+    SPEC_JSON=$("$PYTHON" -c 'import json, sys; spec = {"method": "dspark", "model": sys.argv[1]}
+spec.update({"num_speculative_tokens": int(sys.argv[2], 10)} if sys.argv[2] else {})
+print(json.dumps(spec, separators=(",", ":")))' "$DSPARK_MODEL" "${DSPARK_K:-}") || exit 1
+    ARGS+=(--speculative-config "$SPEC_JSON")
 elif [[ -n ${DRAFT_VOCAB:-} ]]; then
     refuse "DRAFT_VOCAB='$DRAFT_VOCAB' is for the MTP draft, and MTP_K=0 turns MTP off. Safe: unset DRAFT_VOCAB, or MTP_K=1"
 fi
+for v in DSPARK_MODEL DSPARK_K; do
+    [[ $SPEC == dspark || -z ${!v:-} ]] || refuse "$v='${!v}' is for the DSpark drafter, and SPEC=$SPEC drafts" \
+        "with none. Safe: SPEC=dspark, or unset $v"
+done
 read -r -a EXTRA <<<"${EXTRA_ARGS:-}"
 read -r -a WD_ARGS <<<"${WATCHDOG_ARGS:-}"
 if command -v ling-watchdog >/dev/null 2>&1; then WATCHDOG=(ling-watchdog); else WATCHDOG=("$PYTHON" -m ling_watchdog); fi

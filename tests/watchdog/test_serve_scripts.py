@@ -349,3 +349,92 @@ def test_the_cpu_engine_with_mtp_serves_without_prefix_caching_and_says_why():
     assert r.returncode == 0 and "--no-enable-prefix-caching" in cmd and "--enable-prefix-caching" not in cmd
     assert "prefix caching off for this combination" in r.stderr and "Triton kernel" in r.stderr
     assert "--enable-prefix-caching" in shlex.split(script(DEVICE="cuda").stdout)  # MTP on a GPU keeps it
+
+
+# --- SPEC=off|mtp|dspark: one speculative method at a time ------------------------------------------------
+
+
+def spec_config(cmd: list[str]) -> dict | None:
+    """The --speculative-config JSON of a built command, parsed; None without one."""
+    import json
+
+    return json.loads(cmd[cmd.index("--speculative-config") + 1]) if "--speculative-config" in cmd else None
+
+
+@pytest.mark.parametrize("recipe, env, spec", [
+    ("serve-int4.sh", {}, None),  # unset SPEC: today's behaviour
+    ("serve-int4-mtp.sh", {}, {"method": "mtp", "num_speculative_tokens": 1}),
+    ("serve-int4.sh", {"MTP_K": "2"}, {"method": "mtp", "num_speculative_tokens": 2}),
+    ("serve-int4.sh", {"SPEC": "mtp"}, {"method": "mtp", "num_speculative_tokens": 1}),  # MTP_K unset means 1
+    ("serve-int4.sh", {"SPEC": "mtp", "MTP_K": "3"}, {"method": "mtp", "num_speculative_tokens": 3}),
+    ("serve-int4.sh", {"SPEC": "off"}, None),
+    ("serve-int4-mtp.sh", {"SPEC": "mtp"}, {"method": "mtp", "num_speculative_tokens": 1}),
+])
+def test_spec_picks_the_speculative_method_and_unset_keeps_todays_recipe(recipe, env, spec):
+    assert spec_config(dry_run(recipe, DEVICE="cuda", **env)[1]) == spec
+
+
+def test_spec_dspark_passes_vllms_dspark_flags_with_the_drafters_own_k_unless_dspark_k_is_set():
+    """vLLM's Ling recipe's flags: method dspark and the drafter; without num_speculative_tokens vLLM takes the
+    drafter's block size (8)."""
+    _, cmd = dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark")
+    assert spec_config(cmd) == {"method": "dspark", "model": "inclusionAI/Ling-3.0-flash-dspark"}
+    _, cmd = dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark", DSPARK_K="04", DSPARK_MODEL="org/drafter")
+    assert spec_config(cmd) == {"method": "dspark", "model": "org/drafter", "num_speculative_tokens": 4}
+    a = ServeArgs.parse(cmd)
+    assert a.speculative == spec_config(cmd) and a.error is None  # vLLM's own parser takes it
+    _, plain = dry_run("serve-int4.sh", DEVICE="cuda")
+    i = cmd.index("--speculative-config")
+    assert cmd[:i] + cmd[i + 2:] == plain  # nothing else changes
+
+
+def test_a_local_drafter_folder_with_its_config_is_passed_as_a_path(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
+    spec = spec_config(dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark", DSPARK_MODEL=str(tmp_path))[1])
+    assert spec == {"method": "dspark", "model": str(tmp_path)}
+    quoted = tmp_path / 'dir "with" quotes'  # the JSON is written by json.dumps, not by hand
+    quoted.mkdir()
+    (quoted / "config.json").write_text("{}")
+    assert spec_config(dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark", DSPARK_MODEL=str(quoted))[1]) == \
+        {"method": "dspark", "model": str(quoted)}
+
+
+@pytest.mark.parametrize("env, says", [
+    (dict(SPEC="dspark", DEVICE="cpu"), "SPEC=dspark on DEVICE=cpu: vLLM's DSpark runtime is Model Runner V2 only, "
+                                        "CUDA only; the CPU engine cannot run it. Safe: SPEC=mtp"),
+    (dict(SPEC="dspark", DSPARK_K="9"), "DSPARK_K=9 is outside 1..8 (the drafter's block size is 8). "
+                                        "Safe: DSPARK_K=8 (or unset: the drafter's block size)"),
+    (dict(SPEC="dspark", DSPARK_K="0"), "DSPARK_K=0 is outside 1..8"),
+    (dict(SPEC="dspark", DSPARK_K="2.5"), "DSPARK_K='2.5' is not a whole number (DSpark draft tokens per round, "
+                                          "1..8). Safe: DSPARK_K=8 (or unset: the drafter's block size)"),
+    (dict(SPEC="dspark", MTP_K="1"), "SPEC=dspark with MTP_K=1: MTP_K drafts with MTP, one speculative method at a "
+                                     "time (serve-int4-mtp.sh sets MTP_K=1). Safe: MTP_K=0 with serve-int4.sh, or "
+                                     "SPEC=mtp"),
+    (dict(SPEC="dspark", DRAFT_VOCAB="/v.json"), "DRAFT_VOCAB='/v.json' is for the MTP draft, and SPEC=dspark drafts "
+                                                 "with the DSpark drafter over the whole LM head. Safe: unset "
+                                                 "DRAFT_VOCAB, or SPEC=mtp"),
+    (dict(SPEC="dspark", DSPARK_MODEL="/nonexistent/drafter"),
+     "DSPARK_MODEL='/nonexistent/drafter' is a local path without config.json: not a drafter folder. "
+     "Safe: DSPARK_MODEL=inclusionAI/Ling-3.0-flash-dspark"),
+    (dict(SPEC="dspark", VLLM_LING_MODEL="vllm"),
+     "SPEC=dspark with VLLM_LING_MODEL=vllm: vLLM's in-tree Ling model lacks the aux-hidden-state interface the "
+     "DSpark drafter reads. Safe: unset VLLM_LING_MODEL"),
+    (dict(SPEC="mtp", MTP_K="0"), "SPEC=mtp with MTP_K=0: MTP needs at least one draft token. Safe: MTP_K=1"),
+    (dict(SPEC="off", MTP_K="1"), "SPEC=off with MTP_K=1: MTP_K drafts with MTP"),
+    (dict(SPEC="eagle"), "SPEC='eagle' must be off, mtp or dspark. Safe: SPEC=mtp"),
+    (dict(SPEC="mtp", DSPARK_K="4"), "DSPARK_K='4' is for the DSpark drafter, and SPEC=mtp drafts with none. "
+                                     "Safe: SPEC=dspark, or unset DSPARK_K"),
+])
+def test_a_spec_setting_that_cannot_serve_is_refused_with_the_rule_the_values_and_a_safe_one(env, says):
+    r = script("serve-int4.sh", **{"DEVICE": "cuda", **env})
+    assert r.returncode == 2 and says in r.stderr and not r.stdout, r.stderr
+
+
+def test_a_local_drafter_folder_without_config_is_refused(tmp_path):
+    r = script("serve-int4.sh", DEVICE="cuda", SPEC="dspark", DSPARK_MODEL=str(tmp_path))
+    assert r.returncode == 2 and f"DSPARK_MODEL='{tmp_path}' is a local path without config.json" in r.stderr
+
+
+def test_dspark_through_the_mtp_recipe_is_refused_it_sets_mtp_k():
+    r = script("serve-int4-mtp.sh", DEVICE="cuda", SPEC="dspark")
+    assert r.returncode == 2 and "Safe: MTP_K=0 with serve-int4.sh" in r.stderr
