@@ -80,6 +80,9 @@ class Config:
     kv_bytes_per_token: int
     draft_kv_bytes_per_token: int
     state_bytes_per_seq: int
+    dspark_params: int
+    dspark_kv_bytes_per_token: int
+    dspark_block_size: int
     overhead_gib: float
     host_reserve_gib: float
 

@@ -41,6 +41,7 @@ from ling_watchdog.ports import bind_error, free_port
 from ling_watchdog.serve_args import ServeArgs
 
 MTP_K1 = """--speculative-config '{"method":"mtp","num_speculative_tokens":1}'"""
+DSPARK_K1 = ", or DSpark with \"num_speculative_tokens\":1 (serve-int4.sh: DSPARK_K=1)"
 DEFAULT_UTIL = 0.92  # vLLM's --gpu-memory-utilization when unset, before its extensible KV cache
 EXTENSIBLE_KV = (0, 34)  # from this release, unset util resolves to 1.0 on CUDA (vllm/config/cache.py)
 
@@ -220,7 +221,7 @@ def _small_smem(cfg: Config, dev: Device) -> int | None:
 
 def check_spec_tokens(args: ServeArgs, cfg: Config, dev: Device) -> Verdict:
     rule = "spec_tokens_smem"
-    k = args.spec_tokens
+    k = spec_tokens(args, cfg)
     smem = _small_smem(cfg, dev)
     values = dict(num_speculative_tokens=k, smem_bytes=smem, limit=cfg.max_spec_tokens_small_smem)
     if smem is None or k <= cfg.max_spec_tokens_small_smem:
@@ -229,7 +230,7 @@ def check_spec_tokens(args: ServeArgs, cfg: Config, dev: Device) -> Verdict:
     return Verdict(rule, "refuse", f"{rule}: num_speculative_tokens {k} on a GPU with {smem:,} B shared "
                    f"memory per block (<= {cfg.small_smem_bytes:,}); W3: k=3 crashed on this limit (the "
                    f"kernels want ~133 KB) and k=1 is the fastest anyway (acceptance 94% at position 0, "
-                   f"57% at 1; x1.78). Safe: {MTP_K1}.", values)
+                   f"57% at 1; x1.78). Safe: {MTP_K1}{DSPARK_K1 if dspark_drafter(args, cfg) else ''}.", values)
 
 
 def check_max_seqs(args: ServeArgs, cfg: Config, dev: Device) -> Verdict:
@@ -369,8 +370,9 @@ class Footprint:
     kv: int  # MLA KV for ctx tokens + KDA state
     overhead: int
     ctx: int
-    kv_per_token: int  # the target's MLA layers, plus the MTP draft's own when MTP is on
+    kv_per_token: int  # the target's MLA layers, plus the MTP draft's own layer or the DSpark drafter's
     state_pages: int = 1
+    drafter: int = 0  # the DSpark drafter's weights, inside `weights`
 
     @property
     def need(self) -> int:
@@ -388,18 +390,71 @@ def prefix_caching(args: ServeArgs) -> bool:
     return args.values.get("enable_prefix_caching") is not False
 
 
-def state_pages(args: ServeArgs) -> int:
+def state_pages(args: ServeArgs, cfg: Config) -> int:
     """KDA state pages per layer one sequence holds, as vLLM counts them (vllm/v1/kv_cache_interface.py
     `MambaSpec.max_memory_usage_bytes`, 0.32-0.34): the running state plus one per draft token, and with prefix
     caching (mamba_cache_mode "align") one more, the block-boundary checkpoint the next block's state is copied
     from. Our KDA layers declare no prefill checkpoint blocks, so nothing else is added."""
-    return 1 + args.spec_tokens + (1 if prefix_caching(args) else 0)
+    return 1 + spec_tokens(args, cfg) + (1 if prefix_caching(args) else 0)
 
 
 def kv_bytes_per_token(args: ServeArgs, cfg: Config) -> int:
-    """MLA KV bytes per token: with MTP on, vLLM gives the draft's MLA layer a cache of its own in the same pool
-    (one layer whatever k: every draft step reuses it; docs/ops-walls.md, "Memory model of the preflight")."""
+    """KV bytes per token: the target's MLA layers; with MTP on, vLLM gives the draft's MLA layer a cache of its own
+    in the same pool (one layer whatever k: every draft step reuses it; docs/ops-walls.md, "Memory model of the
+    preflight"); with DSpark, the drafter's attention layers instead (the target's MTP layer is not built)."""
+    if (drafter := dspark_drafter(args, cfg)) is not None:
+        return cfg.kv_bytes_per_token + drafter.kv_per_token
     return cfg.kv_bytes_per_token + (cfg.draft_kv_bytes_per_token if args.spec_tokens >= 1 else 0)
+
+
+@dataclass(frozen=True, slots=True)
+class Drafter:
+    """The DSpark drafter a serve command names, as the memory rule counts it (bytes)."""
+    weights: int
+    kv_per_token: int
+    block_size: int  # vLLM's K when the command gives no num_speculative_tokens
+    source: str
+
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def dspark_drafter(args: ServeArgs, cfg: Config) -> Drafter | None:
+    """With method "dspark": the drafter's weights and KV per token. A local folder is read as the target's is: its
+    safetensors measured, its config.json giving the attention geometry (layers x 2 x KV heads x head dim x dtype
+    bytes a token, every layer full attention) and the block size. A hub id cannot be read before vLLM downloads
+    it, so the model card's numbers stand in (dspark_params at BF16, dspark_kv_bytes_per_token, dspark_block_size)
+    and the message says they are assumed. vLLM's DSpark loader gives the drafter the target's embedding and LM
+    head, so neither counts twice."""
+    spec = args.speculative
+    if spec.get("method") != "dspark":
+        return None
+    model = str(spec.get("model") or "")
+    path = Path(model).expanduser()
+    card = Drafter(int(cfg.dspark_params * 2), cfg.dspark_kv_bytes_per_token, cfg.dspark_block_size,
+                   f"DSpark drafter {model or '?'}: {cfg.dspark_params / 1e6:.0f}M parameters at BF16, the model "
+                   f"card's count, assumed")
+    if not (model and _is_path(model) and (path / "config.json").is_file()):
+        return card
+    c = json.loads((path / "config.json").read_text())
+    heads = c.get("num_attention_heads")
+    head_dim = c.get("head_dim") or (c["hidden_size"] // heads if heads and c.get("hidden_size") else 128)
+    width = DTYPE_BYTES.get(str(c.get("torch_dtype", "bfloat16")).removeprefix("torch."), 2)
+    kv = c.get("num_hidden_layers", 5) * 2 * c.get("num_key_value_heads", heads or 32) * head_dim * width
+    block = c.get("dspark_block_size") or c.get("block_size") or cfg.dspark_block_size
+    shards = list(path.glob("*.safetensors"))
+    if not shards:
+        return Drafter(card.weights, int(kv), int(block), f"{card.source} ({model} holds no *.safetensors)")
+    return Drafter(sum(p.stat().st_size for p in shards), int(kv), int(block),
+                   f"DSpark drafter: {len(shards)} shards in {model}")
+
+
+def spec_tokens(args: ServeArgs, cfg: Config) -> int:
+    """Draft tokens per step: the command's num_speculative_tokens; DSpark without one drafts its block size."""
+    drafter = dspark_drafter(args, cfg)
+    if drafter is not None and "num_speculative_tokens" not in args.speculative:
+        return drafter.block_size
+    return args.spec_tokens
 
 
 def footprint(args: ServeArgs, cfg: Config, ctx: int) -> Footprint:
@@ -409,12 +464,15 @@ def footprint(args: ServeArgs, cfg: Config, ctx: int) -> Footprint:
     heads over the tensor ranks. A rank has a GPU of its own: on a DGX Spark, a host (check_parallel)."""
     tp, pp, _ = args.parallel
     weights, source = _weights(args, cfg)
+    drafter = dspark_drafter(args, cfg)
+    if drafter is not None:
+        weights, source = weights + drafter.weights, f"{source} + {gib(drafter.weights)} {drafter.source}"
     if tp * pp > 1:
         weights, source = weights // (tp * pp), f"{source}, one of {tp * pp} ranks"
-    pages = state_pages(args)
+    pages = state_pages(args, cfg)
     state, per_token = cfg.state_bytes_per_seq * pages // tp, kv_bytes_per_token(args, cfg)
     return Footprint(weights, source, state, ctx * per_token + state, int(cfg.overhead_gib * GiB), ctx, per_token,
-                     pages)
+                     pages, drafter.weights if drafter else 0)
 
 
 def _too_small(fp: Footprint, demand: int, how: str, total: int, ceiling: float | None) -> str:
@@ -450,8 +508,8 @@ def check_memory(args: ServeArgs, cfg: Config, dev: Device, host: Host, ctx: int
     discrete = dev.kind == "discrete" and bool(dev.total_bytes)
     total = dev.total_bytes if discrete else host.total
     ceiling = util_ceiling(args, cfg, dev, ctx)
-    values = dict(need=fp.need, weights=fp.weights, kv=fp.kv, kv_per_token=fp.kv_per_token, overhead=fp.overhead,
-                  state=fp.state, state_pages=fp.state_pages, prefix_caching=prefix_caching(args),
+    values = dict(need=fp.need, weights=fp.weights, drafter=fp.drafter, kv=fp.kv, kv_per_token=fp.kv_per_token,
+                  overhead=fp.overhead, state=fp.state, state_pages=fp.state_pages, prefix_caching=prefix_caching(args),
                   available=host.available, total=total, host_reserve=reserve, device=dev.kind, max_model_len=ctx)
     if not discrete and fp.need + reserve > total:
         return _refuse(rule, f"this machine cannot serve this model: it needs at least {fp}, and with the host "

@@ -120,3 +120,14 @@ def test_the_kda_state_shapes_are_vllms():
         assert sorted(conv) == sorted(our_conv) and tuple(recurrent) == our_recurrent
     conv_dtype, recurrent_dtype = compat.kda_state_dtype(getattr(torch, cfg["torch_dtype"]), "auto")
     assert conv_dtype.itemsize == DTYPE_BYTES[cfg["torch_dtype"]] and recurrent_dtype.itemsize == RECURRENT_BYTES
+
+
+def test_the_dspark_drafter_defaults_are_the_cards_as_the_projection_reads_them():
+    """The preflight's assumed drafter (a hub id it cannot read) and ling_bench.projection's are one drafter: its
+    files' parameters, its full-attention KV a token (layers x K and V x KV heads x head dim x BF16), its block."""
+    from ling_bench.projection import DSPARK, DSPARK_FILE_PARAMS
+
+    cfg = load_config()
+    assert cfg.dspark_params == DSPARK_FILE_PARAMS and cfg.dspark_block_size == DSPARK["dspark_block_size"]
+    assert cfg.dspark_kv_bytes_per_token == (DSPARK["num_hidden_layers"] * 2 * DSPARK["num_key_value_heads"]
+                                             * DSPARK["head_dim"] * DTYPE_BYTES["bfloat16"])

@@ -345,3 +345,55 @@ def test_a_kv_cache_that_cannot_hold_the_checkpoint_is_refused_with_the_numbers_
     assert f"less than the {enough_without + page:,} B one {ctx}-token sequence needs, its KDA state " in v.message
     assert "(2 pages per layer: with prefix caching, one is the block-boundary checkpoint)" in v.message
     assert "Safe: --kv-cache-memory-bytes 1G or a lower --max-model-len." in v.message
+
+
+# --- the DSpark drafter: its weights, its KV, its K ---------------------------------------------------------
+
+DSPARK = """--speculative-config '{"method":"dspark","model":"inclusionAI/Ling-3.0-flash-dspark"}'"""
+DSPARK_RECIPE = RECIPE.replace(RECIPE[RECIPE.index("--speculative-config"):], DSPARK) + " --max-num-seqs 2"
+
+
+def test_a_dspark_drafter_from_the_hub_is_counted_with_the_cards_numbers_and_says_so():
+    """Not downloaded yet, so nothing to read: 961M parameters at BF16, 5 layers x 2 x 32 KV heads x 128 x 2 B of KV a
+    token instead of the MTP draft layer's, and K = the block size 8 (KDA keeps a state page per draft token)."""
+    cfg = load_config()
+    v = verdicts(DSPARK_RECIPE, dev=H200)["memory_fit"]
+    mtp = verdicts(RECIPE + " --max-num-seqs 2", dev=H200)["memory_fit"]
+    assert v.values["drafter"] == 961_316_865 * 2 and v.values["weights"] == mtp.values["weights"] + 961_316_865 * 2
+    assert v.values["kv_per_token"] == cfg.kv_bytes_per_token + 5 * 2 * 32 * 128 * 2  # no MTP draft layer
+    assert v.values["state_pages"] == 1 + 8 + 1  # the running state, 8 drafts, the prefix-cache checkpoint
+    assert "1.8 GiB DSpark drafter inclusionAI/Ling-3.0-flash-dspark: 961M parameters at BF16, the model card's " \
+           "count, assumed" in v.message
+    k4 = verdicts(DSPARK_RECIPE.replace('-dspark"}', '-dspark","num_speculative_tokens":4}'), dev=H200)
+    assert k4["memory_fit"].values["state_pages"] == 1 + 4 + 1
+
+
+def test_a_local_drafter_is_read_its_files_measured_its_config_giving_kv_and_block(tmp_path):
+    from ling_tools.tiny.dspark import dspark_config
+
+    target = {"hidden_size": 256, "vocab_size": 2048, "rms_norm_eps": 1e-6, "max_position_embeddings": 4096,
+              "pad_token_id": 0}
+    drafter = {**dspark_config(target), "dspark_block_size": 4}  # 2 layers, 4 KV heads of 128, bf16
+    (tmp_path / "config.json").write_text(json.dumps(drafter))
+    (tmp_path / "model.safetensors").write_bytes(b"\0" * 3_000_000)
+    cmd = RECIPE.replace('{"method":"mtp","num_speculative_tokens":1}', json.dumps({"method": "dspark",
+                                                                                     "model": str(tmp_path)}))
+    v = verdicts(cmd, dev=H200)["memory_fit"]
+    assert v.values["drafter"] == 3_000_000 and f"DSpark drafter: 1 shards in {tmp_path}" in v.message
+    assert v.values["kv_per_token"] == load_config().kv_bytes_per_token + 2 * 2 * 4 * 128 * 2
+    assert v.values["state_pages"] == 1 + 4 + 1 and "assumed" not in v.message
+
+
+def test_dspark_on_a_spark_at_the_recipes_context_is_refused_with_a_context_that_fits():
+    """The drafter's full-attention KV is 80 KiB a token, ten times the target's: one 131,072-token sequence no
+    longer fits util 0.72 of a Spark. The context the rule names does; K = 8 is held to the smem rule as MTP's k is."""
+    v = verdicts(DSPARK_RECIPE)
+    assert v["memory_fit"].verdict == "refuse" and "DSpark drafter" in v["memory_fit"].message
+    fit = int(re.search(r"--max-model-len (\d+) at this util", v["memory_fit"].message)[1])
+    assert 32768 < fit < 131072
+    smem = v["spec_tokens_smem"]
+    assert smem.verdict == "refuse" and "num_speculative_tokens 8" in smem.message
+    assert "or DSpark with \"num_speculative_tokens\":1 (serve-int4.sh: DSPARK_K=1)" in smem.message
+    k1 = DSPARK_RECIPE.replace('-dspark"}', '-dspark","num_speculative_tokens":1}').replace("131072", str(fit))
+    assert {r: x.verdict for r, x in verdicts(k1).items() if x.verdict != "ok"} == {}
+    assert verdicts(DSPARK_RECIPE, dev=H200)["memory_fit"].verdict == "ok"
