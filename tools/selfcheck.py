@@ -11,8 +11,8 @@ The in-vLLM half (the MTP draft must run on the target's LM head and embedding, 
   the watchdog's launch line, `--launch ID`; never an earlier run's lines in a reused log dir), what was asked
   for from the serve command and the server's own environment (`--server-pid`: /proc/<pid>/environ, where
   the recipe's VLLM_TUNED_CONFIG_FOLDER lives), then sends a short greedy probe as two sequences of one batch
-  (they must agree) and, with MTP, reads the spec-decode counters from /metrics to check the draft is
-  accepted at a plausible rate. Requests carry the server's key (VLLM_API_KEY, else its `--api-key`).
+  (they must agree) and, with MTP or DSpark, reads the spec-decode counters from /metrics to check the
+  draft is accepted at a plausible rate. Requests carry the server's key (VLLM_API_KEY, else its `--api-key`).
 """
 
 from __future__ import annotations
@@ -68,17 +68,21 @@ class Requested:
     kda_gate_kernel: bool = False
     draft_vocab: bool = False
     prefix_cache: bool = False
+    dspark: bool = False
+    adaptive: bool = False  # DSpark's enable_adaptive_verification: the engine's config line does not print it
 
     @classmethod
     def of(cls, args, env: Mapping[str, str]) -> Requested:
         """args: the serve command's ling_watchdog.serve_args.ServeArgs, or None when not given."""
-        method = str(args.speculative.get("method", "")) if args is not None else ""
+        spec = args.speculative if args is not None else {}
+        method = str(spec.get("method", ""))
         quantization = str((args.values.get("quantization") if args is not None else None) or "")
         return cls(eager=bool(args and args.enforce_eager), mtp="mtp" in method,
                    tuned_folder=env.get("VLLM_TUNED_CONFIG_FOLDER") or None, fp8=quantization == FP8_METHOD,
                    kda_gate_kernel=envs.raw(KDA_GATE_ENV, env).lower() == "kernel",
                    draft_vocab=requested_path(env) is not None,
-                   prefix_cache=bool(args is not None and args.values.get("enable_prefix_caching")))
+                   prefix_cache=bool(args is not None and args.values.get("enable_prefix_caching")),
+                   dspark=method == "dspark", adaptive=bool(spec.get("enable_adaptive_verification")))
 
 
 FP8_METHOD = "ling_fp8"  # vllm_ling.fp8.NAME (not imported: this tool runs without vLLM's model code)
@@ -98,6 +102,7 @@ def inspect_log(log: str, asked: Requested, choice: dict | None = None) -> list[
     spec = re.search(r"speculative_config=SpeculativeConfig\(method='mtp'|Speculative decoding.*mtp", log, re.I)
     verdicts.append(Verdict("MTP", bool(spec), "method=mtp in the engine config" if spec else "not configured",
                             requested=asked.mtp))
+    verdicts.append(dspark_verdict(log, asked))
     verdicts.append(_int4_verdict(log, choice))
     verdicts.append(_tuned_verdict(log, asked.tuned_folder))
     verdicts.append(_fp8_verdict(log, asked.fp8))
@@ -258,6 +263,40 @@ def judge_acceptance(before: Counters, after: Counters, minimum: float) -> Verdi
     return Verdict("MTP acceptance", ok, why, requested=True)
 
 
+DSPARK = "DSpark"
+DSPARK_ENGINE = re.compile(r"speculative_config=SpeculativeConfig\(method='dspark'.*?num_spec_tokens=(\d+)\)")
+
+
+def dspark_verdict(log: str, asked: Requested) -> Verdict:
+    """Whether the engine drafts with DSpark, and its K, from vLLM's engine config line (`SpeculativeConfig(method=
+    'dspark', model=..., num_spec_tokens=K)`, 0.32-0.34); adaptive width is what the command asked for. Asked for
+    and absent is a failure: vLLM served without the drafter."""
+    found = DSPARK_ENGINE.search(log)
+    if not found:
+        return Verdict(DSPARK, False, "asked for (method dspark) but the engine config has no DSpark drafter"
+                       if asked.dspark else "not configured", requested=asked.dspark)
+    return Verdict(DSPARK, True, f"K={found[1]}, adaptive {'on' if asked.adaptive else 'off'}",
+                   requested=asked.dspark)
+
+
+def judge_dspark(engine: Verdict, before: Counters, after: Counters, minimum: float) -> Verdict:
+    """DSpark's line with the mean accepted length per verify over the probe (vLLM's 1 + accepted / drafts, counting
+    the bonus token). The same rule as MTP's acceptance: no draft counted, or fewer than `minimum` accepted tokens
+    a verify (MTP k=1's minimum rate, as a length), means the drafter is not working and decodes slower than none."""
+    delta = _counters(after) - _counters(before)
+    if delta.draft_tokens <= 0:
+        return Verdict(DSPARK, False, f"{engine.why}; no drafts counted during the probe: DSpark is not drafting",
+                       requested=True)
+    length = delta.mean_acceptance_length
+    shown = f"mean accepted {length:.2f}" if length is not None else "mean accepted n/a (no num_drafts counter)"
+    ok = (length - 1 if length is not None else delta.acceptance_rate) >= minimum
+    why = (f"{engine.why}, {shown} ({delta.accepted} of {delta.draft_tokens} draft tokens over the probe, minimum "
+           f"{1 + minimum:.2f})")
+    if not ok:
+        why += ": the drafter is reading wrong weights or a wrong state; it is slower than no draft"
+    return Verdict(DSPARK, ok, why, requested=True)
+
+
 PROBE_PROMPT = "The quick brown fox jumps over the lazy dog. " * 8
 AGREE_CHARS = 64  # about 16 tokens of the probe's continuation
 
@@ -326,10 +365,12 @@ def main(argv: list[str] | None = None) -> int:
                    "(default: the latest launch in the log)")
     p.add_argument("--server-pid", type=int, default=None,
                    help="the server's pid: what it was asked for through its environment is read from it")
-    p.add_argument("--url", help="server base URL; with it, run the greedy probe (batch agreement, MTP acceptance)")
+    p.add_argument("--url", help="server base URL; with it, run the greedy probe (batch agreement, MTP or DSpark "
+                   "acceptance)")
     p.add_argument("--model", default=None, help="served model name (default: the first listed)")
     p.add_argument("--min-acceptance", type=float, default=0.3,
-                   help="lowest draft acceptance that passes (real Ling MTP: ~0.9 at k=1)")
+                   help="lowest draft acceptance that passes (real Ling MTP: ~0.9 at k=1); for DSpark, the "
+                   "lowest mean accepted length per verify less the bonus token")
     p.add_argument("--probe-tokens", type=int, default=64)
     p.add_argument("--tuned-dir", default=None,
                    help="ling-tune's folder, for its measured MoE backend (default: the server's "
@@ -346,16 +387,21 @@ def main(argv: list[str] | None = None) -> int:
     tuned_dir = a.tuned_dir or asked.tuned_folder
     verdicts = inspect_log(log, asked, read_choice(tuned_dir, gpu_name()))
     mtp = next(v for v in verdicts if v.name == "MTP")
+    dspark = next(i for i, v in enumerate(verdicts) if v.name == DSPARK)
     if a.url:
         import requests
 
         key = os.environ.get("VLLM_API_KEY") or (args.api_key(env) if args is not None else None)
         headers = auth_headers(key)
         model = a.model or requests.get(f"{a.url}/v1/models", headers=headers, timeout=5).json()["data"][0]["id"]
-        before = read_spec_counters(a.url, headers) if mtp.on else None
+        drafts = mtp.on or verdicts[dspark].on
+        before = read_spec_counters(a.url, headers) if drafts else None
         verdicts.append(judge_batch_agreement(probe(a.url, model, a.probe_tokens, headers)))
+        after = read_spec_counters(a.url, headers) if drafts else None
         if mtp.on:
-            verdicts.append(judge_acceptance(before, read_spec_counters(a.url, headers), a.min_acceptance))
+            verdicts.append(judge_acceptance(before, after, a.min_acceptance))
+        if verdicts[dspark].on:
+            verdicts[dspark] = judge_dspark(verdicts[dspark], before, after, a.min_acceptance)
         i = next(i for i, v in enumerate(verdicts) if v.name == PREFIX_CACHE)
         if verdicts[i].on:  # the hit rate so far, read after the probe
             verdicts[i] = prefix_cache_verdict(log, asked.prefix_cache, prefix_counters(read_metrics(a.url, headers)))

@@ -17,8 +17,8 @@ from ling_watchdog.ports import free_port
 from ling_watchdog.serve_args import ServeArgs
 
 from ling_common.metrics import SpecCounters
-from ling_tools.selfcheck import (Requested, inspect_log, judge_acceptance, judge_batch_agreement, main,
-                                 prefix_cache_verdict, prefix_counters, read_choice)
+from ling_tools.selfcheck import (Requested, inspect_log, judge_acceptance, judge_batch_agreement, judge_dspark,
+                                 main, prefix_cache_verdict, prefix_counters, read_choice)
 from vllm_ling import startup_log
 
 FAKE = Path(__file__).parents[1] / "watchdog" / "fake_vllm.py"
@@ -361,3 +361,75 @@ def test_the_hit_rate_reaches_ling_watchdog_status(keyed_server, tmp_path, monke
     records += [{"event": "after_serving", "ts": "t2", **json.loads(x)} for x in out.splitlines()]
     status = format_summary(summarise(records))
     assert "Prefix cache     ON     KDA state checkpointed at block boundaries (align); hit rate 64.0%" in status
+
+
+# --- DSpark: asked for in the serve command, K from the engine, mean accepted length from /metrics ---------------
+
+DSPARK_ENGINE = ("speculative_config=SpeculativeConfig(method='dspark', model='inclusionAI/Ling-3.0-flash-dspark', "
+                 "num_spec_tokens=8)")
+DSPARK_LOG = GPU_LOG.replace("speculative_config=SpeculativeConfig(method='mtp', model='/m', num_spec_tokens=1)",
+                             DSPARK_ENGINE)
+DSPARK_ARGS = ["vllm", "serve", "/m", "--speculative-config",
+               '{"method":"dspark","model":"inclusionAI/Ling-3.0-flash-dspark"}']
+
+
+def spec_metrics(drafts: int, draft_tokens: int, accepted: int) -> str:
+    """vLLM's spec-decode counters as /metrics exposes them (0.32-0.34: <name>_total plus a _created sample)."""
+    lines = []
+    for name, value in (("drafts", drafts), ("draft_tokens", draft_tokens), ("accepted_tokens", accepted)):
+        lines += [f"# TYPE vllm:spec_decode_num_{name} counter",
+                  f'vllm:spec_decode_num_{name}_total{{engine="0",model_name="m"}} {float(value)}',
+                  f'vllm:spec_decode_num_{name}_created{{engine="0",model_name="m"}} 1.7e+09']
+    return "\n".join(lines) + "\n"
+
+
+def test_dspark_asked_for_and_in_the_engine_is_on_with_its_k_and_adaptive_width(vllm_parser):
+    asked = Requested.of(ServeArgs.parse(DSPARK_ARGS), {})
+    assert asked.dspark and not asked.mtp and not asked.adaptive
+    v = _by_name(inspect_log(DSPARK_LOG, asked))
+    assert v["DSpark"].on and v["DSpark"].why == "K=8, adaptive off" and not v["MTP"].failed
+    adaptive = DSPARK_ARGS[:-1] + ['{"method":"dspark","model":"d","enable_adaptive_verification":true}']
+    assert _by_name(inspect_log(DSPARK_LOG, Requested.of(ServeArgs.parse(adaptive), {})))["DSpark"].why == \
+        "K=8, adaptive on"
+    plain = _by_name(inspect_log(GPU_LOG, MTP))["DSpark"]
+    assert not plain.on and not plain.failed and plain.why == "not configured"
+
+
+def test_dspark_asked_for_but_absent_from_the_engine_fails():
+    log = DSPARK_LOG.replace(DSPARK_ENGINE, "speculative_config=None")
+    v = _by_name(inspect_log(log, Requested(dspark=True)))["DSpark"]
+    assert v.failed and "FAILED" in v.line() and "no DSpark drafter" in v.why
+
+
+def test_the_dspark_line_gives_the_mean_accepted_length_per_verify_from_vllms_counters():
+    from ling_common.metrics import spec_counters
+
+    engine = _by_name(inspect_log(DSPARK_LOG, Requested(dspark=True)))["DSpark"]
+    before, after = spec_counters(spec_metrics(10, 80, 40)), spec_counters(spec_metrics(30, 240, 126))
+    v = judge_dspark(engine, before, after, minimum=0.3)  # 86 accepted over 20 verifies: 1 + 4.3
+    assert v.on and not v.failed
+    assert v.line().startswith("DSpark           ON     K=8, adaptive off, mean accepted 5.30 (86 of 160 draft tokens")
+    silent = judge_dspark(engine, before, before, minimum=0.3)
+    assert silent.failed and "no drafts counted during the probe" in silent.why
+    broken = judge_dspark(engine, before, spec_counters(spec_metrics(30, 240, 42)), minimum=0.3)  # 1.10 a verify
+    assert broken.failed and "mean accepted 1.10" in broken.why and "slower than no draft" in broken.why
+
+
+def test_the_self_check_probes_dspark_and_fails_loudly_when_it_does_not_draft(keyed_server, tmp_path, monkeypatch,
+                                                                              capsys, vllm_parser):
+    """End to end: the scrape before the probe and the one after; no drafts in between is the check's error line
+    and exit 2, as for MTP."""
+    url, key = keyed_server
+    log = tmp_path / "serve.log"
+    log.write_text(DSPARK_LOG)
+    monkeypatch.setenv("VLLM_API_KEY", key)
+    scrapes = iter([spec_metrics(10, 80, 40), spec_metrics(30, 240, 126)])
+    monkeypatch.setattr("ling_common.metrics.read_metrics", lambda url, headers=None, timeout=5.0: next(scrapes))
+    assert main(["--json", "--log", str(log), "--url", url, "--", *DSPARK_ARGS]) == 0
+    line = _json_lines(capsys.readouterr().out)["DSpark"]
+    assert line["state"] == "ON" and line["why"].startswith("K=8, adaptive off, mean accepted 5.30")
+    scrapes = iter([spec_metrics(10, 80, 40)] * 2)
+    assert main(["--json", "--log", str(log), "--url", url, "--", *DSPARK_ARGS]) == 2
+    lines = _json_lines(capsys.readouterr().out)
+    assert lines["DSpark"]["state"] == "FAILED" and lines["DSpark"]["level"] == "error"
+    assert lines["summary"]["failed"] == ["DSpark"]
