@@ -438,3 +438,20 @@ def test_a_local_drafter_folder_without_config_is_refused(tmp_path):
 def test_dspark_through_the_mtp_recipe_is_refused_it_sets_mtp_k():
     r = script("serve-int4-mtp.sh", DEVICE="cuda", SPEC="dspark")
     assert r.returncode == 2 and "Safe: MTP_K=0 with serve-int4.sh" in r.stderr
+
+
+def test_dspark_on_a_spark_passes_its_own_watchdogs_rules_only_at_k1_and_a_context_that_fits():
+    """What docs/dspark.md §Recipe says: the drafter's KV and K = 8 are held to the memory and smem rules."""
+    import re
+
+    spark = Device("unified", "NVIDIA GB10", None, 101_376)
+
+    def refused(**env):
+        a = ServeArgs.parse(dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark", **env)[1])
+        return {v.rule: v.message for v in check(a, load_config(), spark, Host(int(115 * GiB), int(119.6 * GiB)),
+                                                 bind=lambda host, port: None) if v.verdict != "ok"}
+
+    default = refused()
+    assert set(default) == {"spec_tokens_smem", "memory_fit"} and "DSPARK_K=1" in default["spec_tokens_smem"]
+    fit = re.search(r"--max-model-len (\d+) at this util", refused(DSPARK_K="1")["memory_fit"])[1]
+    assert refused(DSPARK_K="1", CTX=fit) == {}
