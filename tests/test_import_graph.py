@@ -9,8 +9,8 @@ server, often without vLLM or torch installed in its interpreter.
 
 from __future__ import annotations
 
-import ast
-from collections.abc import Iterator, Mapping
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
@@ -18,6 +18,8 @@ import pytest
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "model"))  # its import reader, shared with the plugin's check
+from import_scan import imported_names  # noqa: E402
 
 Graph = dict[str, dict[str, int]]  # module -> {module of ours it imports: first line}
 
@@ -38,21 +40,6 @@ def modules(dirs: Mapping[str, Path]) -> dict[str, Path]:
     return found
 
 
-def _targets(source: str, name: str, is_package: bool) -> Iterator[tuple[str, int]]:
-    """Every module name an import statement anywhere in `source` may load (`from a import b`: a.b as well as a)."""
-    package = name if is_package else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            yield from ((a.name, node.lineno) for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                base = f"{anchor}.{base}" if base else anchor
-            yield base, node.lineno
-            yield from ((f"{base}.{a.name}", node.lineno) for a in node.names if a.name != "*")
-
-
 def import_graph(dirs: Mapping[str, Path]) -> Graph:
     """Edges between our modules. `from pkg import mod` is an edge to pkg.mod; an edge to a package that holds the
     importer is left out (Python has initialised it before the importer runs, so it closes no cycle)."""
@@ -60,7 +47,7 @@ def import_graph(dirs: Mapping[str, Path]) -> Graph:
     graph: Graph = {}
     for name, path in ours.items():
         edges = graph.setdefault(name, {})
-        for target, line in _targets(path.read_text(encoding="utf-8"), name, path.name == "__init__.py"):
+        for target, line in imported_names(path.read_text(encoding="utf-8"), name, path.name == "__init__.py"):
             if target not in ours or target == name or name.startswith(target + "."):
                 continue
             edges.setdefault(target, line)

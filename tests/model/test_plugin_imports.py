@@ -9,16 +9,16 @@ process has in `sys.modules` after `register()` and the imports, which sees what
 
 from __future__ import annotations
 
-import ast
 import json
 import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from import_scan import imported_names
 
 SERVED = ["vllm_ling.plugin", "vllm_ling.model", "vllm_ling.draft.mtp", "vllm_ling.fp8", "vllm_ling.kda",
           "vllm_ling.kda_core", "vllm_ling.mla", "vllm_ling.moe", "vllm_ling.draft.check", "vllm_ling.smem_guard",
@@ -70,24 +70,6 @@ def _module_file(root: Path, name: str) -> Path | None:
     return next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
 
 
-def _imported_names(source: str, name: str, is_package: bool) -> Iterator[tuple[str, int]]:
-    """Every module name `source` may import, anywhere in it: `import a.b`, `from a import b` (a, and a.b in case
-    b is a module), relative imports, and string constants that are lazy "vllm_ling.x[:Class]" targets."""
-    package = name if is_package else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            yield from ((a.name, node.lineno) for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                anchor = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                base = f"{anchor}.{base}" if base else anchor
-            yield base, node.lineno
-            yield from ((f"{base}.{a.name}", node.lineno) for a in node.names if a.name != "*")
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and LAZY_TARGET.fullmatch(node.value):
-            yield node.value.partition(":")[0], node.lineno
-
-
 def _parents(name: str) -> list[str]:
     """Importing a.b.c runs a/__init__ and a/b/__init__ first."""
     parts = name.split(".")
@@ -104,7 +86,7 @@ def static_import_graph(root: Path, starts: tuple[str, ...]) -> dict[str, Edge |
         path = _module_file(root, name)
         if path is None:
             continue
-        found = _imported_names(path.read_text(encoding="utf-8"), name, path.name == "__init__.py")
+        found = imported_names(path.read_text(encoding="utf-8"), name, path.name == "__init__.py", LAZY_TARGET)
         for target, line in found:
             for module in [*_parents(target), target]:
                 ours = _module_file(root, module) is not None
