@@ -12,9 +12,13 @@ flip near-ties between a 1-token decode and a (K+1)-token verify: so DSpark's to
 argmax on decided positions as plain decoding does, and where DSpark and plain first part the oracle's margin must
 be one bf16 can flip. A verify that corrupted the KDA state or accepted an unverified token breaks the first.
 Run on the device: VLLM_LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_dspark_gpu.py -q
+(DSPARK_KS=1,2,3,4 runs those K only: all eight with the plain engines are 18 engines, more than one device call;
+DSPARK_ADAPTIVE=1 verifies with vLLM's confidence-driven adaptive width instead of the fixed one.)
 """
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
@@ -26,7 +30,8 @@ from model_helpers import NO_CLAMPS, first_difference, random_prompts, run_scrip
 
 PROMPT_LENGTHS = [3, 17, 64, 130]
 MAX_TOKENS = 64
-KS = list(range(1, 9))
+KS = [int(k) for k in os.environ.get("DSPARK_KS", "1,2,3,4,5,6,7,8").split(",")]
+ADAPTIVE = os.environ.get("DSPARK_ADAPTIVE", "0") == "1"
 PAIRS = {"random": ("stable_router", False), "agree": ("mtp_echo", True)}  # target variant, agreeing drafter
 AGREE_MIN_ACCEPTANCE = 0.5  # the agreeing drafter's share of accepted drafts (the echo target follows f ~80-90%)
 RANDOM_MAX_ACCEPTANCE = 0.1
@@ -36,9 +41,10 @@ GROUP = 6  # engines started at once
 
 
 def _spec(draft: str, k: int) -> dict:
-    """vLLM's Ling recipe's DSpark flags (0.33 sdist recipes/models/inclusionAI/Ling-3.0-flash.yaml), fixed width."""
+    """vLLM's Ling recipe's DSpark flags (0.33 sdist recipes/models/inclusionAI/Ling-3.0-flash.yaml): fixed width
+    there; adaptive with DSPARK_ADAPTIVE=1."""
     return {"method": "dspark", "model": draft, "num_speculative_tokens": k, "attention_backend": "FLASH_ATTN",
-            "enable_adaptive_verification": False}
+            "enable_adaptive_verification": ADAPTIVE}
 
 
 @pytest.fixture(scope="module")
@@ -74,7 +80,7 @@ def runs(tmp_path_factory) -> dict[str, dict]:
         for i, kind in enumerate(kinds):
             named[kind]["scored"] = oracle["scored"][i * n:(i + 1) * n]
         out[pair] = named
-    record("dspark", {pair: _report(named) for pair, named in out.items()})
+    record(f"dspark_k{''.join(map(str, KS))}{'_adaptive' if ADAPTIVE else ''}", {pair: _report(named) for pair, named in out.items()})
     return out
 
 
@@ -92,13 +98,13 @@ def _agreement(run: dict) -> float:
 
 def _report(named: dict) -> dict:
     plain = named["plain"]
-    report = {"plain_vs_oracle": _agreement(plain), "k": {}}
+    report = {"plain_vs_oracle": _agreement(plain), "plain_seconds": plain.get("seconds"), "k": {}}
     for k in KS:
         run = named[k]
         parts = [first_difference(a["token_ids"], b["token_ids"]) for a, b in zip(plain["outputs"], run["outputs"])]
         report["k"][k] = {
             "acceptance": spec_acceptance(run), "counters": run["spec_decode"], "vs_oracle": _agreement(run),
-            "identical_requests": sum(p is None for p in parts),
+            "identical_requests": sum(p is None for p in parts), "seconds": run.get("seconds"),
             "margins_at_first_difference": [None if p is None else run["scored"][i]["margin"][PROMPT_LENGTHS[i] + p]
                                             for i, p in enumerate(parts)]}
     return report
