@@ -1,8 +1,10 @@
 """Full-size Ling-3.0-flash speed with random weights (`load_format=dummy`): one engine configuration per run.
 
     ling-make-tiny /tmp/flash --full-config        # the bundled config.json, no weights
-    python -m ling_bench.fullsize /tmp/flash --mode graphs --out graphs.json    # eager | graphs | mtp
+    python -m ling_bench.fullsize /tmp/flash --mode graphs --out graphs.json    # eager | graphs | mtp | dspark
     python -m ling_bench.fullsize /tmp/flash --impl vllm --fp8 w8a16 --kernels    # vLLM's model, FP8, profiled
+    python -m ling_bench.fullsize /tmp/flash --mode mtp --k 3 --prefill= --acceptance-length 3.5,2.5
+    python -m ling_bench.fullsize /tmp/flash --mode dspark --k 8 --adaptive --prefill= --acceptance-length 6.5,5.3,3.5
 
 Batch 1, token-id prompts (no tokenizer ships with the bundled config). Reports prefill tok/s at each
 --prefill length (time of a 1-token request), decode tok/s (the extra time of `--decode` more tokens) after a
@@ -10,11 +12,24 @@ short prompt and after each --prefill prompt (long-context decode: does it hold 
 memory, and the bytes a decode step reads (counted from config.json by `ling_bench.projection`) against
 this GPU's device-to-device copy bandwidth measured in the same run, the weight memory vLLM reports ("Model
 loading took"), the cudagraph mode, and with --kernels the CUDA kernels and GPU time per decode step (torch
-profiler, graph-replayed kernels included). With dummy weights real MTP acceptance is meaningless: `mtp` reports
-the verify step's cost against `graphs`; on vLLM >= 0.32 `--acceptance-length L` has the engine accept drafts
-synthetically (its `rejection_sample_method: synthetic`) so MTP tokens/s is measured at a given acceptance;
-`--acceptance-length 1.94,1.70` measures each in turn on one engine (the rate is a device tensor the rejection
-sampler reads every step, refilled in place), and every result gives the verify step (one engine step).
+profiler, graph-replayed kernels included).
+
+Speculative decoding, `--k N` draft tokens a round: `mtp` (the checkpoint's MTP layer, k = 1..3, default 1) and
+`dspark` (Ling's DSpark drafter, K = 1..8, default 8, the drafter's block; `--adaptive` for vLLM's
+confidence-driven verification width). DSpark drafts with a dummy drafter of the released one's shape (5 layers,
+hidden 2,560, 32/32 heads, block 8, Markov rank 256, target layers 1, 11, 23, 29, 35: `ling_bench.projection.
+dspark_config`), a folder with only its config.json: vLLM gives the draft the target's load format, so it gets
+dummy weights too. With dummy weights real acceptance is meaningless, so on vLLM >= 0.32 `--acceptance-length L`
+has the engine accept drafts synthetically (its `rejection_sample_method: synthetic`, L in [1, k + 1]) and
+tokens/s is measured at a given mean accepted length; `--acceptance-length 6.5,5.3,3.5` measures each in turn on
+one engine (vLLM holds the rates as a device tensor its rejection sampler reads every step; it is refilled in place
+with the rates vLLM computes for that L and k, `vllm_ling.compat.synthetic_conditional_rates`). Each phase
+reports decode tok/s, the round (one engine step: the draft and the target's verify of k + 1 tokens) in ms and
+the tokens a round yields (accepted + 1, from vLLM's spec-decode counters) with the share accepted at each
+position; `refill_rates_match_engine` says whether the refill's rates for the first L equal those vLLM built for
+it; the drafter's weights are `drafter_weight_gib`. A round's cost over a plain step is its ms over a `--mode
+graphs` run's `decode_step_ms`.
+
 Which model serves: `--impl ours|vllm` (VLLM_LING_MODEL), or `vllm-bare` (vLLM as installed, no plugin at all:
 VLLM_PLUGINS=none). `--fp8 w8a16|w8a8` serves with `--quantization ling_fp8` (`--fp8-scheme block|channel`: its
 scales, VLLM_LING_FP8_SCHEME; vllm_ling.fp8's default when not given); `--moe-backend
@@ -33,6 +48,7 @@ import statistics
 import sys
 import time
 
+from ling_bench.projection import DSPARK
 from ling_tuning.engine_compare import BACKENDS as MOE_BACKENDS  # vLLM >= 0.28's --moe-backend for INT4 experts
 from ling_tuning.step_kernels import kernels_per_step, timed
 from vllm_ling import compat, envs
@@ -46,11 +62,12 @@ from vllm_ling.kda_core import GATE_ENV, GATES  # KDA gate: in vLLM's kernels or
 from vllm_ling.ops.routing import ROUTER_ENV, ROUTERS  # our MoE router or vLLM's (--router)
 from vllm_ling.ops.router_gemm import GEMM_ENV, GEMMS  # the router's logits: our kernel or GateLinear
 
-MODES = {
-    "eager": {"enforce_eager": True},
-    "graphs": {"enforce_eager": False},
-    "mtp": {"enforce_eager": False, "speculative_config": {"method": "mtp", "num_speculative_tokens": 1}},
-}
+MODES = {"eager": {"enforce_eager": True}, "graphs": {"enforce_eager": False}, "mtp": {"enforce_eager": False},
+         "dspark": {"enforce_eager": False}}
+# Draft tokens a round, per speculative mode: MTP the rounds ling_bench.projection compares (k = 1..3; the serve
+# recipe ships k = 1), DSpark 1 up to the drafter's block (vllm_ling.draft.dspark refuses K beyond it).
+SPEC_KS = {"mtp": range(1, 4), "dspark": range(1, DSPARK["dspark_block_size"] + 1)}
+DEFAULT_K = {"mtp": 1, "dspark": DSPARK["dspark_block_size"]}
 
 
 def copy_bandwidth_gbs(gib: float = 1.0, repeats: int = 10) -> float | None:
@@ -67,19 +84,31 @@ def copy_bandwidth_gbs(gib: float = 1.0, repeats: int = 10) -> float | None:
     return gbs
 
 
-def roofline(model: str, mode: str, context: int, step_s: float, copy_gbs: float | None,
-             accepted_per_step: float, fp8: bool = False) -> dict:
-    """Bytes one decode step reads (a verify step of 2 tokens + the draft with MTP; FP8 weights under
-    `--fp8`) and the share of the copy bandwidth that the measured step time reaches."""
-    from ling_bench.projection import decode_step_bytes
+def step_bytes(config: dict, mode: str, context: int, k: int | None = None, fp8: bool = False) -> float:
+    """Bytes one engine step reads, as ling_bench.projection counts them: a plain step, or a whole round (MTP: k
+    draft passes and a verify of k + 1 tokens; DSpark: the drafter's pass over the block and a verify of K + 1).
+    Under `--fp8` the projection counts DSpark's own matrices in FP8 too, which is not served: there the DSpark
+    count is low by about the drafter's BF16 weights' half. Adaptive verification verifies fewer than K + 1 tokens
+    when confidence is low: the count is the full round's."""
+    from ling_bench.projection import decode_step_bytes, dspark_round_bytes, mtp_round_bytes
 
+    if mode == "mtp":
+        return mtp_round_bytes(config, context, k or 1, fp8=fp8).total
+    if mode == "dspark":
+        return dspark_round_bytes(config, context, k or DEFAULT_K["dspark"], fp8=fp8).total
+    return decode_step_bytes(config, context, fp8=fp8).total
+
+
+def roofline(model: str, mode: str, context: int, step_s: float, copy_gbs: float | None,
+             accepted_per_step: float, fp8: bool = False, k: int | None = None) -> dict:
+    """Bytes one engine step reads (`step_bytes`: a round with MTP or DSpark; FP8 weights under `--fp8`) and the
+    share of the copy bandwidth that the measured step time reaches."""
     with open(os.path.join(model, "config.json")) as f:
         config = json.load(f)
-    mtp = mode == "mtp"
-    step_bytes = decode_step_bytes(config, context, tokens=2 if mtp else 1, mtp=mtp, fp8=fp8).total
+    read = step_bytes(config, mode, context, k, fp8)
     engine_step_s = step_s * (1 + accepted_per_step)  # one engine step yields 1 + accepted tokens
-    out = {"bytes_per_step_gb": step_bytes / 1e9, "engine_step_ms": 1e3 * engine_step_s,
-           "achieved_gbs": step_bytes / engine_step_s / 1e9, "copy_gbs": copy_gbs}
+    out = {"bytes_per_step_gb": read / 1e9, "engine_step_ms": 1e3 * engine_step_s,
+           "achieved_gbs": read / engine_step_s / 1e9, "copy_gbs": copy_gbs}
     if copy_gbs:
         out["fraction_of_copy_bw"] = out["achieved_gbs"] / copy_gbs
     return out
@@ -97,7 +126,7 @@ IMPLS = {"ours": {"VLLM_LING_MODEL": "vllm-ling"}, "vllm": {"VLLM_LING_MODEL": "
 class _LogLines(logging.Handler):
     """Keeps the vLLM log lines the result quotes (kernel and backend choices, vllm-ling's own lines)."""
 
-    WANTED = ("Selected ", "MoE backend", "cudagraph", "FP8 weights", "vllm-ling:")
+    WANTED = ("Selected ", "MoE backend", "cudagraph", "FP8 weights", "vllm-ling:", "DSpark")
 
     def __init__(self) -> None:
         super().__init__(logging.INFO)
@@ -109,10 +138,98 @@ class _LogLines(logging.Handler):
             self.lines.append(text[:300])
 
 
+def length_problem(length: float, k: int) -> str | None:
+    """Why a mean accepted length cannot be asked of a k-draft round, or None: a round yields the accepted drafts
+    and the bonus token, 1 to k + 1 tokens (vLLM refuses the same range, in words that do not name the flag)."""
+    if 1.0 <= length <= k + 1:
+        return None
+    return (f"--acceptance-length {length} at k={k}: a round yields 1 to k + 1 = {k + 1} tokens (the accepted "
+            f"drafts and the bonus token), so L must lie in [1, {k + 1}]")
+
+
+def check_spec(mode: str, k: int | None = None, adaptive: bool = False, lengths: list[float] | None = None,
+               impl: str = "ours") -> int | None:
+    """The draft tokens a round (`--k`, or the mode's default; None without drafts), after refusing what the run
+    could not measure: before the engine starts, since a full-size start costs minutes. Raises ValueError."""
+    if adaptive and mode != "dspark":
+        raise ValueError("--adaptive is DSpark's confidence-driven verification width: it needs --mode dspark")
+    if mode not in SPEC_KS:
+        if k is not None:
+            raise ValueError(f"--k {k} counts draft tokens a round: it needs --mode mtp or --mode dspark")
+        if lengths:
+            raise ValueError(f"--acceptance-length {','.join(map(str, lengths))} is the drafts' synthetic "
+                             f"acceptance: it needs --mode mtp or --mode dspark")
+        return None
+    k = DEFAULT_K[mode] if k is None else k
+    if k not in (ks := SPEC_KS[mode]):
+        why = "up to the drafter's block size" if mode == "dspark" else "the MTP rounds the projection compares"
+        raise ValueError(f"--mode {mode} --k {k}: k must lie in {ks.start}..{ks.stop - 1} ({why})")
+    problems = [p for p in (length_problem(v, k) for v in lengths or []) if p]
+    if problems:
+        raise ValueError(problems[0])
+    if mode == "dspark" and impl != "ours":
+        raise ValueError(f"--mode dspark with --impl {impl}: the drafter reads the target's aux hidden states, which "
+                         f"only vllm-ling's model provides (docs/dspark.md §Target). Use --impl ours")
+    return k
+
+
+def check_runtime(mode: str) -> None:
+    """Refuse DSpark where this vLLM cannot run it (`compat.dspark_runtime_missing`: no runtime, or the CPU engine),
+    before minutes of start-up end in an error that does not say so. Raises ValueError."""
+    if mode == "dspark" and (missing := compat.dspark_runtime_missing()):
+        raise ValueError(f"--mode dspark: {missing}")
+
+
+def speculative_config(mode: str, k: int | None, acceptance_length: float | None = None, adaptive: bool = False,
+                       drafter: str | None = None) -> dict | None:
+    """The engine's `speculative_config` for a mode (None for a plain one): MTP with k drafts, or DSpark over
+    `drafter` (a folder) with K drafts, FLASH_ATTN for the drafter and adaptive width on or off, the keys of vLLM's
+    Ling recipe but its `draft_sample_method: probabilistic` (draft logits kept for sampled requests; this run
+    decodes greedily); with `acceptance_length`, synthetic acceptance at that mean accepted length."""
+    if mode == "mtp":
+        spec: dict = {"method": "mtp", "num_speculative_tokens": k or DEFAULT_K[mode]}
+    elif mode == "dspark":
+        if not drafter:
+            raise ValueError("--mode dspark needs a drafter folder (write_dummy_drafter)")
+        spec = {"method": "dspark", "model": drafter, "num_speculative_tokens": k or DEFAULT_K[mode],
+                "attention_backend": "FLASH_ATTN", "enable_adaptive_verification": adaptive}
+    else:
+        return None
+    if acceptance_length is not None:
+        spec |= {"rejection_sample_method": "synthetic", "synthetic_acceptance_length": acceptance_length}
+    return spec
+
+
+def write_dummy_drafter(model: str) -> str:
+    """A folder holding only the config.json of a DSpark drafter of the released one's shape for the target in
+    `model` (ling_bench.projection.dspark_config). No weights: vLLM's DSpark loader builds the draft with
+    `get_draft_load_config`, which (0.33, 0.34) hands back the target's load config unless it is `ipc_cache`, so the
+    draft loads with load_format=dummy too; vLLM's DummyModelLoader fills each parameter in place and never calls
+    the model's own load_weights, so LingDSparkForCausalLM's check for missing tensors (in its load_weights) does not
+    run. Nor does the drafter's load_weights mark an lm_head or embedding of its own (`has_own_lm_head`), so vLLM
+    installs the target's on the drafter, as it does for the released files, which hold neither."""
+    import tempfile
+
+    from ling_bench.projection import dspark_config
+
+    with open(os.path.join(model, "config.json")) as f:
+        target = json.load(f)
+    folder = tempfile.mkdtemp(prefix="ling-fullsize-dspark-")
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(dspark_config(target), f, indent=1)
+    return folder
+
+
 def _engine_kwargs(mode: str, fp8: str | None, acceptance_length: float | None,
                    moe_backend: str | None = None, draft_vocab: int | None = None,
-                   fp8_scheme: str | None = None) -> dict:
-    kwargs = {k: (dict(v) if isinstance(v, dict) else v) for k, v in MODES[mode].items()}
+                   fp8_scheme: str | None = None, k: int | None = None, adaptive: bool = False,
+                   drafter: str | None = None) -> dict:
+    kwargs = dict(MODES[mode])
+    spec = speculative_config(mode, k, acceptance_length, adaptive, drafter)
+    if spec is not None:
+        kwargs["speculative_config"] = spec
+    elif acceptance_length is not None:
+        raise ValueError(f"--acceptance-length {acceptance_length} needs --mode mtp or --mode dspark")
     if draft_vocab:
         if mode != "mtp":
             raise ValueError(f"--draft-vocab {draft_vocab} is the MTP draft's: it needs --mode mtp")
@@ -130,9 +247,6 @@ def _engine_kwargs(mode: str, fp8: str | None, acceptance_length: float | None,
         if fp8_scheme:
             os.environ[FP8_SCHEME_ENV] = fp8_scheme
         kwargs["quantization"] = "ling_fp8"
-    if acceptance_length is not None:
-        kwargs["speculative_config"] |= {"rejection_sample_method": "synthetic",
-                                         "synthetic_acceptance_length": acceptance_length}
     return kwargs
 
 
@@ -255,7 +369,17 @@ def _cudagraph_mode(llm) -> str | None:
 
 
 def _spec_counters(llm) -> dict[str, float]:
-    return {m.name: getattr(m, "value", 0) for m in llm.get_metrics() if m.name.startswith("vllm:spec_decode_num_")}
+    """vLLM's spec-decode counters; its per-position vector (`..._per_pos`) as one key per position, `name[i]`, so
+    a request's increase is a plain difference like the others'."""
+    out: dict[str, float] = {}
+    for m in llm.get_metrics():
+        if not m.name.startswith("vllm:spec_decode_num_"):
+            continue
+        if hasattr(m, "values"):  # vLLM's Vector
+            out |= {f"{m.name}[{i}]": v for i, v in enumerate(m.values)}
+        else:
+            out[m.name] = getattr(m, "value", 0)
+    return out
 
 
 def _accepted_per_draft(counters: dict[str, float]) -> float:
@@ -264,6 +388,15 @@ def _accepted_per_draft(counters: dict[str, float]) -> float:
 
 
 DRAFTS = "vllm:spec_decode_num_drafts"
+PER_POSITION = "vllm:spec_decode_num_accepted_tokens_per_pos"
+
+
+def _accepted_per_position(counters: dict[str, float]) -> list[float]:
+    """Share of rounds whose draft at each position was accepted (with synthetic acceptance: the unconditional
+    rates vLLM resolved from L, e.g. k = 3, L = 3.5: 1, 1, 0.5)."""
+    drafts = counters.get(DRAFTS, 0)
+    n = sum(1 for key in counters if key.startswith(PER_POSITION + "["))
+    return [counters.get(f"{PER_POSITION}[{i}]", 0) / drafts for i in range(n)] if drafts else []
 
 
 def _counted(llm, prompt: list[int], max_tokens: int) -> tuple[float, dict[str, float]]:
@@ -273,7 +406,7 @@ def _counted(llm, prompt: list[int], max_tokens: int) -> tuple[float, dict[str, 
     return seconds, {k: v - before.get(k, 0) for k, v in _spec_counters(llm).items()}
 
 
-def _mtp_phase(llm, prompt: list[int], decode: int, repeats: int, length: float | None) -> dict:
+def _round_phase(llm, prompt: list[int], decode: int, repeats: int, length: float | None) -> dict:
     """One acceptance setting, timed as `_decode_step` times a plain step, with each request's drafts counted."""
     ones = [_counted(llm, prompt, 1) for _ in range(repeats)]
     manys = [_counted(llm, prompt, decode + 1) for _ in range(repeats)]
@@ -282,30 +415,59 @@ def _mtp_phase(llm, prompt: list[int], decode: int, repeats: int, length: float 
 
 def _spec_phase(ones: list[tuple[float, dict]], manys: list[tuple[float, dict]], decode: int,
                 length: float | None) -> dict:
-    """Per generated token: the extra time of `decode` more tokens over a 1-token request (medians). Per verify
-    step (one target pass over 1 + k tokens and the draft's pass; k = 1): that extra time over the extra drafts
-    the longer requests verified, one per step. Counted per request, so no earlier request's drafts enter, and
-    the step does not lean on the acceptance rate."""
+    """Per generated token: the extra time of `decode` more tokens over a 1-token request (medians). Per round
+    (`verify_step_ms`: one engine step, the draft's pass or passes and one target pass over 1 + k tokens): that
+    extra time over the extra drafts the longer requests verified, one per round. Counted per request, so no
+    earlier request's drafts enter, and the round does not lean on the acceptance rate. Tokens a round yields:
+    the accepted drafts per round + the bonus token."""
     extra_s = statistics.median(t for t, _ in manys) - statistics.median(t for t, _ in ones)
     steps = statistics.mean(c.get(DRAFTS, 0) for _, c in manys) - statistics.mean(c.get(DRAFTS, 0) for _, c in ones)
     counters = {k: sum(c.get(k, 0) for _, c in manys) for k in manys[0][1]}
     step_s = extra_s / decode
-    return {"synthetic_acceptance_length": length, "accepted_per_draft": _accepted_per_draft(counters),
+    accepted = _accepted_per_draft(counters)
+    return {"synthetic_acceptance_length": length, "accepted_per_draft": accepted,
+            "tokens_per_round": 1 + accepted if counters.get(DRAFTS) else None,
+            "accepted_per_position": _accepted_per_position(counters),
             "decode_step_ms": 1e3 * step_s, "decode_tok_s": 1 / step_s,
             "verify_step_ms": 1e3 * extra_s / steps if steps > 0 else None, "verify_steps_per_request": steps,
             "counters": counters}
 
 
-def _set_synthetic_length(llm, length: float) -> None:
-    """Refill the rejection sampler's synthetic rate in place (vLLM 0.33 keeps it as a device tensor of
-    conditional per-position rates and reads it every step; at k=1 the rate is length - 1)."""
+def _set_synthetic_length(llm, length: float, k: int = 1) -> list[float]:
+    """Refill the rejection sampler's synthetic rates in place for mean accepted length `length` at k drafts, and
+    return them. vLLM (0.32-0.34) keeps them as a device tensor of k conditional per-position rates that its
+    rejection kernel reads every step, a pointer a captured graph keeps: so the same tensor is overwritten, with the
+    rates vLLM itself computes for (L, k) at start-up (`compat.synthetic_conditional_rates`)."""
+    problem = length_problem(length, k)
+    if problem:
+        raise ValueError(problem)
+    new = compat.synthetic_conditional_rates(length, k)
+
     def fill(worker) -> None:
+        import torch
+
         rates = worker.model_runner.rejection_sampler.synthetic_conditional_rates
-        if rates is None or rates.numel() != 1:
-            raise RuntimeError(f"need synthetic rejection sampling at k=1, found rates {rates}")
-        rates.fill_(length - 1.0)
+        if rates is None or rates.numel() != k:
+            raise RuntimeError(f"need synthetic rejection sampling at k={k} ({k} rates), found rates {rates}")
+        rates.copy_(torch.tensor(new, dtype=rates.dtype))
 
     llm.collective_rpc(fill)
+    return new
+
+
+def _held_rates(llm) -> list[float] | None:
+    """The conditional rates the engine's rejection sampler holds now (None without synthetic acceptance)."""
+    def read(worker) -> list[float] | None:
+        sampler = getattr(worker.model_runner, "rejection_sampler", None)
+        rates = getattr(sampler, "synthetic_conditional_rates", None)
+        return None if rates is None else rates.tolist()
+
+    return llm.collective_rpc(read)[0]
+
+
+def rates_agree(ours: list[float], held: list[float] | None, tol: float = 1e-6) -> bool:
+    """Do the rates a refill would write for the engine's own L equal those vLLM built at start-up (float32)?"""
+    return held is not None and len(ours) == len(held) and all(abs(a - b) <= tol for a, b in zip(ours, held))
 
 
 def default_util(total_bytes: int | None) -> float:
@@ -320,11 +482,12 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
         impl: str = "ours", fp8: str | None = None, kernels: bool = False,
         acceptance_lengths: list[float] | None = None, moe_backend: str | None = None,
         router: str | None = None, moe_align: str | None = None, kda_gate: str | None = None,
-        router_gemm: str | None = None, draft_vocab: int | None = None, fp8_scheme: str | None = None) -> dict:
+        router_gemm: str | None = None, draft_vocab: int | None = None, fp8_scheme: str | None = None,
+        k: int | None = None, adaptive: bool = False) -> dict:
+    k = check_spec(mode, k, adaptive, acceptance_lengths, impl)
     acceptance_length, more_lengths = (acceptance_lengths[0], acceptance_lengths[1:]) if acceptance_lengths \
         else (None, [])
-    if more_lengths and mode != "mtp":
-        raise ValueError(f"several acceptance lengths {acceptance_lengths} need --mode mtp")
+    check_runtime(mode)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # same process: its GPU memory is ours to read
     os.environ.update(IMPLS[impl])
     if router:
@@ -347,11 +510,13 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
             logger.setLevel(logging.INFO)
     if util is None:
         util = default_util(torch.cuda.get_device_properties(0).total_memory if torch.cuda.is_available() else None)
+    drafter = write_dummy_drafter(model) if mode == "dspark" else None
     t0 = time.perf_counter()
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True,
               max_model_len=max(prefill, default=0) + decode + 64, max_num_seqs=1, max_num_batched_tokens=chunk,
-              gpu_memory_utilization=util, enable_prefix_caching=False, seed=0, disable_log_stats=mode != "mtp",
-              **_engine_kwargs(mode, fp8, acceptance_length, moe_backend, draft_vocab, fp8_scheme))
+              gpu_memory_utilization=util, enable_prefix_caching=False, seed=0, disable_log_stats=k is None,
+              **_engine_kwargs(mode, fp8, acceptance_length, moe_backend, draft_vocab, fp8_scheme, k, adaptive,
+                               drafter))
     vocab = llm.llm_engine.model_config.get_vocab_size()
     rng = random.Random(0)
     served = llm.apply_model(lambda m: f"{type(m).__module__}.{type(m).__name__}")[0]
@@ -362,6 +527,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
                     "repeats": repeats, "gpu_memory_utilization": util, "chunked_prefill_tokens": chunk,
                     "cudagraph_mode": _cudagraph_mode(llm),
                     "acceptance_length_synthetic": acceptance_length, "moe_backend_asked": moe_backend or "auto",
+                    "k": k, "adaptive": adaptive, "drafter": drafter,
                     "draft_vocab": draft_vocab,
                     "router_asked": envs.asked(ROUTER_ENV) if impl == "ours" else None,
                     "moe_align_asked": envs.asked(ALIGN_ENV),
@@ -380,7 +546,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
         _progress(t0, f"prefill {n}: {n / t:.0f} tok/s")
         at_context[n] = _decode_step(llm, prompt, decode, repeats, t)
         _progress(t0, f"decode after {n}: {1e3 * at_context[n]:.2f} ms/step")
-    phases = [_mtp_phase(llm, short, decode, repeats, acceptance_length)] if mode == "mtp" else []
+    phases = [_round_phase(llm, short, decode, repeats, acceptance_length)] if k else []
     step = phases[0]["decode_step_ms"] / 1e3 if phases else _decode_step(llm, short, decode, repeats)
     result |= {"decode_step_ms": 1e3 * step, "decode_tok_s": 1 / step}
     _progress(t0, f"decode: {1 / step:.1f} tok/s")
@@ -392,13 +558,19 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
             result["kernels"] = {"error": f"{type(e).__name__}: {e}"[:500]}
             _progress(t0, f"kernel profile failed: {result['kernels']['error']}")
     accepted = 0.0
-    if mode == "mtp":
+    if k:
         result["spec_decode"] = _spec_counters(llm)  # the whole run's, warm-up included
         accepted = phases[0]["accepted_per_draft"]
+        phases[0]["synthetic_conditional_rates"] = held = _held_rates(llm)
+        if acceptance_length is not None:  # the refill's maths against what vLLM built for the first L
+            result["refill_rates_match_engine"] = rates_agree(
+                compat.synthetic_conditional_rates(acceptance_length, k), held)
         for length in more_lengths:
-            _set_synthetic_length(llm, length)
-            phases.append(_mtp_phase(llm, short, decode, repeats, length))
-            _progress(t0, f"synthetic acceptance {length}: {phases[-1]['decode_tok_s']:.1f} tok/s")
+            _set_synthetic_length(llm, length, k)
+            phases.append(_round_phase(llm, short, decode, repeats, length)
+                          | {"synthetic_conditional_rates": _held_rates(llm)})
+            _progress(t0, f"synthetic acceptance {length}: {phases[-1]['decode_tok_s']:.1f} tok/s, "
+                          f"{phases[-1]['tokens_per_round'] or 0:.2f} tokens a round")
             if kernels:  # is a slower verify step at another acceptance more GPU work, or more time between it?
                 phases[-1]["kernels"] = _kernel_totals(llm, short, decode)
         result["by_acceptance"] = phases
@@ -411,12 +583,15 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     result["memory"] = memory
     # what vLLM logs as "Model loading took", read from the runner it is computed in
     result["weight_gib"] = round(memory.get("model_memory_usage_gib", 0), 4) or None
+    # the drafter's own parameters (the shared LM head and embedding are the target's, counted there); vLLM logs
+    # no figure of its own for it: its "Model loading took" covers target and draft together
+    result["drafter_weight_gib"] = memory.get("draft_param_storage_gib") if drafter else None
     result["log"] = log.lines[:40]
     copy_gbs = copy_bandwidth_gbs()
-    result["roofline"] = roofline(model, mode, len(short) + decode // 2, step, copy_gbs, accepted, bool(fp8))
+    result["roofline"] = roofline(model, mode, len(short) + decode // 2, step, copy_gbs, accepted, bool(fp8), k)
     result["decode_at_context"] = {  # step = prompt + `decode` tokens minus the 1-token request, per token
         str(n): {"decode_step_ms": 1e3 * s,
-                 **roofline(model, mode, n + decode // 2, s, copy_gbs, accepted, bool(fp8))}
+                 **roofline(model, mode, n + decode // 2, s, copy_gbs, accepted, bool(fp8), k)}
         for n, s in at_context.items()}
     return result
 
@@ -444,9 +619,9 @@ def _lengths(text: str) -> list[float]:
         values = [float(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r}: expected numbers, e.g. 1.94,1.70") from None
-    bad = [v for v in values if not 1.0 <= v <= 2.0]
-    if not values or bad:
-        raise argparse.ArgumentTypeError(f"{text!r}: at k=1 an acceptance length lies in [1, 2] (1 + rate)")
+    if not values or min(values) < 1.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: an acceptance length is the tokens a round yields, >= 1 "
+                                         f"(and <= k + 1: checked against --k)")
     return values
 
 
@@ -454,6 +629,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m ling_bench.fullsize", description=__doc__.splitlines()[0])
     ap.add_argument("model", help="a folder with config.json (ling-make-tiny DIR --full-config)")
     ap.add_argument("--mode", choices=sorted(MODES), default="graphs")
+    ap.add_argument("--k", type=int, metavar="N",
+                    help="mtp | dspark: draft tokens a round (mtp 1..3, default 1; dspark 1..8, default 8)")
+    ap.add_argument("--adaptive", action="store_true",
+                    help="dspark: vLLM's confidence-driven verification width (enable_adaptive_verification)")
     ap.add_argument("--prefill", default="4096,16384,65536", help="prompt lengths, comma-separated")
     ap.add_argument("--decode", type=int, default=128, help="tokens decoded per measurement")
     ap.add_argument("--repeats", type=int, default=3)
@@ -468,8 +647,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="with --fp8: FP8's scales, 128x128 blocks or per channel (VLLM_LING_FP8_SCHEME)")
     ap.add_argument("--kernels", action="store_true", help="profile CUDA kernels per decode step")
     ap.add_argument("--acceptance-length", type=_lengths,
-                    help="mtp: synthetic acceptance, mean accepted length per step (1 + rate at k=1; vLLM >= 0.32 on a GPU: the CPU sampler refuses it); "
-                         "comma-separated to measure several on one engine, e.g. 1.94,1.70")
+                    help="mtp | dspark: synthetic acceptance, the mean tokens a round yields, in [1, k + 1] (1 + "
+                         "rate at k=1; vLLM >= 0.32 on a GPU: the CPU sampler refuses it); comma-separated to "
+                         "measure several on one engine, e.g. 1.94,1.70 or 6.5,5.3,3.5")
     ap.add_argument("--moe-backend", choices=MOE_BACKENDS,
                     help="INT4 expert kernels (vLLM >= 0.28's --moe-backend; default: vLLM's choice, Humming on sm_90)")
     ap.add_argument("--router", choices=ROUTERS,
@@ -485,10 +665,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="mtp: the draft proposes among ids 0..N-1 only (a draft vocabulary, vllm_ling.draft.vocab)")
     ap.add_argument("--out", help="write the JSON result here")
     a = ap.parse_args(argv)
+    try:  # refused here, a mistake costs no engine start
+        check_spec(a.mode, a.k, a.adaptive, a.acceptance_length, a.impl)
+        check_runtime(a.mode)
+    except ValueError as e:
+        ap.error(str(e))
     prefill = [int(x) for x in a.prefill.split(",") if x]
     result = run(a.model, a.mode, prefill, a.decode, a.repeats, a.util, a.chunk, a.impl, a.fp8, a.kernels,
                  a.acceptance_length, a.moe_backend, a.router, a.moe_align, a.kda_gate, a.router_gemm, a.draft_vocab,
-                 a.fp8_scheme)
+                 a.fp8_scheme, a.k, a.adaptive)
     text = json.dumps(result, indent=2)
     print(text)
     if a.out:

