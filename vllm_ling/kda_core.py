@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 import torch
 
-from vllm_ling import compat, envs, startup_log
+from vllm_ling import compat, envs, flashkda as flash, startup_log
 from vllm_ling.ops.conv import causal_conv1d_torch
 from vllm_ling.ops.kda import chunk_kda_torch, kda_safe_gate, kda_softplus_gate, recurrent_kda_torch
 
@@ -264,11 +264,13 @@ def gate_torch(f: torch.Tensor, b: torch.Tensor, gate: Gate) -> tuple[torch.Tens
 
 
 def run_cuda_gate_in_kernel(qkv, f, b, gate: Gate, conv_w, conv_state, rec_state, meta, head_dim: int,
-                            out: torch.Tensor | None = None) -> torch.Tensor:
+                            out: torch.Tensor | None = None, flashkda: bool = False) -> torch.Tensor:
     """CUDA path on vLLM's KDA kernels that apply the gate and σ(β) inside (the ones its Kimi layer uses):
     f [n, H·d] and b [n, H] are the raw projections, row-strided views of the fused GEMM's output.
     Against `run_cuda` this drops the gate + β kernel of every layer, the q|k|v copy of a verify step and, on
     plain decode, the output copy (the kernel writes `out`). Same conv calls, same state slots, same null slot 0.
+    `flashkda`: a batch with prefills runs its plain rows through FlashKDA (vllm_ling.flashkda) instead of the
+    Triton chunk_kda; decode and verification rows keep the Triton recurrent kernels either way.
     A state that is not dense per slot takes `run_cuda` with our gate."""
     if not dense_slots(rec_state):
         _say_not_dense(tuple(rec_state.stride()))
@@ -301,14 +303,20 @@ def run_cuda_gate_in_kernel(qkv, f, b, gate: Gate, conv_w, conv_state, rec_state
     raw_g, raw_beta = raw_gate(plain_rows)
     if meta.num_prefills > 0:
         q, k, v = _heads(_prefill_conv(x_in, conv_w, conv_state, meta), head_dim)
-        o, h_t = kda.chunk_kda_with_fused_gate(
-            q=q, k=k, v=v, raw_g=raw_g, raw_beta=raw_beta, A_log=gate.A_log, g_bias=gate.dt_bias,
-            lower_bound=gate.lower_bound, scale=head_dim**-0.5,
-            initial_state=_initial_states(rec_state, slots, meta.has_initial_state),
-            output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=meta.non_spec_query_start_loc,
-        )
+        h0 = _initial_states(rec_state, slots, meta.has_initial_state)
+        if flashkda:
+            into = out[None] if spec_rows is None else None  # all rows are plain: o goes straight into `out`
+            o, h_t = flash.prefill(q, k, v, raw_g, raw_beta, gate.A_log, gate.dt_bias, gate.lower_bound, h0,
+                                   meta.non_spec_query_start_loc, into)
+        else:
+            o, h_t = kda.chunk_kda_with_fused_gate(
+                q=q, k=k, v=v, raw_g=raw_g, raw_beta=raw_beta, A_log=gate.A_log, g_bias=gate.dt_bias,
+                lower_bound=gate.lower_bound, scale=head_dim**-0.5, initial_state=h0,
+                output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=meta.non_spec_query_start_loc,
+            )
         rec_state[slots] = h_t.to(rec_state.dtype)
-        out[plain_rows] = o[0].to(out.dtype)
+        if o.data_ptr() != out.data_ptr():
+            out[plain_rows] = o[0].to(out.dtype)
         return out
     x = _decode_conv(x_in, conv_w, conv_state, meta)
     into = out[None] if spec_rows is None else None

@@ -70,7 +70,7 @@ SEAMS: tuple[Seam, ...] = (
     names("vllm.compilation.decorators", "support_torch_compile"),
     names("vllm.config", "VllmConfig SpeculativeConfig get_current_vllm_config get_current_vllm_config_or_none"),
     fields("vllm.config.vllm", "VllmConfig", "model_config cache_config parallel_config quant_config "
-           "speculative_config additional_config"),
+           "speculative_config additional_config scheduler_config"),
     fields("vllm.config.cache", "CacheConfig", "mamba_cache_dtype"),
     fields("vllm.config.parallel", "ParallelConfig", "tensor_parallel_size"),
     fields("vllm.config.speculative", "SpeculativeConfig", "num_speculative_tokens draft_model_config "
@@ -130,6 +130,12 @@ SEAMS: tuple[Seam, ...] = (
            "dt_bias lower_bound initial_state state_indices out"),
     params(KDA_GATE + ".chunk", "chunk_kda_with_fused_gate", "raw_g raw_beta A_log g_bias lower_bound scale "
            "initial_state output_final_state use_qk_l2norm_in_kernel cu_seqlens"),
+    # flashkda.py (compat): FlashKDA's prefill, --kda-prefill-backend, vLLM's scratch for its workspace
+    _seam("fields", "vllm.engine.arg_utils", "EngineArgs", "kda_prefill_backend",
+          "--kda-prefill-backend does not exist: the KDA prefill serves as under auto"),
+    fields("vllm.config.scheduler", "SchedulerConfig", "max_num_batched_tokens max_num_seqs"),
+    names("vllm.v1.worker.workspace", "current_workspace_manager is_workspace_manager_initialized",
+          "FlashKDA's workspace is allocated at each prefill, not reserved before the KV cache is sized"),
     # ops/: MoE alignment, router GEMM
     names("vllm._custom_ops", "moe_align_block_size gptq_marlin_moe_repack"),
     params("vllm._custom_ops", "gptq_marlin_moe_repack", "b_q_weight size_k size_n num_bits"),

@@ -56,8 +56,12 @@ FP8_HEAD_ON, FP8_HEAD_BF16 = " + LM head", ", LM head BF16"
 # vllm_ling.kda: the gate runs inside vLLM's raw-gate KDA kernels; vllm_ling.kda_core: it fell back to ours.
 KDA_GATE_IN_KERNEL = Line("vllm-ling: KDA gate and β inside vLLM's KDA kernels ({env}=kernel)", dict(env=r"\w+"))
 KDA_GATE_FELL_BACK = Line("vllm-ling: KDA gate fell back to ours: {reason}", dict(reason=r".+"))
+# vllm_ling.kda, once per process: the kernel of KDA prefills and why (vllm_ling.flashkda.choose).
+KDA_PREFILL_KERNELS = ("FlashKDA", "Triton chunk_kda", "torch chunk_kda")
+KDA_PREFILL = Line("vllm-ling: KDA prefill on {kernel} ({why})",
+                   dict(kernel="|".join(map(re.escape, KDA_PREFILL_KERNELS)), why=r".+"))
 # vllm_ling.draft.vocab, once the draft gathered its head rows.
 DRAFT_VOCAB = Line("vllm-ling: MTP draft proposes among {ids} of {vocab} tokens ({env}; {mib:.0f} MiB of head rows, "
                    "{dtype})", dict(ids=r"\d+", vocab=r"\d+", env=r"\w+", mib=r"\d+", dtype=r"\S+"))
 
-LINES = (REGISTERED, REGISTRATION_FAILED, FP8_ON, KDA_GATE_IN_KERNEL, KDA_GATE_FELL_BACK, DRAFT_VOCAB)
+LINES = (REGISTERED, REGISTRATION_FAILED, FP8_ON, KDA_GATE_IN_KERNEL, KDA_GATE_FELL_BACK, KDA_PREFILL, DRAFT_VOCAB)

@@ -83,6 +83,7 @@ class Config:
     dspark_params: int
     dspark_kv_bytes_per_token: int
     dspark_block_size: int
+    flashkda_bytes_per_tile: int
     overhead_gib: float
     host_reserve_gib: float
 

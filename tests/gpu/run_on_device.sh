@@ -14,6 +14,8 @@
 #   kda         vLLM's KDA kernels fed our gate vs the fp32 recurrence, + kda_core   (~2)
 #   kda_core    our CUDA glue vs the CPU path on decode and verify batches, our gate and vLLM's
 #               raw-gate kernels (VLLM_LING_KDA_GATE=kernel)                           (~0.6)
+#   flashkda    FlashKDA's prefill vs our fp32 recurrence beside Triton chunk_kda (lengths 1..4096, varlen, slow
+#               decay), kda_core's prefill glue on both, time and memory at 4K/16K/64K tokens x 32 heads  (~3)
 #   mtp         MTP k=1 lossless + acceptance, for a draft built to agree (mtp_echo) and a random one
 #               (stable_router), and the echo one with FP8 (mtp_echo_fp8): six engines side by side, then the
 #               oracles                                        (4.6 on 0.33: 273 s measured)
@@ -50,7 +52,7 @@
 # merged at the end into one $OUT/records.json ({name: record}); split it with `python3 -c` or read it whole.
 set -uo pipefail
 : "${OUT:?run on the device: OUT is the folder that comes back}"
-: "${1:?step: model | kda | kda_core | mtp | tuning_gpu | routing | router_gemm | draft_vocab | moe_align | tuning | engine_race | engine_moe | fullsize_* | fs:NAME:ARGS | fp8_gemm | intree_check}"
+: "${1:?step: model | kda | kda_core | flashkda | mtp | tuning_gpu | routing | router_gemm | draft_vocab | moe_align | tuning | engine_race | engine_moe | fullsize_* | fs:NAME:ARGS | fp8_gemm | intree_check}"
 VLLM_RELEASE=$(python3 -c 'import vllm; v = vllm.__version__.split("."); print(v[0] + v[1])') || exit 2
 case $VLLM_RELEASE in 033|034) SITE=$HOME/v${VLLM_RELEASE#0}-site ;;
     *) echo "activate a vLLM 0.33 or 0.34 bundle first (found release code $VLLM_RELEASE)" >&2; exit 2 ;; esac
@@ -69,6 +71,7 @@ case $STEP in
     model) run "${MODEL_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider tests/gpu/test_model_gpu.py ;;
     kda) run 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kda_kernels_gpu.py tests/gpu/test_kda_core_gpu.py ;;
     kda_core) run 200 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kda_core_gpu.py ;;
+    flashkda) run 400 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_flashkda_gpu.py ;;
     mtp) run 580 python3 -m pytest -q -p no:cacheprovider --durations=6 tests/gpu/test_mtp_gpu.py ;;
     tuning) bash tests/gpu/tuning_run.sh ;;
     tuning_gpu) run 200 python3 -m pytest -q -p no:cacheprovider -o addopts="" tests/gpu/test_tuning_gpu.py ;;

@@ -288,6 +288,58 @@ def test_the_kda_gate_request_is_read_from_the_servers_environment(vllm_parser):
     assert not Requested.of(args, {"VLLM_LING_KDA_GATE": "ours"}).kda_gate_kernel
 
 
+def _prefill_line(kernel: str, why: str, level: str = "INFO") -> str:
+    return f"{level} [kda.py:60] {startup_log.KDA_PREFILL.text(kernel=kernel, why=why)}\n"
+
+
+def test_the_flashkda_line_says_which_kernel_runs_kda_prefills():
+    on = _by_name(inspect_log(V033_LOG + _prefill_line("FlashKDA", "--kda-prefill-backend auto; bf16, head dim 128, "
+                                                       "bounded gate"), Requested()))["FlashKDA"]
+    assert on.on and not on.failed and on.line().startswith("FlashKDA         ON") and "head dim 128" in on.why
+    why = "FlashKDA's contract does not hold: CUDA capability (8, 0) (FlashKDA is built for majors (9, 10, 12))"
+    off = _by_name(inspect_log(V033_LOG + _prefill_line("Triton chunk_kda", why), Requested()))["FlashKDA"]
+    assert off.state == "OFF" and off.why == f"KDA prefill on Triton chunk_kda: {why}"
+    chosen = _by_name(inspect_log(V033_LOG + _prefill_line("Triton chunk_kda", "--kda-prefill-backend triton"),
+                                  Requested(kda_prefill="triton")))["FlashKDA"]
+    assert chosen.state == "OFF" and chosen.why.endswith("--kda-prefill-backend triton")
+
+
+def test_flashkda_asked_for_by_name_and_not_serving_fails_with_the_reason():
+    why = "FlashKDA's contract does not hold: head dim 64 (FlashKDA takes 128)"
+    v = _by_name(inspect_log(V033_LOG + _prefill_line("Triton chunk_kda", why, "WARNING"),
+                             Requested(kda_prefill="flashkda")))["FlashKDA"]
+    assert v.failed and v.state == "FAILED" and "head dim 64" in v.why
+    silent = _by_name(inspect_log(V033_LOG, Requested(kda_prefill="flashkda")))["FlashKDA"]
+    assert silent.failed and "no vllm-ling KDA prefill line" in silent.why
+    served = _by_name(inspect_log(V033_LOG + _prefill_line("FlashKDA", "--kda-prefill-backend flashkda; bf16"),
+                                  Requested(kda_prefill="flashkda")))["FlashKDA"]
+    assert served.on and not served.failed
+
+
+def test_flashkda_is_off_not_failed_on_the_cpu_engine_and_under_the_in_tree_model():
+    cpu = _by_name(inspect_log("... device_config=cpu, ...\n" + _prefill_line(
+        "torch chunk_kda", "the CPU engine: FlashKDA and Triton chunk_kda are CUDA kernels"), Requested()))["FlashKDA"]
+    assert cpu.state == "OFF" and "CPU engine" in cpu.why
+    assert _by_name(inspect_log("... device_config=cpu, ...", Requested()))["FlashKDA"].why.startswith("CPU engine")
+    intree = startup_log.REGISTERED.text(arch="BailingMoeV3ForCausalLM", who=startup_log.INTREE, version="0.34.0",
+                                         why="VLLM_LING_MODEL=vllm", env="VLLM_LING_MODEL")
+    intree_log = GPU_LOG + intree + "\n"  # vLLM's own model: none of our KDA lines
+    v = _by_name(inspect_log(intree_log, Requested(kda_prefill="flashkda")))["FlashKDA"]
+    assert v.failed and "in-tree model" in v.why
+
+
+def test_the_kda_prefill_request_is_read_from_the_serve_command(vllm_parser):
+    named = ServeArgs.parse(["vllm", "serve", "/m", "--kda-prefill-backend", "flashkda"])
+    assert Requested.of(named, {}).kda_prefill == "flashkda"
+    assert Requested.of(ServeArgs.parse(["vllm", "serve", "/m"]), {}).kda_prefill is None
+
+
+def test_the_watchdogs_own_reading_of_the_serve_command_has_the_kda_prefill_backend():
+    """When vLLM's parser cannot run (a launcher not vLLM's), the minimal parser still reads the flag."""
+    args = ServeArgs.parse(["python3", "fake.py", "serve", "/m", "--kda-prefill-backend", "flashkda"])
+    assert args.minimal and Requested.of(args, {}).kda_prefill == "flashkda"
+
+
 VOCAB = ("INFO [draft_vocab.py:94] vllm-ling: MTP draft proposes among 32768 of 157184 tokens (VLLM_LING_DRAFT_VOCAB; "
          "80 MiB of head rows, torch.float8_e4m3fn)\n")
 

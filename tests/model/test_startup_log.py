@@ -19,6 +19,8 @@ SAMPLES = [  # (line, the values it is written with)
     (startup_log.FP8_ON, dict(linears=279, head=startup_log.FP8_HEAD_BF16, kernel="w8a16", scheme="channel")),
     (startup_log.KDA_GATE_IN_KERNEL, dict(env="VLLM_LING_KDA_GATE")),
     (startup_log.KDA_GATE_FELL_BACK, dict(reason="strides are (1, 2, 3); VLLM_LING_KDA_GATE=kernel serves as ours")),
+    (startup_log.KDA_PREFILL, dict(kernel="Triton chunk_kda", why="FlashKDA's contract does not hold: CUDA "
+                                   "capability (8, 0) (FlashKDA is built for majors (9, 10, 12))")),
     (startup_log.DRAFT_VOCAB, dict(ids=32768, vocab=157184, env="VLLM_LING_DRAFT_VOCAB", mib=21.0,
                                    dtype="torch.float8_e4m3fn")),
 ]

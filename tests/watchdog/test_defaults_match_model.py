@@ -95,6 +95,22 @@ def test_state_bytes_per_seq_is_the_kda_state_of_the_bundled_config_at_the_recip
     assert load_config().state_bytes_per_seq == state_bytes_per_seq(flash_config(), recipe_mtp_k())
 
 
+def flashkda_bytes_per_tile(cfg: dict) -> int:
+    """FlashKDA's workspace per 16-token tile, every KDA head: k and q decayed and k restored (bf16, 16 x d each), the
+    chunk's total gate (fp32, d) and two 16 x 16 bf16 blocks (FlashKDA's get_workspace_size)."""
+    d, chunk = kda_head_dim(cfg), 16
+    return cfg["num_attention_heads"] * (3 * chunk * d * 2 + d * 4 + 2 * chunk * chunk * 2)
+
+
+def test_flashkda_bytes_per_tile_is_the_plugins_workspace_of_the_bundled_config():
+    from vllm_ling.flashkda import workspace_bytes
+
+    cfg = flash_config()
+    assert load_config().flashkda_bytes_per_tile == flashkda_bytes_per_tile(cfg) == 442_368
+    assert workspace_bytes(16, cfg["num_attention_heads"], 0) == load_config().flashkda_bytes_per_tile
+    assert flashkda_bytes_per_tile({**cfg, "num_attention_heads": 16}) != load_config().flashkda_bytes_per_tile
+
+
 def test_the_check_sees_a_changed_geometry():
     """Negative control: one more MLA layer, or a wider KDA head, and the shipped numbers no longer match."""
     cfg = flash_config()

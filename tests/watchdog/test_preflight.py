@@ -9,7 +9,7 @@ import pytest
 from ling_watchdog.config import load_config
 from ling_common.device import Device
 from ling_watchdog.memory import GiB
-from ling_watchdog.preflight import Host, check
+from ling_watchdog.preflight import Host, check, prefill_workspace
 from ling_watchdog.serve_args import ServeArgs
 
 pytestmark = pytest.mark.usefixtures("vllm_parser")  # vLLM's parser, in-process
@@ -151,7 +151,39 @@ def test_memory_refuses_a_util_too_small_for_the_weights_and_names_the_numbers()
     v = verdicts("vllm serve m --max-model-len 8192 --gpu-memory-utilization 0.5")["memory_fit"]
     assert v.verdict == "refuse"
     assert "weights 71.7 GiB" in v.message and "= 59.8 GiB" in v.message
-    assert "Safe: --gpu-memory-utilization 0.64" in v.message
+    assert "FlashKDA workspace 0.8 GiB" in v.message  # vLLM's largest default limits: 16,384 tokens, 1,024 seqs
+    assert "Safe: --gpu-memory-utilization 0.65" in v.message
+
+
+def _workspace(cmd: str, dev=GB10) -> int:
+    return prefill_workspace(ServeArgs.parse(shlex.split(cmd)), load_config(), dev, 131072)
+
+
+def test_the_flashkda_workspace_of_the_recipe_is_one_engines_largest_prefill():
+    """8,192 tokens of 2 sequences: 512 + 2 tiles of 16 tokens, 13,824 B per head each over 32 heads
+    (FlashKDA's get_workspace_size, vllm_ling.flashkda.workspace_bytes); TP splits the heads."""
+    recipe = RECIPE + " --max-num-seqs 2"
+    assert _workspace(recipe) == (512 + 2) * 32 * 13_824 == 227_377_152
+    assert _workspace(recipe + " --tensor-parallel-size 2") == 227_377_152 // 2
+    assert _workspace(recipe, dev=H200) == 227_377_152
+    v = verdicts(recipe)["memory_fit"]
+    assert v.values["prefill_workspace"] == 227_377_152 and "FlashKDA workspace 0.2 GiB" in v.message
+
+
+def test_no_flashkda_workspace_where_triton_serves_the_prefill():
+    recipe = RECIPE + " --max-num-seqs 2"
+    assert _workspace(recipe, dev=CPU) == 0
+    for backend in ("triton", "flashinfer", "fused"):
+        assert _workspace(f"{recipe} --kda-prefill-backend {backend}") == 0
+    assert _workspace(f"{recipe} --kda-prefill-backend flashkda") == _workspace(recipe)
+
+
+def test_the_flashkda_workspace_without_limits_counts_vllms_largest_defaults():
+    """Unset: 16,384 tokens and 1,024 sequences (vLLM 0.34's largest defaults); chunked prefill off: a whole
+    131,072-token prompt in one step, 8,192 + 1,024 tiles."""
+    plain = "vllm serve m --max-model-len 131072"
+    assert _workspace(plain) == (1024 + 1024) * 442_368
+    assert _workspace(plain + " --no-enable-chunked-prefill") == (8192 + 1024) * 442_368
 
 
 def test_memory_refuses_when_the_box_has_less_free_than_vllm_will_reserve():
