@@ -35,10 +35,10 @@ ASKABLE = ("auto", "triton", "flashkda")  # --kda-prefill-backend values vllm-li
 HEAD_DIM = 128
 LOWER_BOUND_RANGE = (-5.0, 0.0)  # [low, high)
 CAPABILITY_MAJORS = (9, 10, 12)  # sm_90a, sm_100f, sm_120f builds; a GB10 (12.1) runs the sm_120f code
-# What `auto` serves where the contract holds: FlashKDA, as vLLM's auto does for its Kimi-K3 and GLM-5.3-Flash layers.
-# tests/gpu/test_flashkda_gpu.py holds it to our fp32 recurrence and to within K_TIMES of Triton's error; should a
-# device run fail that bar, False here makes `auto` serve Triton and leaves FlashKDA to --kda-prefill-backend flashkda.
-AUTO_SERVES_FLASHKDA = True
+# What `auto` serves where the contract holds. vLLM's auto serves FlashKDA for its Kimi-K3 and GLM-5.3-Flash layers;
+# ours serves Triton until tests/gpu/test_flashkda_gpu.py has held FlashKDA to our fp32 recurrence and to within
+# K_TIMES of Triton's error on a GPU: until then FlashKDA serves when asked for by name (--kda-prefill-backend flashkda).
+AUTO_SERVES_FLASHKDA = False
 CHUNK = 16  # tokens per tile of FlashKDA's workspace
 TILE_BYTES_PER_HEAD = 3 * CHUNK * HEAD_DIM * 2 + HEAD_DIM * 4 + 2 * CHUNK * CHUNK * 2  # k/q decayed, k restored,
 # g total (fp32), the 16 x 16 inverse and q·k blocks (bf16): 13,824 B per head per tile

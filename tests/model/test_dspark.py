@@ -374,6 +374,66 @@ def test_our_drafter_class_refuses_missing_tensors_and_checks_its_head(fp8_targe
     assert drafter._shares_checked
 
 
+
+def _kv_specs(mla_block: int, kda_page: int, draft_heads: int) -> dict:
+    """A hybrid target's KV specs as vLLM plans them (MLA 576 wide at the block vLLM grew for KDA, the KDA page
+    padded to the MLA page) beside a drafter's dense layer at the same block, as vLLM would build it unaided."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, MLAAttentionSpec
+
+    mla = MLAAttentionSpec(block_size=mla_block, num_kv_heads=1, head_size=576, dtype=torch.bfloat16)
+    draft = FullAttentionSpec(block_size=mla_block, num_kv_heads=draft_heads, head_size=128, dtype=torch.bfloat16)
+    assert kda_page <= mla.page_size_bytes
+    return {"mla": mla, "draft": draft}
+
+
+@pytest.mark.parametrize("mla_block, draft_heads, want", [
+    (256, 4, 128),     # the tiny target (vLLM's block 256 on the GPU) and the tiny drafter: 4 KV heads of 128
+    (1920, 32, 128),   # full size: vLLM's block for a 2.1 MB KDA state (MLA: a multiple of 128), the
+                       # released drafter's 32 KV heads of 128
+])
+def test_the_drafters_kv_block_fits_the_hybrid_targets_page(mla_block, draft_heads, want):
+    """vLLM cannot give an MLA page the drafter's larger page (its unifier raises); with the drafter's own block
+    its page is the smaller one, which vLLM pads, and every layer ends on one page size."""
+    from vllm.v1.core.kv_cache_utils import unify_kv_cache_spec_page_size
+
+    from vllm_ling.draft.dspark import draft_kv_block
+
+    specs = _kv_specs(mla_block, kda_page=0, draft_heads=draft_heads)
+    page = specs["mla"].page_size_bytes
+    with pytest.raises(NotImplementedError, match="cannot be padded"):
+        unify_kv_cache_spec_page_size(dict(specs))
+    per_token = specs["draft"].page_size_bytes // mla_block
+    block = draft_kv_block(per_token, mla_block, page)
+    assert block == want and mla_block % block == 0 and block * per_token <= page
+    specs["draft"] = specs["draft"].copy_with_new_block_size(block)
+    unified = unify_kv_cache_spec_page_size(specs)
+    assert {s.page_size_bytes for s in unified.values()} == {page}
+    assert unified["mla"] == specs["mla"]
+
+
+def test_the_drafters_kv_block_is_left_alone_where_it_fits():
+    from vllm_ling.draft.dspark import draft_kv_block
+
+    assert draft_kv_block(2048, 256, None) == 256             # no hybrid page: vLLM's block
+    assert draft_kv_block(1024, 256, 294_912) == 256          # already no larger than the target's page
+    assert draft_kv_block(1 << 20, 256, 294_912) == 256       # not even 16 tokens fit: vLLM's own error stands
+
+
+def test_our_drafter_layers_plan_their_cache_in_their_own_block():
+    """`_own_kv_block` on a layer: the spec vLLM asks for carries the drafter's block; other specs pass through."""
+    from vllm.v1.kv_cache_interface import FullAttentionSpec
+
+    from vllm_ling.draft.dspark import _own_kv_block
+
+    layer = SimpleNamespace(attn_type="decoder", get_kv_cache_spec=lambda cfg: FullAttentionSpec(
+        block_size=cfg.cache_config.block_size, num_kv_heads=4, head_size=128, dtype=torch.bfloat16))
+    _own_kv_block(layer)
+    hybrid = SimpleNamespace(cache_config=SimpleNamespace(block_size=256, mamba_page_size_padded=294_912))
+    plain = SimpleNamespace(cache_config=SimpleNamespace(block_size=16, mamba_page_size_padded=None))
+    assert layer.get_kv_cache_spec(hybrid).block_size == 128
+    assert layer.get_kv_cache_spec(plain).block_size == 16
+
+
 if __name__ == "__main__":
     with open(sys.argv[1]) as f:
         spec = json.load(f)

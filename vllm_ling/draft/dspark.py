@@ -181,6 +181,48 @@ def check_draft_shares_target(draft: Any) -> str:
         fix="Fix: serve a drafter checkpoint without lm_head / embed_tokens tensors, so it runs on the target's.")
 
 
+KV_BLOCK_ALIGN = 16  # FlashAttention's kernel block sizes are multiples of 16 tokens
+
+
+def draft_kv_block(per_token_bytes: int, block: int, target_page_bytes: int | None) -> int:
+    """The drafter's own KV block: the largest multiple of KV_BLOCK_ALIGN tokens, at most `block`, whose page
+    fits the hybrid target's page, or `block` where that is not needed or not possible.
+
+    On a hybrid target vLLM grows the attention block until an attention page holds a KDA state (256 tokens for
+    the tiny model, ~1,900 at full size) and pads the KDA page to equal the MLA page. The drafter's dense layers
+    take that block too, and their page (2 x heads x head_dim x 2 B a token: 16 KiB for the released drafter,
+    14x MLA's 1,152 B) is then the largest; vLLM must grow every other page to it, and an MLA page that does not
+    divide it can be neither grown nor padded (0.34 `unify_kv_cache_spec_page_size` raises NotImplementedError).
+    With its page no larger than the target's, the drafter's page is the one vLLM pads (or grows by a whole
+    ratio), which it does for non-MLA attention. A block dividing the target's keeps the scheduler's common block
+    (the least common multiple of the groups' blocks, which prefix-cache hits are whole multiples of) at the
+    target's: 128 for both the tiny (256) and the full-size target (1,920: MLA rounds it to a multiple of 128).
+    `target_page_bytes` is vLLM's `mamba_page_size_padded`."""
+    if target_page_bytes is None or per_token_bytes * block <= target_page_bytes:
+        return block
+    fitting = range(KV_BLOCK_ALIGN, min(block, target_page_bytes // per_token_bytes) + 1, KV_BLOCK_ALIGN)
+    dividing = [b for b in fitting if block % b == 0]
+    return max(dividing or fitting, default=block)
+
+
+def _own_kv_block(attn: Any) -> None:
+    """Give one drafter attention layer its own KV block (`draft_kv_block`) in the spec vLLM plans the cache
+    from; the layer's kernels read the block size from its cache group, so nothing else changes."""
+    default = attn.get_kv_cache_spec
+
+    def get_kv_cache_spec(vllm_config: Any) -> Any:
+        import dataclasses
+
+        spec = default(vllm_config)
+        if spec is None or type(spec).__name__ != "FullAttentionSpec":
+            return spec
+        per_token = spec.page_size_bytes // spec.block_size
+        block = draft_kv_block(per_token, spec.block_size, vllm_config.cache_config.mamba_page_size_padded)
+        return spec if block == spec.block_size else dataclasses.replace(spec, block_size=block)
+
+    attn.get_kv_cache_spec = get_kv_cache_spec
+
+
 def _draft_class() -> type:
     """vLLM's Qwen3 DSpark drafter with two checks: the checkpoint holds every tensor (vLLM's loader skips an
     absent Markov head silently), and the first draft logits run on the target's head and embedding."""
@@ -188,6 +230,12 @@ def _draft_class() -> type:
 
     class LingDSparkForCausalLM(Qwen3DSparkForCausalLM):
         _shares_checked = False
+
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            for module in self.modules():
+                if hasattr(module, "get_kv_cache_spec") and hasattr(module, "attn_type"):
+                    _own_kv_block(module)
 
         def load_weights(self, weights: Iterable[tuple[str, Any]]):
             names: list[str] = []
