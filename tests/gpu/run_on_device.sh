@@ -43,6 +43,8 @@
 #               under each config class (CONFIG_K selects cases)                                  (~8)
 #   dspark      DSpark with tiny drafters (random, agreeing), K = 1..8 (DSPARK_KS=1,2,3,4 for a subset): lossless
 #               against the oracle, acceptance (~10 for all eight; split the K over two calls)
+#   dspark_smoke  one eager DSpark engine (echo target, agreeing drafter, K = DSPARK_K or 3): does it plan,
+#               draft and accept? (~1)
 #   prefix_cache  cached continuations equal uncached ones (bf16, CUDA graphs), hits with MTP on (~4)
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
@@ -92,6 +94,7 @@ case $STEP in
     intree_check) run 400 python3 tests/gpu/intree_check.py "$OUT/intree_check.json" ;;
     clamp) run 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_clamp_gpu.py ;;
     prefix_cache) run 560 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_prefix_cache_gpu.py ;;
+    dspark_smoke) run 300 python3 tests/gpu/dspark_smoke.py "$OUT/dspark_smoke.json" ${DSPARK_K:-3} ;;
     dspark) run "${DSPARK_TIMEOUT:-580}" python3 -m pytest -q -p no:cacheprovider tests/gpu/test_dspark_gpu.py ;;
     config) run "${CONFIG_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider tests/gpu/test_config_gpu.py ${CONFIG_K:+-k "$CONFIG_K"} ;;
     *) echo "unknown step $STEP" >&2; exit 2 ;;
