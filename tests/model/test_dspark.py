@@ -419,6 +419,19 @@ def test_the_drafters_kv_block_is_left_alone_where_it_fits():
     assert draft_kv_block(1 << 20, 256, 294_912) == 256       # not even 16 tokens fit: vLLM's own error stands
 
 
+def test_our_drafter_class_takes_what_vllm_passes_a_model():
+    """vLLM builds a model with the keyword arguments its constructor's signature names (`vllm_config`, `prefix`):
+    ours must name the same ones as vLLM's drafter, or the engine passes nothing and fails at start-up."""
+    import inspect
+
+    from vllm.model_executor.models.qwen3_dspark import Qwen3DSparkForCausalLM
+
+    from vllm_ling.draft.dspark import LingDSparkForCausalLM
+
+    ours, theirs = (inspect.signature(c.__init__).parameters for c in (LingDSparkForCausalLM, Qwen3DSparkForCausalLM))
+    assert [(n, p.kind) for n, p in ours.items()] == [(n, p.kind) for n, p in theirs.items()]
+
+
 def test_our_drafter_layers_plan_their_cache_in_their_own_block():
     """`_own_kv_block` on a layer: the spec vLLM asks for carries the drafter's block; other specs pass through."""
     from vllm.v1.kv_cache_interface import FullAttentionSpec

@@ -231,8 +231,8 @@ def _draft_class() -> type:
     class LingDSparkForCausalLM(Qwen3DSparkForCausalLM):
         _shares_checked = False
 
-        def __init__(self, *args: Any, **kwargs: Any) -> None:
-            super().__init__(*args, **kwargs)
+        def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:  # vLLM passes what the signature names
+            super().__init__(vllm_config=vllm_config, prefix=prefix)
             for module in self.modules():
                 if hasattr(module, "get_kv_cache_spec") and hasattr(module, "attn_type"):
                     _own_kv_block(module)
