@@ -93,7 +93,36 @@ def _route(spec: dict) -> dict:
     return {"architectures": list(draft.hf_config.architectures), "model_type": draft.hf_config.model_type,
             "resolved": draft.architecture, "k": spec_config.num_speculative_tokens,
             "aux": list(get_eagle3_aux_layers_from_config(spec_config)), "markov_rank": draft.hf_config.markov_rank,
-            "mask": (draft.hf_config.dflash_config or {}).get("mask_token_id")}
+            "mask": (draft.hf_config.dflash_config or {}).get("mask_token_id"), "built": _build_drafter(spec_config)}
+
+
+def _build_drafter(spec_config) -> dict:
+    """Build the drafter as vLLM's DSpark loader does (`initialize_model` with the draft's model config) and ask
+    its attention layers for their KV specs under a hybrid target's cache config (the GPU's block 256, KDA page
+    padded to the MLA page): the class vLLM builds and the block each layer plans its cache in."""
+    import socket
+
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.model_loader.utils import initialize_model
+
+    config = EngineArgs(model=spec_config.target_model_config.model, dtype="bfloat16", skip_tokenizer_init=True,
+                        enable_prefix_caching=False).create_engine_config()
+    object.__setattr__(config, "speculative_config", spec_config)  # the CPU engine refuses DSpark (MRV2 only)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with set_current_vllm_config(config):
+        init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}",
+                                     local_rank=0, backend="gloo")
+        initialize_model_parallel(1, 1)
+        model = initialize_model(vllm_config=config, model_config=spec_config.draft_model_config, prefix="draft")
+    config.cache_config.block_size, config.cache_config.mamba_page_size_padded = 256, 256 * 1152
+    specs = {n: m.get_kv_cache_spec(config) for n, m in model.named_modules()
+             if hasattr(m, "attn_type") and hasattr(m, "get_kv_cache_spec")}
+    return {"class": type(model).__name__,
+            "specs": {n: [type(sp).__name__, sp.block_size, sp.page_size_bytes] for n, sp in specs.items()}}
 
 
 # ---------------------------------------------------------------------------- the aux hidden states
@@ -239,6 +268,9 @@ def test_vllm_routes_the_drafter_to_our_qwen3_dspark_class(tiny_bf16, tmp_path):
     assert out["architectures"] == ["LingDSparkModel", "Qwen3DSparkModel"]
     assert (out["k"], out["markov_rank"]) == (8, 256)
     assert out["aux"] == [i + 1 for i in TINY_TARGET_LAYER_IDS]
+    # built as vLLM builds it: ours, and each layer's cache in its own block within the hybrid target's page
+    assert out["built"]["class"] == "LingDSparkForCausalLM"
+    assert list(out["built"]["specs"].values()) == [["FullAttentionSpec", 128, 128 * 2 * 4 * 128 * 2]] * 2
 
 
 # ---------------------------------------------------------------------------- the tiny drafter
