@@ -42,3 +42,30 @@ def triton_wna16_smem(cfg: Mapping[str, int]) -> int:
 def cuda_wna16_smem(block_m: int, block_k: int) -> int:
     """Dynamic shared memory of csrc/moe/moe_wna16.cu: the BM x BK activation tile in bf16."""
     return block_m * block_k * BF16
+
+
+def emulate_launch_limit(limit: int) -> dict[str, int]:
+    """Make every Triton kernel launched from now on in this process meet `limit` bytes of shared memory, as a
+    smaller GPU's driver would (GB10: 101,376): a kernel compiled over it raises Triton's own `OutOfResources` at
+    its first launch, where Triton checks the device's limit (`CompiledKernel._init_handles`); a bigger GPU then
+    fails what a Spark would. Autotuners skip such a config while benchmarking, as they do on the real device.
+    Compiling without launching (the KDA guard's probe) is not affected. Returns the live record of launched
+    kernels, name -> the most shared memory any of its compiled variants asked for. Triton kernels only: CUDA
+    kernels (FlashAttention, Marlin, Humming) pick their shared memory per architecture and are not emulated."""
+    from triton.compiler.compiler import CompiledKernel
+    from triton.runtime.errors import OutOfResources
+
+    launched: dict[str, int] = {}
+    real = getattr(CompiledKernel._init_handles, "vllm_ling_real", CompiledKernel._init_handles)
+
+    def init_handles(self) -> None:
+        if self.module is None:  # first launch of this compiled variant
+            shared = int(self.metadata.shared)
+            launched[self.name] = max(shared, launched.get(self.name, 0))
+            if shared > limit:
+                raise OutOfResources(shared, limit, "shared memory")
+        real(self)
+
+    init_handles.vllm_ling_real = real
+    CompiledKernel._init_handles = init_handles
+    return launched

@@ -43,6 +43,7 @@
 #               under each config class (CONFIG_K selects cases)                                  (~8)
 #   dspark      DSpark with tiny drafters (random, agreeing), K = 1..8 (DSPARK_KS=1,2,3,4 for a subset): lossless
 #               against the oracle, acceptance (~10 for all eight; split the K over two calls)
+#   spec_smem   every Triton kernel held to GB10's 101,376 B at launch (emulated): MTP k=3, 8 lanes, DSpark K=8 (~5)
 #   dspark_smoke  one eager DSpark engine (echo target, agreeing drafter, K = DSPARK_K or 3): does it plan,
 #               draft and accept? (~1)
 #   prefix_cache  cached continuations equal uncached ones (bf16, CUDA graphs), hits with MTP on (~4)
@@ -94,6 +95,7 @@ case $STEP in
     intree_check) run 400 python3 tests/gpu/intree_check.py "$OUT/intree_check.json" ;;
     clamp) run 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_clamp_gpu.py ;;
     prefix_cache) run 560 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_prefix_cache_gpu.py ;;
+    spec_smem) run 500 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_spec_smem_gpu.py ;;
     dspark_smoke) run 300 python3 tests/gpu/dspark_smoke.py "$OUT/dspark_smoke.json" ${DSPARK_K:-3} ;;
     dspark) run "${DSPARK_TIMEOUT:-580}" python3 -m pytest -q -p no:cacheprovider tests/gpu/test_dspark_gpu.py ;;
     config) run "${CONFIG_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider tests/gpu/test_config_gpu.py ${CONFIG_K:+-k "$CONFIG_K"} ;;

@@ -36,6 +36,11 @@ def run(spec: dict) -> dict:
         logging.getLogger("vllm_ling").addHandler(lines)
         logging.getLogger("vllm_ling").setLevel(logging.INFO)
 
+    launched = None
+    if spec.get("smem_limit"):  # every Triton kernel this engine launches held to a smaller GPU's shared memory
+        from ling_tuning.smem import emulate_launch_limit
+
+        launched = emulate_launch_limit(spec["smem_limit"])
     t0 = time.perf_counter()
     llm = LLM(
         model=spec["model"],
@@ -87,6 +92,8 @@ def run(spec: dict) -> dict:
         })
     if spec.get("speculative_config"):
         result["spec_decode"] = _spec_counters(llm)
+    if launched is not None:
+        result["triton_smem"] = dict(launched)
     result["implementation"] = _on_model(llm, _implementation)[0]
     result["moe_method"] = _on_model(llm, _moe_method)[0]
     result["moe_align"] = _on_model(llm, _moe_align)[0]

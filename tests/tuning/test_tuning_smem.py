@@ -102,3 +102,29 @@ def test_cuda_kernel_stages_only_the_activation_tile(bm, bk, expected):
 def test_limit_can_be_emulated_through_the_environment(monkeypatch):
     monkeypatch.setenv(SMEM_LIMIT_ENV, "101376")
     assert device_smem_limit() == GB10_SMEM_PER_BLOCK
+
+
+def test_the_launch_limit_emulation_stops_a_first_launch_over_it(monkeypatch):
+    """`emulate_launch_limit` in front of Triton's first-launch hook, on a stand-in for a compiled kernel (no GPU
+    here): over the limit it raises Triton's OutOfResources before Triton's own hook runs; within it, it records the
+    kernel and hands over; reinstalling replaces the limit rather than stacking wrappers."""
+    from types import SimpleNamespace
+
+    import pytest
+    from triton.compiler.compiler import CompiledKernel
+    from triton.runtime.errors import OutOfResources
+
+    from ling_tuning.smem import emulate_launch_limit
+
+    handed_over = []
+    monkeypatch.setattr(CompiledKernel, "_init_handles", lambda self: handed_over.append(self.name))
+    launched = emulate_launch_limit(101_376)
+    big = SimpleNamespace(module=None, name="kda_big", metadata=SimpleNamespace(shared=133_120))
+    small = SimpleNamespace(module=None, name="kda_small", metadata=SimpleNamespace(shared=77_824))
+    with pytest.raises(OutOfResources, match="shared memory"):
+        CompiledKernel._init_handles(big)
+    CompiledKernel._init_handles(small)
+    assert launched == {"kda_big": 133_120, "kda_small": 77_824} and handed_over == ["kda_small"]
+    emulate_launch_limit(1 << 30)
+    CompiledKernel._init_handles(big)
+    assert handed_over == ["kda_small", "kda_big"]
