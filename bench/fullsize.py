@@ -5,6 +5,7 @@
     python -m ling_bench.fullsize /tmp/flash --impl vllm --fp8 w8a16 --kernels    # vLLM's model, FP8, profiled
     python -m ling_bench.fullsize /tmp/flash --mode mtp --k 3 --prefill= --acceptance-length 3.5,2.5
     python -m ling_bench.fullsize /tmp/flash --mode dspark --k 8 --adaptive --prefill= --acceptance-length 6.5,5.3,3.5
+    python -m ling_bench.fullsize /tmp/flash --mode dspark --fp8 w8a8 --draft-fp8 --prefill= --acceptance-length 5.3
 
 Batch 1, token-id prompts (no tokenizer ships with the bundled config). Reports prefill tok/s at each
 --prefill length (time of a 1-token request), decode tok/s (the extra time of `--decode` more tokens) after a
@@ -19,15 +20,18 @@ Speculative decoding, `--k N` draft tokens a round: `mtp` (the checkpoint's MTP 
 confidence-driven verification width). DSpark drafts with a dummy drafter of the released one's shape (5 layers,
 hidden 2,560, 32/32 heads, block 8, Markov rank 256, target layers 1, 11, 23, 29, 35: `ling_bench.projection.
 dspark_config`), a folder with only its config.json: vLLM gives the draft the target's load format, so it gets
-dummy weights too. With dummy weights real acceptance is meaningless, so on vLLM >= 0.32 `--acceptance-length L`
-has the engine accept drafts synthetically (its `rejection_sample_method: synthetic`, L in [1, k + 1]) and
-tokens/s is measured at a given mean accepted length; `--acceptance-length 6.5,5.3,3.5` measures each in turn on
-one engine (vLLM holds the rates as a device tensor its rejection sampler reads every step; it is refilled in place
-with the rates vLLM computes for that L and k, `vllm_ling.compat.synthetic_conditional_rates`). Each phase
-reports decode tok/s, the round (one engine step: the draft and the target's verify of k + 1 tokens) in ms and
-the tokens a round yields (accepted + 1, from vLLM's spec-decode counters) with the share accepted at each
-position; `refill_rates_match_engine` says whether the refill's rates for the first L equal those vLLM built for
-it; the drafter's weights are `drafter_weight_gib`. A round's cost over a plain step is its ms over a `--mode
+dummy weights too. `--draft-fp8` serves the drafter's own weights in FP8 (`"quantization": "ling_fp8"` in its
+speculative config: its linears and Markov head, docs/dspark.md §Draft FP8), on `--fp8`'s kernel and scheme when
+given, else vllm_ling.fp8's defaults; `--fp8` alone leaves the drafter BF16, as vLLM builds it with its own
+quantization, never the target's. With dummy weights real acceptance is meaningless, so on vLLM >= 0.32
+`--acceptance-length L` has the engine accept drafts synthetically (its `rejection_sample_method: synthetic`, L in
+[1, k + 1]) and tokens/s is measured at a given mean accepted length; `--acceptance-length 6.5,5.3,3.5` measures
+each in turn on one engine (vLLM holds the rates as a device tensor its rejection sampler reads every step; it is
+refilled in place with the rates vLLM computes for that L and k, `vllm_ling.compat.synthetic_conditional_rates`).
+Each phase reports decode tok/s, the round (one engine step: the draft and the target's verify of k + 1 tokens)
+in ms and the tokens a round yields (accepted + 1, from vLLM's spec-decode counters) with the share accepted at
+each position; `refill_rates_match_engine` says whether the refill's rates for the first L equal those vLLM built
+for it; the drafter's weights are `drafter_weight_gib`. A round's cost over a plain step is its ms over a `--mode
 graphs` run's `decode_step_ms`.
 
 Which model serves: `--impl ours|vllm` (VLLM_LING_MODEL), or `vllm-bare` (vLLM as installed, no plugin at all:
@@ -55,6 +59,7 @@ from vllm_ling import compat, envs
 from vllm_ling.draft import vocab_file as draft_vocab_file  # the draft vocabulary file (--draft-vocab)
 from vllm_ling.fp8 import KERNELS as FP8_KERNELS
 from vllm_ling.fp8 import KERNEL_ENV as FP8_KERNEL_ENV
+from vllm_ling.fp8 import NAME as FP8_NAME
 from vllm_ling.fp8 import SCHEME_ENV as FP8_SCHEME_ENV
 from vllm_ling.fp8 import SCHEMES as FP8_SCHEMES
 from vllm_ling.ops.moe_align import ALIGN_ENV, ALIGNS  # our MoE token layout or vLLM's op (--moe-align)
@@ -84,28 +89,32 @@ def copy_bandwidth_gbs(gib: float = 1.0, repeats: int = 10) -> float | None:
     return gbs
 
 
-def step_bytes(config: dict, mode: str, context: int, k: int | None = None, fp8: bool = False) -> float:
+def step_bytes(config: dict, mode: str, context: int, k: int | None = None, fp8: bool = False,
+               draft_fp8: bool | None = None) -> float:
     """Bytes one engine step reads, as ling_bench.projection counts them: a plain step, or a whole round (MTP: k
     draft passes and a verify of k + 1 tokens; DSpark: the drafter's pass over the block and a verify of K + 1).
-    Under `--fp8` the projection counts DSpark's own matrices in FP8 too, which is not served: there the DSpark
-    count is low by about the drafter's BF16 weights' half. Adaptive verification verifies fewer than K + 1 tokens
-    when confidence is low: the count is the full round's."""
+    `draft_fp8`: the DSpark drafter's own matrices in FP8 (`--draft-fp8`), None: as the target's, the projection's
+    reading. With a quantized drafter vLLM projects the context K/V through each layer's whole q|k|v
+    (`_project_context_kv`'s unfused branch), which the count reads as the k|v rows only (0.10 GB of the full-size
+    round in FP8 where 0.16 are read). Adaptive verification verifies fewer than K + 1 tokens when confidence is
+    low: the count is the full round's."""
     from ling_bench.projection import decode_step_bytes, dspark_round_bytes, mtp_round_bytes
 
     if mode == "mtp":
         return mtp_round_bytes(config, context, k or 1, fp8=fp8).total
     if mode == "dspark":
-        return dspark_round_bytes(config, context, k or DEFAULT_K["dspark"], fp8=fp8).total
+        return dspark_round_bytes(config, context, k or DEFAULT_K["dspark"], fp8=fp8, draft_fp8=draft_fp8).total
     return decode_step_bytes(config, context, fp8=fp8).total
 
 
 def roofline(model: str, mode: str, context: int, step_s: float, copy_gbs: float | None,
-             accepted_per_step: float, fp8: bool = False, k: int | None = None) -> dict:
-    """Bytes one engine step reads (`step_bytes`: a round with MTP or DSpark; FP8 weights under `--fp8`) and the
-    share of the copy bandwidth that the measured step time reaches."""
+             accepted_per_step: float, fp8: bool = False, k: int | None = None,
+             draft_fp8: bool | None = None) -> dict:
+    """Bytes one engine step reads (`step_bytes`: a round with MTP or DSpark; FP8 weights under `--fp8`, the
+    drafter's under `--draft-fp8`) and the share of the copy bandwidth that the measured step time reaches."""
     with open(os.path.join(model, "config.json")) as f:
         config = json.load(f)
-    read = step_bytes(config, mode, context, k, fp8)
+    read = step_bytes(config, mode, context, k, fp8, draft_fp8)
     engine_step_s = step_s * (1 + accepted_per_step)  # one engine step yields 1 + accepted tokens
     out = {"bytes_per_step_gb": read / 1e9, "engine_step_ms": 1e3 * engine_step_s,
            "achieved_gbs": read / engine_step_s / 1e9, "copy_gbs": copy_gbs}
@@ -148,11 +157,14 @@ def length_problem(length: float, k: int) -> str | None:
 
 
 def check_spec(mode: str, k: int | None = None, adaptive: bool = False, lengths: list[float] | None = None,
-               impl: str = "ours") -> int | None:
+               impl: str = "ours", draft_fp8: bool = False) -> int | None:
     """The draft tokens a round (`--k`, or the mode's default; None without drafts), after refusing what the run
     could not measure: before the engine starts, since a full-size start costs minutes. Raises ValueError."""
     if adaptive and mode != "dspark":
         raise ValueError("--adaptive is DSpark's confidence-driven verification width: it needs --mode dspark")
+    if draft_fp8 and mode != "dspark":
+        raise ValueError("--draft-fp8 serves the DSpark drafter's own weights in FP8 (its speculative config's "
+                         "quantization): it needs --mode dspark (--fp8 is the target's)")
     if mode not in SPEC_KS:
         if k is not None:
             raise ValueError(f"--k {k} counts draft tokens a round: it needs --mode mtp or --mode dspark")
@@ -181,11 +193,13 @@ def check_runtime(mode: str) -> None:
 
 
 def speculative_config(mode: str, k: int | None, acceptance_length: float | None = None, adaptive: bool = False,
-                       drafter: str | None = None) -> dict | None:
+                       drafter: str | None = None, draft_fp8: bool = False) -> dict | None:
     """The engine's `speculative_config` for a mode (None for a plain one): MTP with k drafts, or DSpark over
     `drafter` (a folder) with K drafts, FLASH_ATTN for the drafter and adaptive width on or off, the keys of vLLM's
     Ling recipe but its `draft_sample_method: probabilistic` (draft logits kept for sampled requests; this run
-    decodes greedily); with `acceptance_length`, synthetic acceptance at that mean accepted length."""
+    decodes greedily), and with `draft_fp8` the drafter's own quantization ling_fp8 (vLLM builds a drafter with
+    the draft model config's quantization, this key); with `acceptance_length`, synthetic acceptance at that mean
+    accepted length."""
     if mode == "mtp":
         spec: dict = {"method": "mtp", "num_speculative_tokens": k or DEFAULT_K[mode]}
     elif mode == "dspark":
@@ -193,6 +207,8 @@ def speculative_config(mode: str, k: int | None, acceptance_length: float | None
             raise ValueError("--mode dspark needs a drafter folder (write_dummy_drafter)")
         spec = {"method": "dspark", "model": drafter, "num_speculative_tokens": k or DEFAULT_K[mode],
                 "attention_backend": "FLASH_ATTN", "enable_adaptive_verification": adaptive}
+        if draft_fp8:
+            spec["quantization"] = FP8_NAME
     else:
         return None
     if acceptance_length is not None:
@@ -223,9 +239,9 @@ def write_dummy_drafter(model: str) -> str:
 def _engine_kwargs(mode: str, fp8: str | None, acceptance_length: float | None,
                    moe_backend: str | None = None, draft_vocab: int | None = None,
                    fp8_scheme: str | None = None, k: int | None = None, adaptive: bool = False,
-                   drafter: str | None = None) -> dict:
+                   drafter: str | None = None, draft_fp8: bool = False) -> dict:
     kwargs = dict(MODES[mode])
-    spec = speculative_config(mode, k, acceptance_length, adaptive, drafter)
+    spec = speculative_config(mode, k, acceptance_length, adaptive, drafter, draft_fp8)
     if spec is not None:
         kwargs["speculative_config"] = spec
     elif acceptance_length is not None:
@@ -246,7 +262,7 @@ def _engine_kwargs(mode: str, fp8: str | None, acceptance_length: float | None,
         os.environ[FP8_KERNEL_ENV] = fp8
         if fp8_scheme:
             os.environ[FP8_SCHEME_ENV] = fp8_scheme
-        kwargs["quantization"] = "ling_fp8"
+        kwargs["quantization"] = FP8_NAME
     return kwargs
 
 
@@ -483,8 +499,8 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
         acceptance_lengths: list[float] | None = None, moe_backend: str | None = None,
         router: str | None = None, moe_align: str | None = None, kda_gate: str | None = None,
         router_gemm: str | None = None, draft_vocab: int | None = None, fp8_scheme: str | None = None,
-        k: int | None = None, adaptive: bool = False) -> dict:
-    k = check_spec(mode, k, adaptive, acceptance_lengths, impl)
+        k: int | None = None, adaptive: bool = False, draft_fp8: bool = False) -> dict:
+    k = check_spec(mode, k, adaptive, acceptance_lengths, impl, draft_fp8)
     acceptance_length, more_lengths = (acceptance_lengths[0], acceptance_lengths[1:]) if acceptance_lengths \
         else (None, [])
     check_runtime(mode)
@@ -516,7 +532,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
               max_model_len=max(prefill, default=0) + decode + 64, max_num_seqs=1, max_num_batched_tokens=chunk,
               gpu_memory_utilization=util, enable_prefix_caching=False, seed=0, disable_log_stats=k is None,
               **_engine_kwargs(mode, fp8, acceptance_length, moe_backend, draft_vocab, fp8_scheme, k, adaptive,
-                               drafter))
+                               drafter, draft_fp8))
     vocab = llm.llm_engine.model_config.get_vocab_size()
     rng = random.Random(0)
     served = llm.apply_model(lambda m: f"{type(m).__module__}.{type(m).__name__}")[0]
@@ -527,7 +543,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
                     "repeats": repeats, "gpu_memory_utilization": util, "chunked_prefill_tokens": chunk,
                     "cudagraph_mode": _cudagraph_mode(llm),
                     "acceptance_length_synthetic": acceptance_length, "moe_backend_asked": moe_backend or "auto",
-                    "k": k, "adaptive": adaptive, "drafter": drafter,
+                    "k": k, "adaptive": adaptive, "drafter": drafter, "draft_fp8": draft_fp8,
                     "draft_vocab": draft_vocab,
                     "router_asked": envs.asked(ROUTER_ENV) if impl == "ours" else None,
                     "moe_align_asked": envs.asked(ALIGN_ENV),
@@ -588,10 +604,11 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     result["drafter_weight_gib"] = memory.get("draft_param_storage_gib") if drafter else None
     result["log"] = log.lines[:40]
     copy_gbs = copy_bandwidth_gbs()
-    result["roofline"] = roofline(model, mode, len(short) + decode // 2, step, copy_gbs, accepted, bool(fp8), k)
+    result["roofline"] = roofline(model, mode, len(short) + decode // 2, step, copy_gbs, accepted, bool(fp8), k,
+                                  draft_fp8)
     result["decode_at_context"] = {  # step = prompt + `decode` tokens minus the 1-token request, per token
         str(n): {"decode_step_ms": 1e3 * s,
-                 **roofline(model, mode, n + decode // 2, s, copy_gbs, accepted, bool(fp8), k)}
+                 **roofline(model, mode, n + decode // 2, s, copy_gbs, accepted, bool(fp8), k, draft_fp8)}
         for n, s in at_context.items()}
     return result
 
@@ -633,6 +650,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="mtp | dspark: draft tokens a round (mtp 1..3, default 1; dspark 1..8, default 8)")
     ap.add_argument("--adaptive", action="store_true",
                     help="dspark: vLLM's confidence-driven verification width (enable_adaptive_verification)")
+    ap.add_argument("--draft-fp8", action="store_true",
+                    help="dspark: the drafter's own weights in FP8 (\"quantization\": \"ling_fp8\" in its speculative "
+                         "config); --fp8 is the target's")
     ap.add_argument("--prefill", default="4096,16384,65536", help="prompt lengths, comma-separated")
     ap.add_argument("--decode", type=int, default=128, help="tokens decoded per measurement")
     ap.add_argument("--repeats", type=int, default=3)
@@ -666,14 +686,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="write the JSON result here")
     a = ap.parse_args(argv)
     try:  # refused here, a mistake costs no engine start
-        check_spec(a.mode, a.k, a.adaptive, a.acceptance_length, a.impl)
+        check_spec(a.mode, a.k, a.adaptive, a.acceptance_length, a.impl, a.draft_fp8)
         check_runtime(a.mode)
     except ValueError as e:
         ap.error(str(e))
     prefill = [int(x) for x in a.prefill.split(",") if x]
     result = run(a.model, a.mode, prefill, a.decode, a.repeats, a.util, a.chunk, a.impl, a.fp8, a.kernels,
                  a.acceptance_length, a.moe_backend, a.router, a.moe_align, a.kda_gate, a.router_gemm, a.draft_vocab,
-                 a.fp8_scheme, a.k, a.adaptive)
+                 a.fp8_scheme, a.k, a.adaptive, a.draft_fp8)
     text = json.dumps(result, indent=2)
     print(text)
     if a.out:

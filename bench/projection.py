@@ -161,7 +161,7 @@ def dspark_specs(c: dict) -> dict[str, TensorSpec]:
 
 
 def dspark_round_bytes(c: dict, context: int, block: int, fp8: bool = False,
-                       draft_vocab: int | None = None) -> StepBytes:
+                       draft_vocab: int | None = None, draft_fp8: bool | None = None) -> StepBytes:
     """One DSpark round of K = `block` drafts, as vLLM's DSpark runtime runs it (v1/worker/gpu/spec_decode/dspark):
 
     - `fc` maps the verified tokens' target features (5 x 2,560 wide) into the drafter, and a fused GEMM
@@ -175,13 +175,15 @@ def dspark_round_bytes(c: dict, context: int, block: int, fp8: bool = False,
       MLA KV.
 
     With `draft_vocab` N the LM head pass and markov_w2 read N rows (vLLM sizes markov_w2 by the draft
-    vocabulary); the drafter's released files hold the whole vocabulary."""
+    vocabulary); the drafter's released files hold the whole vocabulary. `draft_fp8` is the format of the
+    drafter's own matrices (its speculative config's quantization), None: as the target's (`fp8`)."""
     specs, d = dspark_specs(c), dspark_config(c)
     vocab = c["vocab_size"]
     share = min(draft_vocab or vocab, vocab) / vocab
+    own_fp8 = fp8 if draft_fp8 is None else draft_fp8
 
     def mat(names: list[str]) -> float:
-        return sum(matrix_bytes(n, specs[n], fp8) for n in names)
+        return sum(matrix_bytes(n, specs[n], own_fp8) for n in names)
 
     layers = [n for n, s in specs.items() if n.startswith("layers.") and len(s.shape) > 1]
     kv_proj = [n for n in layers if n.endswith(("k_proj.weight", "v_proj.weight"))]

@@ -28,6 +28,10 @@
 #                or local folder with config.json)
 #   DSPARK_K     with SPEC=dspark: draft tokens per     unset: not passed, vLLM takes the drafter's block
 #                round, 1..8 (num_speculative_tokens)  size (8)
+#   DSPARK_FP8   with SPEC=dspark: 1 = the drafter's    0 (its speed is not yet measured on a GPU:
+#                own weights in FP8 ("quantization":    docs/dspark.md §Draft FP8)
+#                "ling_fp8" in its speculative config: its linears and Markov head; FP8 is the target's and
+#                leaves the drafter BF16); 0 = the drafter in BF16
 #   PREFIX_CACHE 1: --enable-prefix-caching (vLLM       1
 #                checkpoints KDA's state at block boundaries, mamba_cache_mode "align": an agent's next turn
 #                prefills only what is new; docs/vllm-seams.md §Prefix cache); 0: --no-enable-prefix-caching
@@ -94,6 +98,9 @@ PREFIX_CACHE=${PREFIX_CACHE:-1}
 [[ $PREFIX_CACHE == 0 || $PREFIX_CACHE == 1 ]] || \
     refuse "PREFIX_CACHE='$PREFIX_CACHE' must be 1 (--enable-prefix-caching) or 0 (off). Safe: PREFIX_CACHE=1"
 if [[ -n ${KV_CACHE_GIB:-} ]]; then decimal KV_CACHE_GIB "--kv-cache-memory-bytes in GiB" 4; fi
+DSPARK_FP8=${DSPARK_FP8:-0}
+[[ $DSPARK_FP8 == 0 || $DSPARK_FP8 == 1 ]] || refuse "DSPARK_FP8='$DSPARK_FP8' must be 0 (the DSpark drafter in" \
+    "BF16) or 1 (its own weights in FP8). Safe: DSPARK_FP8=0"
 if [[ -n ${FP8_KERNEL:-} ]]; then
     [[ $FP8_KERNEL == w8a8 || $FP8_KERNEL == w8a16 ]] || \
         refuse "FP8_KERNEL='$FP8_KERNEL' must be w8a8 or w8a16. Safe: FP8_KERNEL=w8a8"
@@ -233,9 +240,11 @@ elif [[ $SPEC == dspark ]]; then  # vLLM's DSpark runtime on our model (docs/dsp
         (( 10#$DSPARK_K >= 1 && 10#$DSPARK_K <= 8 )) || refuse "DSPARK_K=$DSPARK_K is outside 1..8 (the" \
             "drafter's block size is 8). Safe: DSPARK_K=8 (or unset: the drafter's block size)"
     fi
+    # DSPARK_FP8=1: the drafter's own quantization (vLLM builds it with the speculative config's, never --quantization)
     SPEC_JSON=$("$PYTHON" -c 'import json, sys; spec = {"method": "dspark", "model": sys.argv[1]}
 spec.update({"num_speculative_tokens": int(sys.argv[2], 10)} if sys.argv[2] else {})
-print(json.dumps(spec, separators=(",", ":")))' "$DSPARK_MODEL" "${DSPARK_K:-}") || exit 1
+spec.update({"quantization": "ling_fp8"} if sys.argv[3] == "1" else {})
+print(json.dumps(spec, separators=(",", ":")))' "$DSPARK_MODEL" "${DSPARK_K:-}" "$DSPARK_FP8") || exit 1
     ARGS+=(--speculative-config "$SPEC_JSON")
 elif [[ -n ${DRAFT_VOCAB:-} ]]; then
     refuse "DRAFT_VOCAB='$DRAFT_VOCAB' is for the MTP draft, and MTP_K=0 turns MTP off. Safe: unset DRAFT_VOCAB, or MTP_K=1"
@@ -244,6 +253,8 @@ for v in DSPARK_MODEL DSPARK_K; do
     [[ $SPEC == dspark || -z ${!v:-} ]] || refuse "$v='${!v}' is for the DSpark drafter, and SPEC=$SPEC drafts" \
         "with none. Safe: SPEC=dspark, or unset $v"
 done
+[[ $SPEC == dspark || $DSPARK_FP8 == 0 ]] || refuse "DSPARK_FP8=1 is for the DSpark drafter's own weights, and" \
+    "SPEC=$SPEC drafts with none (FP8=1 is the target's). Safe: SPEC=dspark, or DSPARK_FP8=0"
 read -r -a EXTRA <<<"${EXTRA_ARGS:-}"
 read -r -a WD_ARGS <<<"${WATCHDOG_ARGS:-}"
 if command -v ling-watchdog >/dev/null 2>&1; then WATCHDOG=(ling-watchdog); else WATCHDOG=("$PYTHON" -m ling_watchdog); fi

@@ -70,6 +70,7 @@ class Requested:
     prefix_cache: bool = False
     dspark: bool = False
     adaptive: bool = False  # DSpark's enable_adaptive_verification: the engine's config line does not print it
+    dspark_fp8: bool = False  # the DSpark drafter's own quantization ling_fp8 (its speculative config's)
     kda_prefill: str | None = None  # --kda-prefill-backend (vLLM's auto | triton | flashkda ...), None when unset
 
     @classmethod
@@ -84,6 +85,7 @@ class Requested:
                    draft_vocab=requested_path(env) is not None,
                    prefix_cache=bool(args is not None and args.values.get("enable_prefix_caching")),
                    dspark=method == "dspark", adaptive=bool(spec.get("enable_adaptive_verification")),
+                   dspark_fp8=method == "dspark" and spec.get("quantization") == FP8_METHOD,
                    kda_prefill=(args.values.get("kda_prefill_backend") if args is not None else None) or None)
 
 
@@ -294,14 +296,21 @@ DSPARK_ENGINE = re.compile(r"speculative_config=SpeculativeConfig\(method='dspar
 
 def dspark_verdict(log: str, asked: Requested) -> Verdict:
     """Whether the engine drafts with DSpark, and its K, from vLLM's engine config line (`SpeculativeConfig(method=
-    'dspark', model=..., num_spec_tokens=K)`, 0.32-0.34); adaptive width is what the command asked for. Asked for
-    and absent is a failure: vLLM served without the drafter."""
+    'dspark', model=..., num_spec_tokens=K)`, 0.32-0.34); adaptive width is what the command asked for; the
+    drafter's own FP8 weights from the plugin's line (startup_log.DSPARK_FP8_ON). Asked for and absent is a
+    failure: vLLM served without the drafter, or with its weights in BF16."""
     found = DSPARK_ENGINE.search(log)
     if not found:
         return Verdict(DSPARK, False, "asked for (method dspark) but the engine config has no DSpark drafter"
                        if asked.dspark else "not configured", requested=asked.dspark)
-    return Verdict(DSPARK, True, f"K={found[1]}, adaptive {'on' if asked.adaptive else 'off'}",
-                   requested=asked.dspark)
+    why = f"K={found[1]}, adaptive {'on' if asked.adaptive else 'off'}"
+    fp8 = startup_log.DSPARK_FP8_ON.search(log)
+    if asked.dspark_fp8 and not fp8:
+        return Verdict(DSPARK, False, f"{why}; the drafter's FP8 weights were asked for (\"quantization\": "
+                       f"\"{FP8_METHOD}\") but it logged none: its weights are BF16", requested=True)
+    if fp8:
+        why += f", drafter FP8 ({fp8['linears']} linears{fp8['markov']})"
+    return Verdict(DSPARK, True, why, requested=asked.dspark)
 
 
 def judge_dspark(engine: Verdict, before: Counters, after: Counters, minimum: float) -> Verdict:

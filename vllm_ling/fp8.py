@@ -20,7 +20,8 @@ Two kernels, chosen by `VLLM_LING_FP8_KERNEL` (docs/speed.md §FP8 has the measu
   On the H200 (channel) it took the step's BF16 linears from 2.68 to 2.29 ms (M = 1).
 - `w8a16`: FP8-Marlin, weight-only (activations stay BF16). Slower than BF16 on the H200 at decode sizes
   (3.08 ms, channel), kept for GPUs without FP8 tensor cores.
-Kept BF16: MLA's kv_b_proj (vLLM splits it into W_UK/W_UV and absorbs it), the MTP draft's eh_proj, any
+Kept BF16: MLA's kv_b_proj (vLLM splits it into W_UK/W_UV and absorbs it), the MTP draft's eh_proj, a DSpark
+drafter's Markov projection `markov_w2` when vLLM reads it by gathered rows (`gathered_rows`), any
 linear whose output per rank is not a multiple of 16 (`ALIGN`: vLLM's CUTLASS FP8 kernel pads such a weight
 and asserts on the padding with per-channel scales; only MLA's head-wise gate, num_heads wide, is that narrow, a
 few KB of weight), under `block` any linear whose input per rank is not a multiple of 128 (`BLOCK`: vLLM's block
@@ -30,6 +31,12 @@ DeepSeek-V3's 576-wide kv_a: the last block of rows is partial (its scale covers
 linear is one weight, so its blocks run across its parts (KDA's q|k|v|β|f|g: β's num_heads rows shift f and g off
 the block grid). Router and norms are fp32 and no linears of this config's (the router's ReplicatedLinear gets no
 quant config).
+
+The DSpark drafter's own weights take this config through the speculative config's own quantization
+(`--speculative-config '{"method": "dspark", ..., "quantization": "ling_fp8"}'`: vLLM builds the drafter with the
+draft model config's quantization, never the target's; docs/dspark.md §Draft FP8). Its linears (q|k|v, o, gate|up,
+down, fc) and the Markov head's `markov_w2`, a ParallelLMHead read as an LM head, are then FP8; its confidence head
+(built without a quant config) and the LM head and embedding it shares with the target are not this config's.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ BLOCK = 128  # `block`: weight blocks BLOCK x BLOCK, activation groups 1 x BLOCK
 # Module name patterns (the vLLM-side prefix) that stay BF16 whatever the kernel.
 KEEP_BF16 = ("*.kv_b_proj", "*.eh_proj")
 ALIGN = 16  # FP8 linears' output width per rank must be a multiple of this (module docstring)
+MARKOV_W2 = "*.markov_w2"  # vLLM's DSpark Markov head's r -> V projection (a ParallelLMHead)
 
 
 def requested_kernel() -> str:
@@ -72,10 +80,22 @@ def requested_scheme() -> str:
     return envs.read(SCHEME_ENV)
 
 
-def keeps_bf16(prefix: str) -> bool:
-    """KEEP_BF16, and the operator's VLLM_LING_FP8_KEEP patterns (fnmatch, on vLLM's module names)."""
+def keeps_bf16(prefix: str, model_keeps: tuple[str, ...] = ()) -> bool:
+    """KEEP_BF16, what the served model's config keeps (`gathered_rows`) and the operator's VLLM_LING_FP8_KEEP
+    patterns (fnmatch, on vLLM's module names)."""
     extra = envs.read(KEEP_ENV)  # also enters the compile-cache key: which linears are FP8 shapes the graph
-    return any(fnmatch.fnmatchcase(prefix, pattern) for pattern in (*KEEP_BF16, *extra))
+    return any(fnmatch.fnmatchcase(prefix, pattern) for pattern in (*KEEP_BF16, *model_keeps, *extra))
+
+
+def gathered_rows(hf_config: Any) -> tuple[str, ...]:
+    """The modules a model reads by gathering rows of their `.weight`, which an FP8 weight cannot serve.
+
+    vLLM's Qwen3 DSpark drafter with `dspark_draft_topk` (the speculative config's, or the drafter config's; vLLM
+    writes it on the drafter's hf_config) applies the Markov bias to the top-k candidates only: it indexes
+    `markov_w2.weight[index]` and raises on a weight whose dtype is not the activations' (qwen3_dspark
+    `apply_bias_gathered`, 0.32-0.34), so its markov_w2 stays BF16 then. Without it the head runs through the
+    logits processor, as an LM head does, which serves FP8."""
+    return (MARKOV_W2,) if getattr(hf_config, "dspark_draft_topk", None) is not None else ()
 
 
 class FreshSegments:
@@ -260,6 +280,7 @@ class LingFp8Config(QuantizationConfig):
         self.kernel = kernel or requested_kernel()
         self.scheme = scheme or requested_scheme()
         self.fp8_layers: list[str] = []
+        self.model_keeps: tuple[str, ...] = ()  # what the served model's config keeps BF16 (`gathered_rows`)
 
     # vLLM writes the model's packed_modules_mapping onto the config; the checkpoint's config matches fused
     # modules (KDA's in_proj = q|k|v|b|f|g) against its ignore list through it.
@@ -303,16 +324,26 @@ class LingFp8Config(QuantizationConfig):
         """`--quantization ling_fp8` on a checkpoint that carries its own quantization_config: ours wraps it."""
         return NAME if user_quant == NAME else None
 
+    def maybe_update_config(self, model_name: str, hf_config: Any = None, revision: str | None = None) -> None:
+        """vLLM hands every quantization config its model's hf_config once built (0.32-0.34
+        `VllmConfig._get_quantization_config`, for the target and, through `get_draft_quant_config`, the drafter):
+        the modules that model reads by gathered rows stay BF16 (`gathered_rows`)."""
+        self.model_keeps = gathered_rows(hf_config)
+        if self.checkpoint is not None:
+            self.checkpoint.maybe_update_config(model_name, hf_config=hf_config, revision=revision)
+
     def apply_vllm_mapper(self, hf_to_vllm_mapper: Any) -> None:
         if self.checkpoint is not None:
             self.checkpoint.apply_vllm_mapper(hf_to_vllm_mapper)
 
     def get_quant_method(self, layer: torch.nn.Module, prefix: str) -> QuantizeMethodBase | None:
         base = self.checkpoint.get_quant_method(layer, prefix) if self.checkpoint is not None else None
-        if not _fp8_candidate(layer, base, self.scheme) or keeps_bf16(prefix):
+        if not _fp8_candidate(layer, base, self.scheme) or keeps_bf16(prefix, self.model_keeps):
             return base if base is not None or not _is_linear(layer) else _bf16_linear()
         self.fp8_layers.append(prefix)
-        if not _is_linear(layer):  # the LM head comes last in every Ling V3 model: the count is complete
+        # The LM head comes last in every Ling V3 model: the count is complete. A DSpark drafter's Markov head is no
+        # LM head of a Ling model: the drafter logs its own line once built (`dspark_summary`).
+        if not _is_linear(layer) and not fnmatch.fnmatchcase(prefix, MARKOV_W2):
             logger.info("%s", self.summary())
         return fp8_method(self.kernel, self.scheme)
 
@@ -325,3 +356,12 @@ class LingFp8Config(QuantizationConfig):
         head = startup_log.FP8_HEAD_ON if heads else startup_log.FP8_HEAD_BF16
         return startup_log.FP8_ON.text(linears=len(self.fp8_layers) - heads, head=head, kernel=self.kernel,
                                        scheme=self.scheme)
+
+    def dspark_summary(self) -> str:
+        """`vllm-ling: DSpark drafter FP8 weights ON (N linears + Markov head), w8a8, block scales`
+        (startup_log.DSPARK_FP8_ON), logged by the drafter once built: its own line, so the self-check reads the
+        target's FP8_ON line as before and the drafter's apart."""
+        markov = sum(fnmatch.fnmatchcase(p, MARKOV_W2) for p in self.fp8_layers)
+        return startup_log.DSPARK_FP8_ON.text(
+            linears=len(self.fp8_layers) - markov, kernel=self.kernel, scheme=self.scheme,
+            markov=startup_log.DSPARK_MARKOV_ON if markov else startup_log.DSPARK_MARKOV_BF16)

@@ -110,6 +110,10 @@ SEAMS: tuple[Seam, ...] = (
     names("vllm.model_executor.models.interfaces", "EagleModelMixin SupportsEagle3"),
     names("vllm.model_executor.models.qwen3_dspark", "Qwen3DSparkForCausalLM"),
     members("vllm.config.speculative", "SpeculativeConfig", "hf_config_override"),
+    # fp8.py, dspark.py: the drafter's own quantization (the speculative config's; vLLM hands the quantization
+    # config the drafter's hf_config, which carries dspark_draft_topk)
+    fields("vllm.config.speculative", "SpeculativeConfig", "quantization dspark_draft_topk"),
+    params(L + "quantization.base_config", "QuantizationConfig.maybe_update_config", "model_name hf_config revision"),
     names("vllm.model_executor.models.utils", "WeightsMapper maybe_prefix"),
     names("vllm.model_executor.utils", "set_weight_attrs"),
     names("vllm.platforms", "current_platform"),

@@ -53,6 +53,11 @@ REGISTRATION_FAILED = Line("vllm-ling: registration failed ({error}); vLLM serve
 FP8_ON = Line("vllm-ling: FP8 weights ON ({linears} linears{head}), {kernel}, {scheme} scales",
               dict(linears=r"\d+", head=r" \+ LM head|, LM head BF16", kernel=r"\w+", scheme=r"\w+"))
 FP8_HEAD_ON, FP8_HEAD_BF16 = " + LM head", ", LM head BF16"
+# vllm_ling.draft.dspark, once the DSpark drafter is built with its own quantization ling_fp8 (vllm_ling.fp8).
+DSPARK_FP8_ON = Line("vllm-ling: DSpark drafter FP8 weights ON ({linears} linears{markov}), {kernel}, {scheme} scales",
+                     dict(linears=r"\d+", markov=r" \+ Markov head|, Markov head BF16", kernel=r"\w+",
+                          scheme=r"\w+"))
+DSPARK_MARKOV_ON, DSPARK_MARKOV_BF16 = " + Markov head", ", Markov head BF16"
 # vllm_ling.kda: the gate runs inside vLLM's raw-gate KDA kernels; vllm_ling.kda_core: it fell back to ours.
 KDA_GATE_IN_KERNEL = Line("vllm-ling: KDA gate and β inside vLLM's KDA kernels ({env}=kernel)", dict(env=r"\w+"))
 KDA_GATE_FELL_BACK = Line("vllm-ling: KDA gate fell back to ours: {reason}", dict(reason=r".+"))
@@ -64,4 +69,5 @@ KDA_PREFILL = Line("vllm-ling: KDA prefill on {kernel} ({why})",
 DRAFT_VOCAB = Line("vllm-ling: MTP draft proposes among {ids} of {vocab} tokens ({env}; {mib:.0f} MiB of head rows, "
                    "{dtype})", dict(ids=r"\d+", vocab=r"\d+", env=r"\w+", mib=r"\d+", dtype=r"\S+"))
 
-LINES = (REGISTERED, REGISTRATION_FAILED, FP8_ON, KDA_GATE_IN_KERNEL, KDA_GATE_FELL_BACK, KDA_PREFILL, DRAFT_VOCAB)
+LINES = (REGISTERED, REGISTRATION_FAILED, FP8_ON, DSPARK_FP8_ON, KDA_GATE_IN_KERNEL, KDA_GATE_FELL_BACK,
+         KDA_PREFILL, DRAFT_VOCAB)

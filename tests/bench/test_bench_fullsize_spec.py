@@ -84,6 +84,16 @@ def test_dspark_speculative_config_is_vllms_ling_recipe_over_the_dummy_drafter(k
     assert speculative_config("dspark", k, length, adaptive, "/d") == expected
 
 
+def test_draft_fp8_asks_for_the_drafters_own_quantization_beside_the_targets():
+    """vLLM builds the drafter with its speculative config's `quantization`, never the target's: --draft-fp8 puts
+    ours there, --fp8 stays the target's (`quantization` beside the speculative config)."""
+    spec = speculative_config("dspark", 8, None, False, "/d", draft_fp8=True)
+    assert spec == speculative_config("dspark", 8, None, False, "/d") | {"quantization": "ling_fp8"}
+    kw = _engine_kwargs("dspark", None, 5.3, k=8, drafter="/d", draft_fp8=True)
+    assert kw["speculative_config"]["quantization"] == "ling_fp8" and "quantization" not in kw
+    assert "quantization" not in _engine_kwargs("dspark", None, None, drafter="/d")["speculative_config"]
+
+
 def test_plain_modes_have_no_speculative_config_and_dspark_needs_its_drafter():
     assert speculative_config("graphs", None) is None and speculative_config("eager", None) is None
     with pytest.raises(ValueError, match="drafter folder"):
@@ -132,6 +142,13 @@ def test_a_setting_the_run_cannot_measure_is_refused_before_an_engine(mode, k, a
         check_spec(mode, k, adaptive, lengths, impl)
 
 
+@pytest.mark.parametrize("mode", ["graphs", "eager", "mtp"])
+def test_draft_fp8_is_refused_without_a_dspark_drafter(mode):
+    with pytest.raises(ValueError, match=r"--draft-fp8 .* needs --mode dspark \(--fp8 is the target's\)"):
+        check_spec(mode, draft_fp8=True)
+    assert check_spec("dspark", draft_fp8=True) == 8
+
+
 @pytest.mark.parametrize("mode, k, lengths", [("mtp", 2, [3.0, 1.0]), ("mtp", 3, [3.5, 2.5]),
                                               ("dspark", 4, [5.0, 3.5]), ("dspark", 6, [6.5, 5.3, 3.5]),
                                               ("dspark", 8, [6.5, 5.3, 3.5, 9.0])])
@@ -144,6 +161,7 @@ def test_lengths_up_to_k_plus_1_pass(mode, k, lengths):
     (["--mode", "mtp", "--k", "3", "--acceptance-length", "3.5,4.5"], "L must lie in [1, 4]"),
     (["--mode", "graphs", "--adaptive"], "--adaptive"),
     (["--mode", "mtp", "--acceptance-length", "0.5"], "acceptance length"),
+    (["--mode", "graphs", "--fp8", "w8a8", "--draft-fp8"], "--draft-fp8"),
 ])
 def test_main_refuses_with_usage_and_exit_2(argv, words, capsys):
     with pytest.raises(SystemExit) as e:
@@ -329,6 +347,18 @@ def test_step_bytes_are_the_projections_round_for_each_mode():
     for k in (4, 8):
         assert step_bytes(c, "dspark", 4096, k) == dspark_round_bytes(c, 4096, k).total
     assert step_bytes(c, "dspark", 4096, 8) > step_bytes(c, "dspark", 4096, 4) > step_bytes(c, "mtp", 4096, 3)
+    # the drafter's own format apart from the target's: --draft-fp8 alone, --fp8 alone, both (the projection's FP8)
+    both = dspark_round_bytes(c, 4096, 8, fp8=True)
+    assert step_bytes(c, "dspark", 4096, 8, fp8=True, draft_fp8=True) == both.total
+    target_only = step_bytes(c, "dspark", 4096, 8, fp8=True, draft_fp8=False)
+    draft_only = step_bytes(c, "dspark", 4096, 8, draft_fp8=True)
+    assert both.total < target_only < step_bytes(c, "dspark", 4096, 8)
+    assert both.total < draft_only < step_bytes(c, "dspark", 4096, 8)
+    # --fp8 alone: the drafter's own matrices as in BF16, the rest (its shared LM head pass, the verify) as in FP8
+    own = ("drafter fc", "drafter context K/V", "drafter layers", "Markov head", "confidence head")
+    bf16 = dspark_round_bytes(c, 4096, 8).parts
+    for name, v in dspark_round_bytes(c, 4096, 8, fp8=True, draft_fp8=False).parts.items():
+        assert v == (bf16 if name.startswith(own) else both.parts)[name], name
 
 
 @pytest.mark.engine

@@ -42,7 +42,8 @@
 #   config      a tiny Ling-2.5 served with vllm-ling installed; the full-size config through the in-tree model
 #               under each config class (CONFIG_K selects cases)                                  (~8)
 #   dspark      DSpark with tiny drafters (random, agreeing), K = 1..8 (DSPARK_KS=1,2,3,4 for a subset): lossless
-#               against the oracle, acceptance (~10 for all eight; split the K over two calls)
+#               against the oracle, acceptance (~10 for all eight; split the K over two calls); DSPARK_FP8=1:
+#               the drafter's own weights in FP8, DSPARK_ADAPTIVE=1: adaptive width
 #   spec_smem   every Triton kernel held to GB10's 101,376 B at launch (emulated): MTP k=3, 8 lanes, DSpark K=8 (~5)
 #   dspark_smoke  one eager DSpark engine (echo target, agreeing drafter, K = DSPARK_K or 3): does it plan,
 #               draft and accept? (~1)

@@ -13,7 +13,10 @@ argmax on decided positions as plain decoding does, and where DSpark and plain f
 be one bf16 can flip. A verify that corrupted the KDA state or accepted an unverified token breaks the first.
 Run on the device: VLLM_LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_dspark_gpu.py -q
 (DSPARK_KS=1,2,3,4 runs those K only: all eight with the plain engines are 18 engines, more than one device call;
-DSPARK_ADAPTIVE=1 verifies with vLLM's confidence-driven adaptive width instead of the fixed one.)
+DSPARK_ADAPTIVE=1 verifies with vLLM's confidence-driven adaptive width instead of the fixed one; DSPARK_FP8=1 serves
+the drafter's own weights in FP8, `"quantization": "ling_fp8"` in its speculative config (docs/dspark.md §Draft
+FP8), the target staying BF16 so the oracle's bar is unchanged: lossless still, and the agreeing drafter still
+accepted.)
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ PROMPT_LENGTHS = [3, 17, 64, 130]
 MAX_TOKENS = 64
 KS = [int(k) for k in os.environ.get("DSPARK_KS", "1,2,3,4,5,6,7,8").split(",")]
 ADAPTIVE = os.environ.get("DSPARK_ADAPTIVE", "0") == "1"
+DRAFT_FP8 = os.environ.get("DSPARK_FP8", "0") == "1"
 PAIRS = {"random": ("stable_router", False), "agree": ("mtp_echo", True)}  # target variant, agreeing drafter
 AGREE_MIN_ACCEPTANCE = 0.5  # the agreeing drafter's share of accepted drafts (the echo target follows f ~80-90%)
 RANDOM_MAX_ACCEPTANCE = 0.1
@@ -42,9 +46,10 @@ GROUP = 6  # engines started at once
 
 def _spec(draft: str, k: int) -> dict:
     """vLLM's Ling recipe's DSpark flags (0.33 sdist recipes/models/inclusionAI/Ling-3.0-flash.yaml): fixed width
-    there; adaptive with DSPARK_ADAPTIVE=1."""
-    return {"method": "dspark", "model": draft, "num_speculative_tokens": k, "attention_backend": "FLASH_ATTN",
+    there; adaptive with DSPARK_ADAPTIVE=1; the drafter's own quantization ling_fp8 with DSPARK_FP8=1."""
+    spec = {"method": "dspark", "model": draft, "num_speculative_tokens": k, "attention_backend": "FLASH_ATTN",
             "enable_adaptive_verification": ADAPTIVE}
+    return spec | ({"quantization": "ling_fp8"} if DRAFT_FP8 else {})
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +66,7 @@ def runs(tmp_path_factory) -> dict[str, dict]:
         draft = str(make_tiny_dspark(tmp / f"draft-{pair}", models[pair], agree=agree))
         base = {"model": models[pair], "prompts": prompts, "max_tokens": MAX_TOKENS, "dtype": "bfloat16",
                 "enforce_eager": False, "max_model_len": 1024, "max_num_batched_tokens": 512,
-                "prompt_logprobs": False, "hf_overrides": NO_CLAMPS, **SIDE_BY_SIDE}
+                "prompt_logprobs": False, "hf_overrides": NO_CLAMPS, "log_lines": DRAFT_FP8, **SIDE_BY_SIDE}
         jobs.append(("engine_runner.py", base, f"{pair}-plain"))
         jobs += [("engine_runner.py", {**base, "speculative_config": _spec(draft, k)}, f"{pair}-k{k}") for k in KS]
     done = {}
@@ -80,7 +85,8 @@ def runs(tmp_path_factory) -> dict[str, dict]:
         for i, kind in enumerate(kinds):
             named[kind]["scored"] = oracle["scored"][i * n:(i + 1) * n]
         out[pair] = named
-    record(f"dspark_k{''.join(map(str, KS))}{'_adaptive' if ADAPTIVE else ''}", {pair: _report(named) for pair, named in out.items()})
+    record(f"dspark_k{''.join(map(str, KS))}{'_adaptive' if ADAPTIVE else ''}{'_draft_fp8' if DRAFT_FP8 else ''}",
+           {pair: _report(named) for pair, named in out.items()})
     return out
 
 
@@ -134,3 +140,15 @@ def test_both_paths_run(runs):
         agree, random = (spec_acceptance(runs[p][k]) for p in ("agree", "random"))
         assert agree >= AGREE_MIN_ACCEPTANCE, f"K={k}: the agreeing drafter was accepted {agree:.2%}"
         assert random <= RANDOM_MAX_ACCEPTANCE, f"K={k}: the random drafter was accepted {random:.2%}"
+
+
+@pytest.mark.skipif(not DRAFT_FP8, reason="DSPARK_FP8=1 serves the drafter's own weights in FP8")
+def test_the_drafter_serves_its_own_weights_in_fp8(runs):
+    """vLLM built each drafter with its own quantization ling_fp8: the tiny drafter's 9 linears (2 layers x 4, fc)
+    and its Markov head, by the line the drafter logs once built (vllm_ling.startup_log.DSPARK_FP8_ON)."""
+    from vllm_ling.startup_log import DSPARK_FP8_ON, DSPARK_MARKOV_ON
+
+    for pair in PAIRS:
+        for k in KS:
+            found = [DSPARK_FP8_ON.search(line) for line in runs[pair][k]["log_lines"]]
+            assert any(f and f["linears"] == "9" and f["markov"] == DSPARK_MARKOV_ON for f in found), (pair, k)

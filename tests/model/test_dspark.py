@@ -1,6 +1,7 @@
 """DSpark groundwork that the CPU can prove (docs/dspark.md): the target's aux hidden states, the drafter's config
-normalisation and validation, and the tiny drafter writer. vLLM's DSpark runtime is CUDA-only
-(tests/gpu/test_dspark_gpu.py runs it).
+normalisation and validation, the tiny drafter writer, and the drafter built and loaded as vLLM's DSpark loader does,
+in BF16 and under its own quantization ling_fp8 (which modules take FP8, their numbers against the block rule's
+reference). vLLM's DSpark runtime is CUDA-only (tests/gpu/test_dspark_gpu.py runs it).
 
 The aux-capture test runs one CPU engine on the tiny checkpoint, asks our model for vLLM's aux layers of a drafter
 config through vLLM's own mapping (`get_eagle3_aux_layers_from_config`), and holds the captured tensors against
@@ -17,6 +18,8 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+
+from vllm_ling import startup_log
 
 HERE = Path(__file__).parent
 # Tiny drafter target ids, SGLang's "after layer i": 1 (KDA), 2 (MLA), 4 (KDA) of the tiny model's 6 layers.
@@ -80,36 +83,44 @@ def _oracle(spec: dict) -> dict:
 
 def _route(spec: dict) -> dict:
     """vLLM's speculative config for method "dspark" with a tiny Ling drafter, the plugin loaded as vLLM loads
-    it: where the drafter's config ends up (the engine itself is refused on the CPU: DSpark is MRV2-only)."""
+    it: where the drafter's config ends up (the engine itself is refused on the CPU: DSpark is MRV2-only), and the
+    drafter vLLM builds from it. `spec["options"]` adds speculative config keys (the drafter's own
+    `quantization`, `dspark_draft_topk`)."""
     from vllm.config import ParallelConfig
     from vllm.engine.arg_utils import EngineArgs
     from vllm.v1.worker.gpu.spec_decode.eagle.eagle3_utils import get_eagle3_aux_layers_from_config
 
     args = EngineArgs(model=spec["model"], dtype="bfloat16", skip_tokenizer_init=True,
-                      speculative_config={"method": "dspark", "model": spec["draft"]})
+                      speculative_config={"method": "dspark", "model": spec["draft"], **spec.get("options", {})})
     target = args.create_model_config()
     spec_config = args.create_speculative_config(target, ParallelConfig())
     draft = spec_config.draft_model_config
     return {"architectures": list(draft.hf_config.architectures), "model_type": draft.hf_config.model_type,
-            "resolved": draft.architecture, "k": spec_config.num_speculative_tokens,
+            "resolved": draft.architecture, "k": spec_config.num_speculative_tokens, "quantization": draft.quantization,
             "aux": list(get_eagle3_aux_layers_from_config(spec_config)), "markov_rank": draft.hf_config.markov_rank,
             "mask": (draft.hf_config.dflash_config or {}).get("mask_token_id"), "built": _build_drafter(spec_config)}
 
 
 def _build_drafter(spec_config) -> dict:
-    """Build the drafter as vLLM's DSpark loader does (`initialize_model` with the draft's model config) and ask
-    its attention layers for their KV specs under a hybrid target's cache config (the GPU's block 256, KDA page
-    padded to the MLA page): the class vLLM builds and the block each layer plans its cache in."""
+    """Build and load the drafter as vLLM's DSpark loader does (`load_dspark_model`: the config's quant_config is
+    the draft's own, `get_draft_quant_config`, then `get_model` with the draft's model config), and ask its attention
+    layers for their KV specs under a hybrid target's cache config (the GPU's block 256, KDA page padded to the MLA
+    page): the class vLLM builds, the block each layer plans its cache in, each module's quantization method and
+    the drafter's start-up lines; with its own quantization ling_fp8, also its FP8 numbers (`_fp8_numbers`)."""
     import socket
 
     from vllm.config import set_current_vllm_config
     from vllm.distributed import init_distributed_environment, initialize_model_parallel
     from vllm.engine.arg_utils import EngineArgs
-    from vllm.model_executor.model_loader.utils import initialize_model
+    from vllm.model_executor.model_loader import get_model
+    from vllm.model_executor.models.utils import get_draft_quant_config
 
     config = EngineArgs(model=spec_config.target_model_config.model, dtype="bfloat16", skip_tokenizer_init=True,
                         enable_prefix_caching=False).create_engine_config()
     object.__setattr__(config, "speculative_config", spec_config)  # the CPU engine refuses DSpark (MRV2 only)
+    config.quant_config = get_draft_quant_config(config)  # load_dspark_model's own line
+    torch.accelerator.empty_cache = lambda: None  # no accelerator: what vLLM's CPU model runner sets before loading
+    lines = _plugin_lines()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -117,12 +128,153 @@ def _build_drafter(spec_config) -> dict:
         init_distributed_environment(world_size=1, rank=0, distributed_init_method=f"tcp://127.0.0.1:{port}",
                                      local_rank=0, backend="gloo")
         initialize_model_parallel(1, 1)
-        model = initialize_model(vllm_config=config, model_config=spec_config.draft_model_config, prefix="draft")
+        model = get_model(vllm_config=config, model_config=spec_config.draft_model_config, prefix="draft")
+        numbers = _fp8_numbers(model, Path(spec_config.draft_model_config.model)) \
+            if spec_config.quantization == "ling_fp8" else None
+        methods = {n: type(m.quant_method).__name__ for n, m in model.named_modules()
+                   if getattr(m, "quant_method", None) is not None}  # its own, before the target's are installed
+        shared = _share_with_a_target(model)
     config.cache_config.block_size, config.cache_config.mamba_page_size_padded = 256, 256 * 1152
     specs = {n: m.get_kv_cache_spec(config) for n, m in model.named_modules()
              if hasattr(m, "attn_type") and hasattr(m, "get_kv_cache_spec")}
-    return {"class": type(model).__name__,
-            "specs": {n: [type(sp).__name__, sp.block_size, sp.page_size_bytes] for n, sp in specs.items()}}
+    return {"class": type(model).__name__, "methods": methods, "lines": lines, "numbers": numbers, "shared": shared,
+            "specs": {n: [type(sp).__name__, sp.block_size, sp.page_size_bytes] for n, sp in specs.items()},
+            "gathers": model.model.markov_head.markov_w2._retain_weight_for_gather, **_gather(model)}
+
+
+def _plugin_lines() -> list[str]:
+    """The messages vllm-ling logs from now on in this process (its start-up lines among them)."""
+    import logging
+
+    lines: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger("vllm_ling").addHandler(handler)
+    logging.getLogger("vllm_ling").setLevel(logging.INFO)
+    return lines
+
+
+def _block_rounding():
+    """The block rule's rounding as the oracle writes it (oracle.py: weights per 128 x 128 block, inputs per 1 x 128
+    group), with no vllm_ling code: (round_blocks, round_groups)."""
+    sys.path.insert(0, str(HERE))
+    from oracle import _e4m3_blocks, _e4m3_groups
+
+    return _e4m3_blocks, _e4m3_groups
+
+
+def _share_with_a_target(draft) -> str:
+    """vLLM's sharing code installs a stand-in target's FP8 LM head and its embedding on the built drafter (as
+    `load_dspark_model` does after `get_model`); our check then reads them: its verdict line."""
+    from vllm_ling.draft import check as draft_check
+    from vllm_ling.draft.dspark import check_draft_shares_target
+
+    target = _stand_in_target(draft.config.vocab_size, draft.config.hidden_size)
+    draft_check.register_target(target)
+    _share_as_vllm_does(draft, target)
+    assert draft.lm_head is target.lm_head and draft.model.embed_tokens is target.model.embed_tokens
+    return check_draft_shares_target(draft)
+
+
+def _stand_in_target(vocab: int, hidden: int):
+    """A target's FP8 LM head (`--quantization ling_fp8`) and BF16 embedding, random."""
+    from torch import nn
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    from vllm_ling import fp8
+
+    torch.manual_seed(0)
+    head = ParallelLMHead(vocab, hidden, quant_config=fp8.LingFp8Config(kernel="w8a8"), prefix="lm_head")
+    head.weight.weight_loader(head.weight, torch.randn(vocab, hidden, dtype=torch.bfloat16) / 16)
+    target = nn.Module()
+    target.lm_head, target.model = head, nn.Module()
+    target.model.embed_tokens = VocabParallelEmbedding(vocab, hidden)
+    return target
+
+
+def _share_as_vllm_does(draft, target) -> None:
+    """What `load_dspark_model` calls once the drafter is built: the target's embedding and LM head modules."""
+    from vllm.v1.worker.gpu.spec_decode.eagle import utils
+
+    utils.maybe_share_target_embed(draft, draft.model, target.model)
+    if hasattr(utils, "share_target_lm_head"):  # 0.34
+        utils.share_target_lm_head(draft, target.lm_head, None, can_share=True)
+    else:  # 0.32/0.33 load_dspark_model, inline: replace the draft's head when _should_share says so
+        assert utils._should_share(draft, "has_own_lm_head", draft.lm_head, target.lm_head)
+        draft.lm_head = target.lm_head
+
+
+def _gather(model) -> dict:
+    """The Markov bias on gathered candidate rows (vLLM's `dspark_draft_topk` path) against the whole bias at those
+    rows: the relative distance, or the error vLLM raises."""
+    torch.manual_seed(1)
+    vocab = model.config.vocab_size
+    embed = model.markov_embed(torch.randint(0, vocab, (3,)))
+    index = torch.randperm(vocab)[:15].view(3, 5)  # distinct rows: a scatter to one row twice keeps either
+    values = torch.randn(3, 5, dtype=embed.dtype)
+    logits = torch.full((3, vocab), float("-inf"), dtype=embed.dtype)
+    try:
+        got = model.apply_markov_bias_gathered(embed, logits, values, index).gather(1, index)
+    except RuntimeError as e:
+        return {"gather_error": str(e)}
+    want = values.float() + model.markov_bias(embed).float().gather(1, index)
+    return {"gather_distance": _rel(got.float(), want)}
+
+
+def _fp8_numbers(model, draft_dir: Path) -> dict[str, list[float]]:
+    """Each FP8 matrix of the loaded drafter against the reference written from the block rule alone (oracle.py:
+    e4m3 per 128 x 128 weight block and per 1 x 128 input group, fp32 product) and against the plain BF16 product,
+    from the checkpoint's own weights: [relative distance to the FP8 reference, to the BF16 product]. The linears
+    on random inputs, the Markov head through vLLM's logits processor (`markov_bias`, as DSpark calls it), and the
+    context K/V vLLM projects from the target's features (`_project_context_kv`: per layer through the quantized
+    q|k|v, where BF16 runs one fused K/V GEMM)."""
+    from safetensors.torch import load_file
+
+    _e4m3_blocks, _e4m3_groups = _block_rounding()
+    w = {n: t.float() for n, t in load_file(draft_dir / "model.safetensors").items()}
+    gen = torch.Generator().manual_seed(2)
+
+    def distances(got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> list[float]:
+        want = _e4m3_groups(x.float()) @ _e4m3_blocks(weight).t()
+        return [_rel(got.float(), want), _rel(got.float(), x.float() @ weight.t())]
+
+    def linear(module, weight: torch.Tensor) -> list[float]:
+        x = torch.randn(4, weight.shape[1], generator=gen).bfloat16()
+        out = module(x)
+        return distances(out[0] if isinstance(out, tuple) else out, x, weight)
+
+    out = {"fc": linear(model.model.fc, w["fc.weight"])}
+    qkvs = []
+    for i, layer in enumerate(model.model.layers):
+        p = f"layers.{i}."
+        qkvs.append(torch.cat([w[p + f"self_attn.{n}_proj.weight"] for n in "qkv"]))
+        out |= {p + "qkv_proj": linear(layer.self_attn.qkv_proj, qkvs[-1]),
+                p + "o_proj": linear(layer.self_attn.o_proj, w[p + "self_attn.o_proj.weight"]),
+                p + "gate_up_proj": linear(layer.mlp.gate_up_proj,
+                                           torch.cat([w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"]])),
+                p + "down_proj": linear(layer.mlp.down_proj, w[p + "mlp.down_proj.weight"])}
+    embed = model.markov_embed(torch.randint(0, model.config.vocab_size, (4,), generator=gen))
+    out["markov_w2"] = distances(model.markov_bias(embed), embed, w["markov_head.markov_w2.weight"])
+    return out | _context_kv(model, w, qkvs, gen)
+
+
+def _context_kv(model, w: dict, qkvs: list[torch.Tensor], gen: torch.Generator) -> dict[str, list[float]]:
+    """`_fp8_numbers` for the context K/V of every drafter layer (before its K norm and RoPE)."""
+    _e4m3_blocks, _e4m3_groups = _block_rounding()
+    attn = model.model.layers[0].self_attn
+    n, layers, eps = 5, len(qkvs), attn.q_norm.variance_epsilon
+    ctx = torch.randn(n, model.config.hidden_size, generator=gen).bfloat16()
+    k, v = model.model._project_context_kv(ctx, n, layers, attn.num_kv_heads, attn.head_dim)
+    x = ctx.float() * torch.rsqrt(ctx.float().pow(2).mean(-1, keepdim=True) + eps) * w["hidden_norm.weight"]
+    x = x.bfloat16().float()  # vLLM's RMSNorm writes the model dtype
+    out = {}
+    for i, qkv in enumerate(qkvs):
+        kv = qkv[attn.q_size:]
+        want = (_e4m3_groups(x) @ _e4m3_blocks(qkv)[attn.q_size:].t()).view(n, 2, -1)
+        plain = (x @ kv.t()).view(n, 2, -1)
+        got = torch.stack([k[i].reshape(n, -1), v[i].reshape(n, -1)], dim=1).float()
+        out[f"layers.{i}.context_kv"] = [_rel(got, want), _rel(got, plain)]
+    return out
 
 
 # ---------------------------------------------------------------------------- the aux hidden states
@@ -271,6 +423,99 @@ def test_vllm_routes_the_drafter_to_our_qwen3_dspark_class(tiny_bf16, tmp_path):
     # built as vLLM builds it: ours, and each layer's cache in its own block within the hybrid target's page
     assert out["built"]["class"] == "LingDSparkForCausalLM"
     assert list(out["built"]["specs"].values()) == [["FullAttentionSpec", 128, 128 * 2 * 4 * 128 * 2]] * 2
+    # no quantization of its own asked for: BF16 throughout, whatever the target's (the head it shares is FP8 here)
+    assert out["quantization"] is None and set(out["built"]["methods"].values()) == set(BF16_METHODS.values())
+    assert not any(startup_log.DSPARK_FP8_ON.search(line) for line in out["built"]["lines"])
+    assert "shared with the target's (lm_head Fp8" in out["built"]["shared"]
+
+
+# ---------------------------------------------------------------------------- the drafter's own FP8 weights
+
+# What the tiny drafter's own quantization ling_fp8 takes (written from vLLM's Qwen3 DSpark drafter, not read from
+# the code under test): every linear built with the draft's quant config (q|k|v, o, gate|up, down of its 2 layers,
+# fc) and markov_w2, the Markov head's ParallelLMHead; the confidence head is built without one (fp32), and the
+# drafter's own LM head and embedding too (the target's replace them at load).
+FP8_LINEARS = {f"model.layers.{i}.{m}" for i in range(2)
+               for m in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")} | {"model.fc"}
+MARKOV_W2 = "model.markov_head.markov_w2"
+BF16_METHODS = {"model.confidence_head.proj": "UnquantizedLinearMethod", "lm_head": "UnquantizedEmbeddingMethod",
+                "model.embed_tokens": "UnquantizedEmbeddingMethod"}
+FP8_TOL = 1e-2  # tests/model/test_fp8.py's block tolerance: relative to the output's scale (bf16 output rounding)
+DRAFT_TOPK = 4
+
+
+@pytest.fixture(scope="module")
+def fp8_drafters(tiny_bf16, tmp_path_factory) -> dict[str, dict]:
+    """The tiny drafter built and loaded as vLLM's DSpark loader does with `"quantization": "ling_fp8"` in the
+    speculative config, block scales: Markov head read whole ("fp8") and by gathered rows ("topk", vLLM's
+    dspark_draft_topk)."""
+    from model_helpers import run_scripts
+
+    from ling_tools.tiny.dspark import make_tiny_dspark
+    from vllm_ling.fp8 import SCHEME_ENV
+
+    tmp = tmp_path_factory.mktemp("dspark-fp8")
+    draft = str(make_tiny_dspark(tmp / "draft", Path(tiny_bf16)))
+    options = {"fp8": {"quantization": "ling_fp8"},
+               "topk": {"quantization": "ling_fp8", "dspark_draft_topk": DRAFT_TOPK}}
+    jobs = [("test_dspark.py", {"side": "route", "model": tiny_bf16, "draft": draft, "options": o}, name)
+            for name, o in options.items()]
+    runs = run_scripts(jobs, tmp, {"VLLM_LING_FORCE": "1", SCHEME_ENV: "block"})
+    return {name: run["built"] | {"quantization": run["quantization"]} for name, run in zip(options, runs)}
+
+
+@pytest.mark.engine
+def test_the_drafters_own_quantization_puts_its_linears_and_markov_head_in_fp8(fp8_drafters):
+    from vllm_ling.startup_log import DSPARK_FP8_ON, DSPARK_MARKOV_ON
+
+    built = fp8_drafters["fp8"]
+    assert built["quantization"] == "ling_fp8"  # vLLM took our registered name for the draft model config
+    fp8 = {n for n, m in built["methods"].items() if m.startswith("Fp8")}
+    assert fp8 == FP8_LINEARS | {MARKOV_W2} and {built["methods"][n] for n in fp8} == {"Fp8BlockLinearMethod"}
+    assert {n: built["methods"][n] for n in BF16_METHODS} == BF16_METHODS
+    line = DSPARK_FP8_ON.text(linears=len(FP8_LINEARS), markov=DSPARK_MARKOV_ON, kernel="w8a8", scheme="block")
+    assert line in built["lines"]
+    # the LM head and embedding are still the target's modules, its FP8 head included (vllm_ling/draft/check.py)
+    assert "shared with the target's (lm_head Fp8BlockLinearMethod, float8_e4m3fn)" in built["shared"]
+
+
+@pytest.mark.engine
+def test_the_fp8_drafter_computes_the_block_fp8_reference(fp8_drafters):
+    """Every FP8 matrix, the Markov head through vLLM's logits processor and the context K/V vLLM projects
+    through the quantized q|k|v: within test_fp8.py's tolerance of the block rule's reference, and far nearer it
+    than the BF16 product (the FP8 rounding is there, and it is the rule's)."""
+    numbers = fp8_drafters["fp8"]["numbers"]
+    assert set(numbers) == {"fc", "markov_w2", *(f"layers.{i}.{m}" for i in range(2) for m in (
+        "qkv_proj", "o_proj", "gate_up_proj", "down_proj", "context_kv"))}
+    for name, (to_reference, to_bf16) in numbers.items():
+        assert to_reference < FP8_TOL, (name, to_reference)
+        assert to_bf16 > 5 * to_reference, (name, to_reference, to_bf16)
+
+
+@pytest.mark.engine
+def test_a_markov_head_read_by_gathered_rows_stays_bf16(fp8_drafters):
+    """vLLM's top-k Markov path indexes markov_w2.weight and refuses a quantized one (the control: the FP8 head
+    raises there); with dspark_draft_topk the head stays BF16 and its gathered bias equals the whole bias at those
+    rows, the drafter's linears FP8 as before."""
+    from vllm_ling.startup_log import DSPARK_FP8_ON, DSPARK_MARKOV_BF16
+
+    assert not fp8_drafters["fp8"]["gathers"] and "requires unquantized weights" in fp8_drafters["fp8"]["gather_error"]
+    topk = fp8_drafters["topk"]
+    assert topk["gathers"] and topk["methods"][MARKOV_W2] == "UnquantizedEmbeddingMethod"
+    assert {n for n, m in topk["methods"].items() if m.startswith("Fp8")} == FP8_LINEARS
+    assert topk["gather_distance"] < FP8_TOL
+    line = DSPARK_FP8_ON.text(linears=len(FP8_LINEARS), markov=DSPARK_MARKOV_BF16, kernel="w8a8", scheme="block")
+    assert line in topk["lines"]
+
+
+def test_only_a_gathered_markov_head_is_kept_by_name():
+    from vllm_ling import fp8
+
+    prefix = "draft.model.markov_head.markov_w2"
+    assert fp8.gathered_rows(SimpleNamespace(dspark_draft_topk=8)) == (fp8.MARKOV_W2,)
+    assert fp8.keeps_bf16(prefix, fp8.gathered_rows(SimpleNamespace(dspark_draft_topk=8)))
+    assert fp8.gathered_rows(SimpleNamespace()) == () and not fp8.keeps_bf16(prefix)
+    assert not fp8.keeps_bf16("draft.model.layers.6.self_attn.qkv_proj", (fp8.MARKOV_W2,))
 
 
 # ---------------------------------------------------------------------------- the tiny drafter
@@ -317,20 +562,12 @@ def test_the_agreeing_drafter_drafts_the_echo_targets_next_token(tmp_path):
 
 @pytest.fixture
 def fp8_target(tiny_bf16):
-    from torch import nn
-    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
     from vllm_layers import vllm_layer_context
 
-    from vllm_ling import fp8
     from vllm_ling.draft import check as draft_check
 
     with vllm_layer_context(tiny_bf16):
-        torch.manual_seed(0)
-        head = ParallelLMHead(512, 256, quant_config=fp8.LingFp8Config(kernel="w8a8"), prefix="lm_head")
-        head.weight.weight_loader(head.weight, torch.randn(512, 256, dtype=torch.bfloat16) / 16)
-        target = nn.Module()
-        target.lm_head, target.model = head, nn.Module()
-        target.model.embed_tokens = VocabParallelEmbedding(512, 256)
+        target = _stand_in_target(512, 256)
         draft_check._targets.clear()
         draft_check.register_target(target)
         yield target
@@ -350,19 +587,13 @@ def _draft_without_head(target):
 
 
 def test_vllms_dspark_loader_installs_the_targets_fp8_head_module_itself(fp8_target, tiny_bf16):
-    from vllm.v1.worker.gpu.spec_decode.eagle import utils
     from vllm_layers import vllm_layer_context
 
     from vllm_ling.draft.dspark import check_draft_shares_target
 
     with vllm_layer_context(tiny_bf16):
         draft = _draft_without_head(fp8_target)
-        utils.maybe_share_target_embed(draft, draft.model, fp8_target.model)  # what load_dspark_model calls
-        if hasattr(utils, "share_target_lm_head"):  # 0.34
-            utils.share_target_lm_head(draft, fp8_target.lm_head, None, can_share=True)
-        else:  # 0.32/0.33 load_dspark_model, inline: replace the draft's head when _should_share says so
-            assert utils._should_share(draft, "has_own_lm_head", draft.lm_head, fp8_target.lm_head)
-            draft.lm_head = fp8_target.lm_head
+        _share_as_vllm_does(draft, fp8_target)
     assert draft.lm_head is fp8_target.lm_head and draft.model.embed_tokens is fp8_target.model.embed_tokens
     line = check_draft_shares_target(draft)
     assert "shared with" in line and "Fp8" in line and "float8_e4m3fn" in line

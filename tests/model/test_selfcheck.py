@@ -447,6 +447,21 @@ def test_dspark_asked_for_and_in_the_engine_is_on_with_its_k_and_adaptive_width(
     assert not plain.on and not plain.failed and plain.why == "not configured"
 
 
+def test_the_drafters_own_fp8_weights_are_read_from_the_plugins_line(vllm_parser):
+    """`"quantization": "ling_fp8"` in a DSpark speculative config asks for the drafter's own FP8 weights: on with
+    the plugin's line (its count), a failure without it (the drafter served BF16)."""
+    args = DSPARK_ARGS[:-1] + ['{"method":"dspark","model":"d","quantization":"ling_fp8"}']
+    asked = Requested.of(ServeArgs.parse(args), {})
+    assert asked.dspark_fp8 and not Requested.of(ServeArgs.parse(DSPARK_ARGS), {}).dspark_fp8
+    line = startup_log.DSPARK_FP8_ON.text(linears=36, markov=startup_log.DSPARK_MARKOV_ON, kernel="w8a8",
+                                          scheme="block")
+    v = _by_name(inspect_log(DSPARK_LOG + f"INFO 12-05 [dspark.py:1] {line}\n", asked))
+    assert v["DSpark"].on and v["DSpark"].why == "K=8, adaptive off, drafter FP8 (36 linears + Markov head)"
+    assert v["FP8 weights"].why == _by_name(inspect_log(DSPARK_LOG, asked))["FP8 weights"].why  # the target's line
+    missing = _by_name(inspect_log(DSPARK_LOG, asked))["DSpark"]
+    assert missing.failed and "the drafter's FP8 weights were asked for" in missing.why
+
+
 def test_dspark_asked_for_but_absent_from_the_engine_fails():
     log = DSPARK_LOG.replace(DSPARK_ENGINE, "speculative_config=None")
     v = _by_name(inspect_log(log, Requested(dspark=True)))["DSpark"]

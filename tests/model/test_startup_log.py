@@ -17,6 +17,7 @@ SAMPLES = [  # (line, the values it is written with)
                                   why="vLLM 0.34 (measured); not yet measured", env="VLLM_LING_MODEL")),
     (startup_log.REGISTRATION_FAILED, dict(error="ValueError: bad (really)")),
     (startup_log.FP8_ON, dict(linears=279, head=startup_log.FP8_HEAD_BF16, kernel="w8a16", scheme="channel")),
+    (startup_log.DSPARK_FP8_ON, dict(linears=36, markov=startup_log.DSPARK_MARKOV_ON, kernel="w8a8", scheme="block")),
     (startup_log.KDA_GATE_IN_KERNEL, dict(env="VLLM_LING_KDA_GATE")),
     (startup_log.KDA_GATE_FELL_BACK, dict(reason="strides are (1, 2, 3); VLLM_LING_KDA_GATE=kernel serves as ours")),
     (startup_log.KDA_PREFILL, dict(kernel="Triton chunk_kda", why="FlashKDA's contract does not hold: CUDA "

@@ -388,6 +388,21 @@ def test_spec_dspark_passes_vllms_dspark_flags_with_the_drafters_own_k_unless_ds
     assert cmd[:i] + cmd[i + 2:] == plain  # nothing else changes
 
 
+def test_dspark_fp8_asks_for_the_drafters_own_quantization_and_leaves_the_targets_alone():
+    """vLLM builds the drafter with its speculative config's `quantization`, never --quantization: DSPARK_FP8=1
+    puts ling_fp8 there and changes nothing else; off by default (not yet measured); FP8=0 keeps the target BF16."""
+    _, plain = dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark")
+    _, cmd = dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark", DSPARK_FP8="1", DSPARK_K="6")
+    assert spec_config(cmd) == {"method": "dspark", "model": "inclusionAI/Ling-3.0-flash-dspark",
+                                "num_speculative_tokens": 6, "quantization": "ling_fp8"}
+    assert ServeArgs.parse(cmd).speculative == spec_config(cmd)
+    i, j = cmd.index("--speculative-config"), plain.index("--speculative-config")
+    assert cmd[:i] + cmd[i + 2:] == plain[:j] + plain[j + 2:]  # the target's --quantization ling_fp8 as before
+    assert spec_config(dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark", DSPARK_FP8="0")[1]) == spec_config(plain)
+    _, bf16_target = dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark", DSPARK_FP8="1", FP8="0")
+    assert "--quantization" not in bf16_target and spec_config(bf16_target)["quantization"] == "ling_fp8"
+
+
 def test_a_local_drafter_folder_with_its_config_is_passed_as_a_path(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     spec = spec_config(dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark", DSPARK_MODEL=str(tmp_path))[1])
@@ -424,6 +439,10 @@ def test_a_local_drafter_folder_with_its_config_is_passed_as_a_path(tmp_path):
     (dict(SPEC="eagle"), "SPEC='eagle' must be off, mtp or dspark. Safe: SPEC=mtp"),
     (dict(SPEC="mtp", DSPARK_K="4"), "DSPARK_K='4' is for the DSpark drafter, and SPEC=mtp drafts with none. "
                                      "Safe: SPEC=dspark, or unset DSPARK_K"),
+    (dict(SPEC="dspark", DSPARK_FP8="yes"), "DSPARK_FP8='yes' must be 0 (the DSpark drafter in BF16) or 1 (its own "
+                                            "weights in FP8). Safe: DSPARK_FP8=0"),
+    (dict(DSPARK_FP8="1"), "DSPARK_FP8=1 is for the DSpark drafter's own weights, and SPEC=off drafts with none "
+                           "(FP8=1 is the target's). Safe: SPEC=dspark, or DSPARK_FP8=0"),
 ])
 def test_a_spec_setting_that_cannot_serve_is_refused_with_the_rule_the_values_and_a_safe_one(env, says):
     r = script("serve-int4.sh", **{"DEVICE": "cuda", **env})

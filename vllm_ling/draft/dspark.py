@@ -4,15 +4,20 @@ The drafter's checkpoint names its architecture `LingDSparkModel`, a name vLLM 0
 speculative config sends an unknown DSpark architecture down the DeepSeek-V4 branch. SGLang's `LingDSparkModel`
 is a Qwen3 DSpark draft under another name, so `normalise_draft_config` renames it `Qwen3DSparkModel` and writes
 its fields under the keys vLLM's `Qwen3DSparkForCausalLM` reads (compat installs it in front of vLLM's draft
-config rewrite). `check_drafter` refuses, at start-up, a drafter that cannot serve this target.
+config rewrite). `check_drafter` refuses, at start-up, a drafter that cannot serve this target. Built under its own
+quantization ling_fp8 (the speculative config's), the drafter logs how many of its weights are FP8
+(`log_own_quantization`, docs/dspark.md §Draft FP8).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from typing import Any
 
 from vllm_ling.draft import check as draft_check
+
+logger = logging.getLogger("vllm_ling")
 
 LING_DSPARK_ARCHS = ("LingDSparkModel",)
 QWEN3_DSPARK_ARCH = "Qwen3DSparkModel"
@@ -223,6 +228,21 @@ def _own_kv_block(attn: Any) -> None:
     attn.get_kv_cache_spec = get_kv_cache_spec
 
 
+def log_own_quantization(drafter: Any) -> str | None:
+    """Log, and return, the start-up line of a drafter built with its own quantization `ling_fp8` (the
+    speculative config's `quantization`, vllm_ling.fp8): how many of its linears are FP8 and whether its Markov
+    head is; None under any other quantization. vLLM's DSpark backbone keeps the config its layers were built
+    with as `model.quant_config` (0.32-0.34)."""
+    from vllm_ling import fp8
+
+    quant = getattr(getattr(drafter, "model", None), "quant_config", None)
+    if not isinstance(quant, fp8.LingFp8Config):
+        return None
+    line = quant.dspark_summary()
+    logger.info("%s", line)
+    return line
+
+
 def _draft_class() -> type:
     """vLLM's Qwen3 DSpark drafter with two checks: the checkpoint holds every tensor (vLLM's loader skips an
     absent Markov head silently), and the first draft logits run on the target's head and embedding."""
@@ -236,6 +256,7 @@ def _draft_class() -> type:
             for module in self.modules():
                 if hasattr(module, "get_kv_cache_spec") and hasattr(module, "attn_type"):
                     _own_kv_block(module)
+            log_own_quantization(self)
 
         def load_weights(self, weights: Iterable[tuple[str, Any]]):
             names: list[str] = []
