@@ -2,6 +2,11 @@
 
 A separate process per engine: each test configuration (env vars such as VLLM_MLA_DISABLE, hf_overrides)
 gets a fresh vLLM, and nothing leaks between them. Usage: python engine_runner.py SPEC.json OUT.json
+
+A spec with `jobs` ({name: request}) serves several requests on one engine (shared_engines.py): each request is
+its own `generate` call, so its batch is what a fresh engine would have scheduled, and its spec-decode counters
+and log lines are its own; the result is {"jobs": {name: result}}, each result in the one-request form. A request
+holds only REQUEST_KEYS; everything else in the spec configures the engine.
 """
 
 from __future__ import annotations
@@ -26,16 +31,30 @@ class _Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def run(spec: dict) -> dict:
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+# What one request of a shared engine may set (the rest of a spec configures the engine).
+REQUEST_KEYS = ("prompts", "max_tokens", "prompt_logprobs", "prompt_topk", "capture_mlp_layers", "capture_path",
+                "quant_methods", "log_lines", "kv_cache_layers")
 
+
+def run(spec: dict) -> dict:
     lines = _Lines()
-    if spec.get("log_lines"):  # vllm-ling's own log lines (the draft check, the FP8 summary)
+    if spec.get("log_lines") or any(j.get("log_lines") for j in spec.get("jobs", {}).values()):
+        # vllm-ling's own log lines (the draft check, the FP8 summary)
         logging.getLogger("vllm_ling").addHandler(lines)
         logging.getLogger("vllm_ling").setLevel(logging.INFO)
+    llm = _engine(spec)
+    if spec.get("rounds"):
+        return _run_rounds(llm, spec)
+    if "jobs" not in spec:
+        return _request(llm, spec, lines, lines.lines[:])
+    startup = lines.lines[:]
+    return {"jobs": {name: _request(llm, {**spec, **job}, lines, startup) for name, job in spec["jobs"].items()}}
 
-    llm = LLM(
+
+def _engine(spec: dict):
+    from vllm import LLM
+
+    return LLM(
         model=spec["model"],
         dtype=spec.get("dtype", "float32"),
         gpu_memory_utilization=spec.get("gpu_memory_utilization", 0.9),
@@ -51,11 +70,19 @@ def run(spec: dict) -> dict:
         disable_log_stats=not (spec.get("speculative_config") or spec.get("rounds")),
         **spec.get("engine_kwargs", {}),
     )
-    if spec.get("rounds"):
-        return _run_rounds(llm, spec)
+
+
+def _request(llm, spec: dict, lines: _Lines, startup: list[str]) -> dict:
+    """One `generate` call of `spec`'s prompts, and what the spec asks of the engine around it. `startup`: the
+    log lines of the engine's start; the result's are those and the ones this request logged."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    first_line = len(lines.lines)
+    counters = _spec_counters(llm) if spec.get("speculative_config") else {}
     captured: dict[str, list] = {}
-    if spec.get("capture_mlp_layers"):
-        llm.apply_model(lambda model: _capture_mlps(model, spec["capture_mlp_layers"], captured))
+    hooks = (llm.apply_model(lambda model: _capture_mlps(model, spec["capture_mlp_layers"], captured))[0]
+             if spec.get("capture_mlp_layers") else [])
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in spec["prompts"]]
     topk = spec.get("prompt_topk", 0)  # > 0: also return the top-k prompt logprobs per position
     params = SamplingParams(
@@ -63,7 +90,11 @@ def run(spec: dict) -> dict:
         prompt_logprobs=topk if spec.get("prompt_logprobs", True) else None,
         logprobs=0,
     )
-    outputs = llm.generate(prompts, params)
+    try:
+        outputs = llm.generate(prompts, params)
+    finally:
+        for hook in hooks:
+            hook.remove()
     result = {"outputs": []}
     for prompt_ids, out in zip(spec["prompts"], outputs):
         completion = out.outputs[0]
@@ -81,8 +112,9 @@ def run(spec: dict) -> dict:
             "token_ids": list(completion.token_ids), "prompt_logprobs": prompt_lp, "logprobs": gen_lp,
             "prompt_topk": prompt_top,
         })
-    if spec.get("speculative_config"):
-        result["spec_decode"] = _spec_counters(llm)
+    if spec.get("speculative_config"):  # this request's drafts: the counters' growth over its generate call
+        after = _spec_counters(llm)
+        result["spec_decode"] = {k: v - counters.get(k, 0.0) for k, v in after.items()}
     result["implementation"] = _on_model(llm, _implementation)[0]
     result["moe_method"] = _on_model(llm, _moe_method)[0]
     result["moe_align"] = _on_model(llm, _moe_align)[0]
@@ -91,7 +123,7 @@ def run(spec: dict) -> dict:
     if spec.get("quant_methods"):
         result["quant_methods"] = _on_model(llm, _quant_methods)[0]
     if spec.get("log_lines"):
-        result["log_lines"] = lines.lines
+        result["log_lines"] = startup + lines.lines[first_line:]
     if spec.get("kv_cache_layers"):
         result["kv_cache"] = llm.collective_rpc(_kv_cache_layers)[0]
     if spec.get("engine_kwargs", {}).get("tensor_parallel_size", 1) > 1:
@@ -100,6 +132,7 @@ def run(spec: dict) -> dict:
         import torch
 
         torch.save({k: [(x, y) for x, y in v] for k, v in captured.items()}, spec["capture_path"])
+        result["capture_path"] = spec["capture_path"]
     return result
 
 
@@ -233,13 +266,16 @@ def _spec_counters(llm) -> dict[str, float]:
     return counters
 
 
-def _capture_mlps(model, layers: list[int], store: dict) -> None:
-    """Record (input, output) of each listed layer's MLP on every forward (needs the in-process engine)."""
+def _capture_mlps(model, layers: list[int], store: dict) -> list:
+    """Record (input, output) of each listed layer's MLP on every forward (needs the in-process engine); the hook
+    handles, removed after the request so that a shared engine's other requests are not recorded."""
+    handles = []
     for i in layers:
         def hook(module, inputs, output, key=f"mlp{i}"):
             store.setdefault(key, []).append((inputs[0].detach().clone(), output.detach().clone()))
 
-        model.model.layers[i].mlp.register_forward_hook(hook)
+        handles.append(model.model.layers[i].mlp.register_forward_hook(hook))
+    return handles
 
 
 if __name__ == "__main__":
