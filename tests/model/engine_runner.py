@@ -279,8 +279,11 @@ def _capture_mlps(model, layers: list[int], store: dict) -> list:
 
 
 if __name__ == "__main__":
+    from model_helpers import exit_at_once
+
     spec_path, out_path = sys.argv[1], sys.argv[2]
     with open(spec_path) as f:
         spec = json.load(f)
     with open(out_path, "w") as f:
         json.dump(run(spec), f)
+    exit_at_once()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from model_helpers import (CPU_ENGINE_ENV, draft_vocab_file, first_difference, random_prompts, run_script,
-                           spec_acceptance)
+                           run_scripts, spec_acceptance)
 from shared_engines import ECHO, ECHO_MTP, MTP, declare
 
 pytest.importorskip("vllm")
@@ -38,9 +38,9 @@ def runs(tmp_path_factory, shared_engine):
     generated = {t for o in out["plain"]["outputs"] for t in o["token_ids"]}
     files = {"all": draft_vocab_file(tmp, "all", list(range(vocab_size))),
              "rest": draft_vocab_file(tmp, "rest", [i for i in range(vocab_size) if i not in generated])}
-    for name, path in files.items():
-        out[name] = run_script("engine_runner.py", base, tmp, name, {**CPU_ENGINE_ENV, "VLLM_LING_DRAFT_VOCAB": path})
-    return out
+    runs = run_scripts([("engine_runner.py", base, name) for name in files], tmp, CPU_ENGINE_ENV,  # at once
+                       envs=[{"VLLM_LING_DRAFT_VOCAB": path} for path in files.values()])
+    return out | dict(zip(files, runs))
 
 
 @pytest.mark.parametrize("name", ["all", "rest"])
