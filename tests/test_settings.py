@@ -33,6 +33,8 @@ HARNESS = {
     "LING_TUNE_BUDGET_MIN": "tests/gpu/tuning_steps.py: ling-tune's budget in the device run",
     "LING_TUNE_MAX_CANDIDATES": "tests/gpu/tuning_steps.py: candidates per batch size in the device run",
     "LING_TUNE_ENGINE_BACKENDS": "tests/gpu/tuning_steps.py: which MoE backends the device run races",
+    "LING_TEST_ENGINE_LOG": "tests/conftest.py: the file each vLLM engine a test starts is recorded in",
+    "LING_TEST_NODEID": "tests/conftest.py: the test an engine start is recorded under (engine_probe/)",
 }
 
 

@@ -7,10 +7,9 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.engine
-
 
 # the draft vocabulary gathers per-channel FP8 head rows (vllm_ling/draft/vocab.py): its run asks for channel scales
+@pytest.mark.engine
 @pytest.mark.parametrize("mode, extra", [("eager", []), ("mtp", ["--draft-vocab", "512", "--fp8", "w8a8", "--fp8-scheme", "channel"]), ("eager", ["--fp8", "w8a8", "--fp8-scheme", "block", "--router", "vllm", "--moe-align", "ours", "--router-gemm", "vllm"])])
 def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode, extra):
     pytest.importorskip("vllm")

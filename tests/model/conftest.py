@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from model_helpers import CPU_ENGINE_ENV, run_script
+from shared_engines import SharedEngines
 
 
 @pytest.fixture(scope="session")
@@ -20,6 +21,13 @@ def run_engine(tmp_path_factory):
         return run_script("engine_runner.py", spec, tmp, name, {**CPU_ENGINE_ENV, **(env or {})})
 
     return run
+
+
+@pytest.fixture(scope="session")
+def shared_engine(tmp_path_factory):
+    """`shared_engine(request)`: the result of a request declared with shared_engines.declare, its engine started
+    once per session for every request declared on it."""
+    return SharedEngines(tmp_path_factory.mktemp("shared-engines")).result
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,11 @@
 
 A separate process per engine: each test configuration (env vars such as VLLM_MLA_DISABLE, hf_overrides)
 gets a fresh vLLM, and nothing leaks between them. Usage: python engine_runner.py SPEC.json OUT.json
+
+A spec with `jobs` ({name: request}) serves several requests on one engine (shared_engines.py): each request is
+its own `generate` call, so its batch is what a fresh engine would have scheduled, and its spec-decode counters
+and log lines are its own; the result is {"jobs": {name: result}}, each result in the one-request form. A request
+holds only REQUEST_KEYS; everything else in the spec configures the engine.
 """
 
 from __future__ import annotations
@@ -27,22 +32,42 @@ class _Lines(logging.Handler):
         self.lines.append(record.getMessage())
 
 
-def run(spec: dict) -> dict:
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+# What one request of a shared engine may set (the rest of a spec configures the engine).
+REQUEST_KEYS = ("prompts", "max_tokens", "prompt_logprobs", "prompt_topk", "capture_mlp_layers", "capture_path",
+                "quant_methods", "log_lines", "kv_cache_layers")
 
+
+def run(spec: dict) -> dict:
     lines = _Lines()
-    if spec.get("log_lines"):  # vllm-ling's own log lines (the draft check, the FP8 summary)
+    if spec.get("log_lines") or any(j.get("log_lines") for j in spec.get("jobs", {}).values()):
+        # vllm-ling's own log lines (the draft check, the FP8 summary)
         logging.getLogger("vllm_ling").addHandler(lines)
         logging.getLogger("vllm_ling").setLevel(logging.INFO)
-
     launched = None
     if spec.get("smem_limit"):  # every Triton kernel this engine launches held to a smaller GPU's shared memory
         from ling_tuning.smem import emulate_launch_limit
 
         launched = emulate_launch_limit(spec["smem_limit"])
     t0 = time.perf_counter()
-    llm = LLM(
+    llm = _engine(spec)
+    started = time.perf_counter() - t0
+    if spec.get("rounds"):
+        return _run_rounds(llm, spec)
+    if "jobs" not in spec:
+        result = _request(llm, spec, lines, lines.lines[:])
+        # the first generate includes what JIT compiles on first use (the watchdog's first-request grace covers it)
+        result["seconds"] = {"engine_start": started, "first_generate": result.pop("generate_seconds")}
+        if launched is not None:
+            result["triton_smem"] = dict(launched)
+        return result
+    startup = lines.lines[:]
+    return {"jobs": {name: _request(llm, {**spec, **job}, lines, startup) for name, job in spec["jobs"].items()}}
+
+
+def _engine(spec: dict):
+    from vllm import LLM
+
+    return LLM(
         model=spec["model"],
         dtype=spec.get("dtype", "float32"),
         gpu_memory_utilization=spec.get("gpu_memory_utilization", 0.9),
@@ -58,11 +83,19 @@ def run(spec: dict) -> dict:
         disable_log_stats=not (spec.get("speculative_config") or spec.get("rounds")),
         **spec.get("engine_kwargs", {}),
     )
-    if spec.get("rounds"):
-        return _run_rounds(llm, spec)
+
+
+def _request(llm, spec: dict, lines: _Lines, startup: list[str]) -> dict:
+    """One `generate` call of `spec`'s prompts, and what the spec asks of the engine around it. `startup`: the
+    log lines of the engine's start; the result's are those and the ones this request logged."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    first_line = len(lines.lines)
+    counters = _spec_counters(llm) if spec.get("speculative_config") else {}
     captured: dict[str, list] = {}
-    if spec.get("capture_mlp_layers"):
-        llm.apply_model(lambda model: _capture_mlps(model, spec["capture_mlp_layers"], captured))
+    hooks = (llm.apply_model(lambda model: _capture_mlps(model, spec["capture_mlp_layers"], captured))[0]
+             if spec.get("capture_mlp_layers") else [])
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in spec["prompts"]]
     topk = spec.get("prompt_topk", 0)  # > 0: also return the top-k prompt logprobs per position
     params = SamplingParams(
@@ -71,9 +104,12 @@ def run(spec: dict) -> dict:
         logprobs=0,
     )
     t1 = time.perf_counter()
-    outputs = llm.generate(prompts, params)
-    # the first generate includes what JIT compiles on first use (the watchdog's first-request grace covers it)
-    result = {"outputs": [], "seconds": {"engine_start": t1 - t0, "first_generate": time.perf_counter() - t1}}
+    try:
+        outputs = llm.generate(prompts, params)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    result = {"outputs": [], "generate_seconds": time.perf_counter() - t1}
     for prompt_ids, out in zip(spec["prompts"], outputs):
         completion = out.outputs[0]
         prompt_lp, prompt_top = None, None
@@ -90,10 +126,9 @@ def run(spec: dict) -> dict:
             "token_ids": list(completion.token_ids), "prompt_logprobs": prompt_lp, "logprobs": gen_lp,
             "prompt_topk": prompt_top,
         })
-    if spec.get("speculative_config"):
-        result["spec_decode"] = _spec_counters(llm)
-    if launched is not None:
-        result["triton_smem"] = dict(launched)
+    if spec.get("speculative_config"):  # this request's drafts: the counters' growth over its generate call
+        after = _spec_counters(llm)
+        result["spec_decode"] = {k: v - counters.get(k, 0.0) for k, v in after.items()}
     result["implementation"] = _on_model(llm, _implementation)[0]
     result["moe_method"] = _on_model(llm, _moe_method)[0]
     result["moe_align"] = _on_model(llm, _moe_align)[0]
@@ -102,7 +137,7 @@ def run(spec: dict) -> dict:
     if spec.get("quant_methods"):
         result["quant_methods"] = _on_model(llm, _quant_methods)[0]
     if spec.get("log_lines"):
-        result["log_lines"] = lines.lines
+        result["log_lines"] = startup + lines.lines[first_line:]
     if spec.get("kv_cache_layers"):
         result["kv_cache"] = llm.collective_rpc(_kv_cache_layers)[0]
     if spec.get("engine_kwargs", {}).get("tensor_parallel_size", 1) > 1:
@@ -111,6 +146,7 @@ def run(spec: dict) -> dict:
         import torch
 
         torch.save({k: [(x, y) for x, y in v] for k, v in captured.items()}, spec["capture_path"])
+        result["capture_path"] = spec["capture_path"]
     return result
 
 
@@ -244,18 +280,24 @@ def _spec_counters(llm) -> dict[str, float]:
     return counters
 
 
-def _capture_mlps(model, layers: list[int], store: dict) -> None:
-    """Record (input, output) of each listed layer's MLP on every forward (needs the in-process engine)."""
+def _capture_mlps(model, layers: list[int], store: dict) -> list:
+    """Record (input, output) of each listed layer's MLP on every forward (needs the in-process engine); the hook
+    handles, removed after the request so that a shared engine's other requests are not recorded."""
+    handles = []
     for i in layers:
         def hook(module, inputs, output, key=f"mlp{i}"):
             store.setdefault(key, []).append((inputs[0].detach().clone(), output.detach().clone()))
 
-        model.model.layers[i].mlp.register_forward_hook(hook)
+        handles.append(model.model.layers[i].mlp.register_forward_hook(hook))
+    return handles
 
 
 if __name__ == "__main__":
+    from model_helpers import exit_at_once
+
     spec_path, out_path = sys.argv[1], sys.argv[2]
     with open(spec_path) as f:
         spec = json.load(f)
     with open(out_path, "w") as f:
         json.dump(run(spec), f)
+    exit_at_once()

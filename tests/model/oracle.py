@@ -182,7 +182,10 @@ def run(spec: dict) -> dict:
 
 
 if __name__ == "__main__":
+    from model_helpers import exit_at_once
+
     with open(sys.argv[1]) as f:
         spec = json.load(f)
     with open(sys.argv[2], "w") as f:
         json.dump(run(spec), f)
+    exit_at_once()

@@ -10,40 +10,37 @@ draft for its top token (`use_local_argmax_reduction`), and the draft proposes a
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
-from model_helpers import (CPU_ENGINE_ENV, NO_CLAMPS, draft_vocab_file, first_difference, random_prompts, run_script,
-                           spec_acceptance)
+from model_helpers import (CPU_ENGINE_ENV, draft_vocab_file, first_difference, random_prompts, run_script,
+                           run_scripts, spec_acceptance)
+from shared_engines import ECHO, ECHO_MTP, MTP, declare
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.engine
 
 PROMPT_LENGTHS = [3, 17, 40]
 MAX_TOKENS = 32
-MTP = {"method": "mtp", "num_speculative_tokens": 1}
 TOP_TOKENS = {**MTP, "use_local_argmax_reduction": True}
+JOB = {"prompts": random_prompts(PROMPT_LENGTHS, seed=5), "max_tokens": MAX_TOKENS, "prompt_logprobs": False}
+PLAIN, WHOLE_HEAD = declare(ECHO, "draft-vocab", **JOB), declare(ECHO_MTP, "draft-vocab", **JOB)
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    from ling_tools.tiny import ensure_tiny
-
+def runs(tmp_path_factory, shared_engine):
+    """The plain and the MTP engine (shared), and the MTP engine asking for top tokens with each vocabulary file,
+    in the MTP engine's settings."""
     tmp = tmp_path_factory.mktemp("draft-vocab")
-    model = ensure_tiny(variant="mtp_echo")
-    vocab_size = json.loads((model / "config.json").read_text())["vocab_size"]
-    base = {"model": str(model), "prompts": random_prompts(PROMPT_LENGTHS, seed=5),
-            "max_tokens": MAX_TOKENS, "dtype": "float32", "max_model_len": 256, "max_num_batched_tokens": 64,
-            "prompt_logprobs": False, "hf_overrides": NO_CLAMPS, "log_lines": True}
-    out = {"plain": run_script("engine_runner.py", base, tmp, "plain", CPU_ENGINE_ENV),
-           "mtp": run_script("engine_runner.py", {**base, "speculative_config": MTP}, tmp, "mtp", CPU_ENGINE_ENV)}
-    everything = draft_vocab_file(tmp, "all", list(range(vocab_size)))
-    out["all"] = run_script("engine_runner.py", {**base, "speculative_config": TOP_TOKENS}, tmp, "all",
-                            {**CPU_ENGINE_ENV, "VLLM_LING_DRAFT_VOCAB": everything})
+    out = {"plain": shared_engine(PLAIN), "mtp": shared_engine(WHOLE_HEAD)}
+    base = {**ECHO_MTP.spec(), **JOB, "speculative_config": TOP_TOKENS, "log_lines": True}
+    vocab_size = json.loads((Path(base["model"]) / "config.json").read_text())["vocab_size"]
     generated = {t for o in out["plain"]["outputs"] for t in o["token_ids"]}
-    rest = draft_vocab_file(tmp, "rest", [i for i in range(vocab_size) if i not in generated])
-    out["rest"] = run_script("engine_runner.py", {**base, "speculative_config": TOP_TOKENS}, tmp, "rest",
-                             {**CPU_ENGINE_ENV, "VLLM_LING_DRAFT_VOCAB": rest})
-    return out
+    files = {"all": draft_vocab_file(tmp, "all", list(range(vocab_size))),
+             "rest": draft_vocab_file(tmp, "rest", [i for i in range(vocab_size) if i not in generated])}
+    runs = run_scripts([("engine_runner.py", base, name) for name in files], tmp, CPU_ENGINE_ENV,  # at once
+                       envs=[{"VLLM_LING_DRAFT_VOCAB": path} for path in files.values()])
+    return out | dict(zip(files, runs))
 
 
 @pytest.mark.parametrize("name", ["all", "rest"])

@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import pytest
 
-from model_helpers import FP8_MERGED, NO_CLAMPS, random_prompts
+from model_helpers import FP8_MERGED, NO_CLAMPS, random_prompts, run_scripts
+from shared_engines import Engine, declare
+
+from vllm_ling.fp8 import SCHEME_ENV
 
 pytestmark = pytest.mark.engine
 
@@ -46,26 +49,31 @@ def checkpoint() -> str:
     return str(ensure_tiny(int4=True))
 
 
-@pytest.fixture(scope="module")
-def engines(run_engine, checkpoint):
-    from vllm_ling.fp8 import SCHEME_ENV
-
-    spec = {"model": checkpoint, "prompts": random_prompts(LENGTHS, seed=11), "max_tokens": 4, "dtype": "float32",
-            "hf_overrides": NO_CLAMPS, "prompt_topk": 1, "quant_methods": True, "log_lines": True,
-            "max_model_len": 512, "max_num_batched_tokens": 512, "engine_kwargs": {"quantization": "ling_fp8"}}
-    return {s: run_engine(spec, f"fp8-int4-{s}", {SCHEME_ENV: s}) for s in SCHEMES}
+ENGINE = {"dtype": "float32", "hf_overrides": NO_CLAMPS, "max_model_len": 512, "max_num_batched_tokens": 512,
+          "engine_kwargs": {"quantization": "ling_fp8"}}
+RUNS = {s: declare(Engine(f"fp8-int4-{s}", tiny={"int4": True}, settings=ENGINE, env={SCHEME_ENV: s}), "fp8-engine",
+                   prompts=random_prompts(LENGTHS, seed=11), max_tokens=4, prompt_topk=1, quant_methods=True,
+                   log_lines=True) for s in SCHEMES}
 
 
 @pytest.fixture(scope="module")
-def references(run_oracle, checkpoint, tmp_path_factory):
+def engines(shared_engine):
+    return {s: shared_engine(RUNS[s]) for s in SCHEMES}
+
+
+@pytest.fixture(scope="module")
+def references(checkpoint, tmp_path_factory):
     """The reference of each scheme, scoring the prompts (ours serves the CPU engine: its merged layout), on the
-    checkpoint dequantized by compressed-tensors (what the CPU engine computes its INT4 experts from)."""
+    checkpoint dequantized by compressed-tensors (what the CPU engine computes its INT4 experts from); the two run
+    at once."""
     from ling_tools.tiny import dequantize_checkpoint
 
-    bf16 = dequantize_checkpoint(checkpoint, tmp_path_factory.mktemp("deq") / "bf16")
+    tmp = tmp_path_factory.mktemp("oracle-fp8")
+    bf16 = dequantize_checkpoint(checkpoint, tmp / "bf16")
     job = {"model": str(bf16), "prompts": [], "score": random_prompts(LENGTHS, seed=11), "fp8": "w8a8",
            "fp8_merged": FP8_MERGED["vllm-ling"]}
-    return {s: run_oracle({**job, "fp8_scheme": s}, f"oracle-fp8-int4-{s}")["scored"] for s in SCHEMES}
+    runs = run_scripts([("oracle.py", {**job, "fp8_scheme": s}, f"oracle-fp8-int4-{s}") for s in SCHEMES], tmp)
+    return {s: run["scored"] for s, run in zip(SCHEMES, runs)}
 
 
 def distance(engine: dict, reference: list[dict]) -> dict:

@@ -14,27 +14,23 @@ from __future__ import annotations
 import re
 
 import pytest
-from model_helpers import CPU_ENGINE_ENV, config_of, run_scripts
+from model_helpers import config_of
+from shared_engines import ECHO, ECHO_MTP, declare
 
 from vllm_ling.config import is_mla_layer, num_mtp_layers
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.engine
 
-MTP = {"method": "mtp", "num_speculative_tokens": 1}
+JOB = {"prompts": [[5, 6, 7]], "max_tokens": 2, "prompt_logprobs": False, "kv_cache_layers": True}
+PLAIN, MTP = declare(ECHO, "kv-layers", **JOB), declare(ECHO_MTP, "kv-layers", **JOB)
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(shared_engine):
     from ling_tools.tiny import ensure_tiny
 
-    tiny = ensure_tiny(variant="mtp_echo")
-    base = {"model": str(tiny), "prompts": [[5, 6, 7]], "max_tokens": 2, "prompt_logprobs": False,
-            "max_model_len": 256, "max_num_batched_tokens": 32, "max_num_seqs": 2, "kv_cache_layers": True}
-    plain, mtp = run_scripts([("engine_runner.py", base, "plain"),
-                              ("engine_runner.py", {**base, "speculative_config": MTP}, "mtp")],
-                             tmp_path_factory.mktemp("kv-layers"), CPU_ENGINE_ENV)
-    return config_of(tiny), plain["kv_cache"], mtp["kv_cache"]
+    return config_of(ensure_tiny(variant="mtp_echo")), shared_engine(PLAIN)["kv_cache"], shared_engine(MTP)["kv_cache"]
 
 
 def index(layer_name: str) -> int:

@@ -15,12 +15,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from references import checkpoint_tensors as _tensors, moe_reference, swiglu_silu_of_min
+from shared_engines import BF16_CLAMPED, declare
 
 from vllm.config import VllmConfig, set_current_vllm_config
 
 from vllm_ling.moe import ClampedSiluAndMul, swiglu
-
-pytestmark = pytest.mark.engine
 
 LAYERS = [3, 4, 5]  # clamps in the tiny config: routed L=1.0 at 4, 5; shared L=1.25 at 3, 4 and 1.5 at 5
 REL_TOL = 1e-4
@@ -41,15 +40,17 @@ def test_shared_expert_swiglu_hand_computed():
     torch.testing.assert_close(plain(gate_up), F.silu(gate_up[:, :2]) * gate_up[:, 2:])
 
 
+# one 96-token prompt, prefilled in two chunks (shared_engines.CHUNKED), then two decode steps
+CAPTURE = declare(BF16_CLAMPED, "moe-capture", prompts=[[(37 * i + 11) % 590 + 10 for i in range(96)]], max_tokens=3,
+                  capture_mlp_layers=LAYERS, capture_path="mlp.pt", prompt_logprobs=False)
+
+
 @pytest.fixture(scope="module")
-def captured(run_engine, tiny_bf16, tmp_path_factory):
-    path = tmp_path_factory.mktemp("moe") / "mlp.pt"
-    prompt = [(37 * i + 11) % 590 + 10 for i in range(96)]
-    run_engine({"model": tiny_bf16, "prompts": [prompt], "max_tokens": 3, "capture_mlp_layers": LAYERS,
-                "capture_path": str(path), "prompt_logprobs": False}, "moe-capture")
-    return torch.load(path)
+def captured(shared_engine):
+    return torch.load(shared_engine(CAPTURE)["capture_path"])
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("layer", LAYERS)
 def test_engine_moe_matches_reference_with_clamps(captured, tiny_bf16, layer):
     cfg = json.loads((Path(tiny_bf16) / "config.json").read_text())
@@ -60,6 +61,7 @@ def test_engine_moe_matches_reference_with_clamps(captured, tiny_bf16, layer):
         assert err < REL_TOL, f"layer {layer}: relative error {err:.2e} against the clamped reference"
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("layer", LAYERS)
 def test_reference_without_clamps_or_groups_is_caught(captured, tiny_bf16, layer):
     """The comparison above can fail: dropping the clamps or the group limit moves the output far."""
@@ -72,6 +74,7 @@ def test_reference_without_clamps_or_groups_is_caught(captured, tiny_bf16, layer
         assert err > 100 * REL_TOL, f"layer {layer}: {broken} still matched (error {err:.2e})"
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("layer", [4, 5])
 def test_routed_clamp_form_is_the_trained_one(captured, tiny_bf16, layer):
     """The CPU engine's routed experts clamp as min(SiLU(g), L) · clamp(u, ±L): the other form,

@@ -17,31 +17,31 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_helpers import CPU_ENGINE_ENV, NO_CLAMPS, first_difference, random_prompts, run_script, spec_acceptance
+from model_helpers import first_difference, random_prompts, spec_acceptance
 from references import mtp_draft_guesses
+from shared_engines import declare, mtp_engines
 
 pytest.importorskip("vllm")
+pytestmark = pytest.mark.engine
 
 PROMPT_LENGTHS = [3, 17, 64]  # the 64-token prompt is prefilled in chunks of 32 (budget) before drafting
 MAX_TOKENS = 48
-MTP = {"method": "mtp", "num_speculative_tokens": 1}
-
-
-@pytest.fixture(scope="module", params=["mtp_echo", "stable_router"])
-def pair(request, tmp_path_factory):
-    from ling_tools.tiny import ensure_tiny
-
-    tmp = tmp_path_factory.mktemp(f"mtp-cpu-{request.param}")
-    base = {"model": str(ensure_tiny(variant=request.param)), "prompts": _prompts(), "max_tokens": MAX_TOKENS,
-            "dtype": "float32", "max_model_len": 512, "max_num_batched_tokens": 32, "prompt_logprobs": False,
-            "hf_overrides": NO_CLAMPS}
-    plain = run_script("engine_runner.py", base, tmp, "plain", CPU_ENGINE_ENV)
-    spec = run_script("engine_runner.py", {**base, "speculative_config": MTP}, tmp, "mtp", CPU_ENGINE_ENV)
-    return request.param, plain, spec
 
 
 def _prompts() -> list[list[int]]:
     return random_prompts(PROMPT_LENGTHS, seed=11)
+
+
+# per draft: the plain engine's request and the MTP engine's (shared_engines.mtp_engines)
+JOB = {"prompts": _prompts(), "max_tokens": MAX_TOKENS, "prompt_logprobs": False}
+RUNS = {variant: tuple(declare(engine, "mtp-engine", **JOB) for engine in mtp_engines(variant))
+        for variant in ("mtp_echo", "stable_router")}
+
+
+@pytest.fixture(scope="module", params=list(RUNS))
+def pair(request, shared_engine):
+    plain, spec = RUNS[request.param]
+    return request.param, shared_engine(plain), shared_engine(spec)
 
 
 def test_mtp_greedy_output_is_identical_to_plain_greedy(pair):

@@ -8,33 +8,31 @@ shared FP8 head, and greedy output with MTP must equal greedy output without it 
 
 from __future__ import annotations
 
-import random
-
 import pytest
-from model_helpers import CPU_ENGINE_ENV, NO_CLAMPS, first_difference, run_scripts, spec_acceptance
+from model_helpers import first_difference, random_prompts, spec_acceptance
+from shared_engines import ECHO, ECHO_MTP, Engine, declare
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.engine
 
-MTP = {"method": "mtp", "num_speculative_tokens": 1}
 FP8 = {"quantization": "ling_fp8"}
 MAX_TOKENS = 48
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    from ling_tools.tiny import ensure_tiny
+def _fp8(engine: Engine) -> Engine:
+    """`engine` with FP8 weights."""
+    return Engine(f"{engine.name}-fp8", engine.tiny, {**engine.settings, "engine_kwargs": FP8}, engine.env)
 
-    rng = random.Random(11)
-    base = {"model": str(ensure_tiny(variant="mtp_echo")), "max_tokens": MAX_TOKENS, "dtype": "float32",
-            "prompts": [[rng.randrange(10, 900) for _ in range(n)] for n in (3, 17, 64)], "max_model_len": 512,
-            "max_num_batched_tokens": 32, "prompt_logprobs": False, "hf_overrides": NO_CLAMPS}
-    jobs = [("engine_runner.py", {**base, "engine_kwargs": FP8}, "plain-fp8"),
-            ("engine_runner.py", {**base, "speculative_config": MTP, "engine_kwargs": FP8, "log_lines": True},
-             "mtp-fp8"),
-            ("engine_runner.py", {**base, "speculative_config": MTP}, "mtp-bf16")]
-    plain, fp8, bf16 = run_scripts(jobs, tmp_path_factory.mktemp("mtp-fp8"), CPU_ENGINE_ENV)
-    return plain, fp8, bf16
+
+JOB = {"prompts": random_prompts([3, 17, 64], seed=11), "max_tokens": MAX_TOKENS, "prompt_logprobs": False}
+PLAIN_FP8 = declare(_fp8(ECHO), "mtp-fp8", **JOB)
+MTP_FP8 = declare(_fp8(ECHO_MTP), "mtp-fp8", **JOB, log_lines=True)
+MTP_BF16 = declare(ECHO_MTP, "mtp-fp8", **JOB)
+
+
+@pytest.fixture(scope="module")
+def runs(shared_engine):
+    return tuple(shared_engine(r) for r in (PLAIN_FP8, MTP_FP8, MTP_BF16))
 
 
 def test_the_draft_runs_on_the_targets_fp8_head(runs):

