@@ -3,7 +3,7 @@ package whose `vllm.v1.engine.core.EngineCore` does nothing, so the check is pro
 
 A test run in a subprocess of its own, with this suite's conftest and probe: a test that starts an "engine" in a
 subprocess without the marker fails and says why; with the marker it passes; a process that only imports the
-engine core module records nothing.
+engine core module records nothing; a test under gpu/ (a GPU engine test, skipped without CUDA) is not held to it.
 """
 
 from __future__ import annotations
@@ -72,12 +72,15 @@ def test_an_unmarked_test_that_starts_an_engine_fails_and_a_marked_one_passes(tm
     shutil.copytree(TESTS / "engine_probe", suite / "engine_probe")
     (suite / "pytest.ini").write_text("[pytest]\nmarkers =\n    engine: starts a real vLLM engine\n")
     (suite / "test_stand_in.py").write_text(TESTS_FILE.replace('"FAKE"', repr(str(fake))))
+    (suite / "gpu").mkdir()
+    (suite / "gpu" / "test_gpu_stand_in.py").write_text(TESTS_FILE.replace('"FAKE"', repr(str(fake)))
+                                                         .replace("def test_", "def test_gpu_"))
     env = {k: v for k, v in os.environ.items() if k not in ("LING_TEST_ENGINE_LOG", "LING_TEST_NODEID")}
     env["PYTHONPATH"] = os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)  # the copy's probe only
                                         if p and Path(p) != TESTS / "engine_probe")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", str(suite)],
                           cwd=suite, env=env, capture_output=True, text=True, timeout=120)
     out = proc.stdout + proc.stderr
-    assert "1 failed, 2 passed" in out, out
+    assert "1 failed, 5 passed" in out, out
     assert "FAILED test_stand_in.py::test_unmarked_start" in out, out
     assert "started 1 vLLM engine(s) without @pytest.mark.engine" in out, out

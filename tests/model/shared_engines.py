@@ -48,6 +48,8 @@ class Engine:
 
 @dataclass(frozen=True)
 class Request:
+    """A declared request: its engine and its name there (several names may share one set of contents)."""
+
     engine: Engine
     name: str
     module: str  # the declaring test module: its engines start together
