@@ -48,7 +48,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="fault only on the first N launches (counted in --fake-state)")
     p.add_argument("--fake-state", default=None, help="file counting launches across relaunches")
     p.add_argument("--fake-wedge-at-s", type=float, default=1.0,
-                   help="wedge: seconds after start-up complete when completions start to hang")
+                   help="wedge: seconds after the first completion is answered (the watchdog's warm-up request) "
+                        "when completions start to hang; 0: from start-up on")
     p.add_argument("--fake-jit-s", type=float, default=3.0, help="slow_first: first request latency")
     p.add_argument("--fake-busy-s", type=float, default=3.0, help="busy: every request's latency")
     p.add_argument("--fake-hog-mb", type=int, default=600, help="memory_hog: allocate at most this")
@@ -160,6 +161,7 @@ def engine(args: argparse.Namespace, argv: list[str]) -> None:
 class State:
     lock = threading.Lock()
     wedged = threading.Event()
+    answered = threading.Event()  # the first completion was answered
     dead = threading.Event()
     stopping = threading.Event()
     engine_pid = 0
@@ -241,6 +243,7 @@ def handler_for(args: argparse.Namespace, faulty: bool):
                 with State.lock:
                     State.generated += 1
                     State.prompt += 2
+                State.answered.set()
                 choices = [{"index": i, "text": " pong", "finish_reason": "length"} for i in range(len(prompts))]
                 self._send(200, json.dumps({"id": "cmpl-fake", "object": "text_completion", "model": args.model,
                                             "choices": choices, "usage": {"prompt_tokens": 2, "completion_tokens": 1}}))
@@ -334,8 +337,12 @@ def api_server(args: argparse.Namespace, argv: list[str]) -> int:
         def wedge():
             fault(who, "wedge")
             State.wedged.set()
+        def wedge_after_first() -> None:  # after warm-up, however long a loaded machine takes to get there
+            State.answered.wait()
+            time.sleep(args.fake_wedge_at_s)
+            wedge()
         if args.fake_wedge_at_s > 0:
-            threading.Timer(args.fake_wedge_at_s, wedge).start()
+            threading.Thread(target=wedge_after_first, daemon=True).start()
         else:
             wedge()
     if faulty and args.fake_mode == "busy":
