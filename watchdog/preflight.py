@@ -470,9 +470,11 @@ NOT_FLASHKDA = ("triton", "flashinfer", "fused")  # --kda-prefill-backend values
 
 
 def prefill_workspace(args: ServeArgs, cfg: Config, dev: Device | None, ctx: int) -> int:
-    """FlashKDA's workspace, one rank's: the plugin runs KDA prefills on FlashKDA on a CUDA GPU unless
-    --kda-prefill-backend says otherwise (vllm_ling/flashkda.py), and grows vLLM's scratch to the workspace of the
-    largest step before the KV cache is sized: one 16-token tile per chunk of each sequence, ceil(T / 16) + N tiles
+    """FlashKDA's workspace, one rank's: where the plugin runs KDA prefills on FlashKDA (vllm_ling/flashkda.py) it
+    grows vLLM's scratch to the workspace of the largest step before the KV cache is sized. Counted unless
+    --kda-prefill-backend keeps FlashKDA off: under `auto` the plugin serves Triton until FlashKDA is measured on a
+    GPU (`flashkda.AUTO_SERVES_FLASHKDA`), so until then auto is over-counted by this, never under-counted, whichever
+    way that switch goes. The workspace: one 16-token tile per chunk of each sequence, ceil(T / 16) + N tiles
     for T = max_num_batched_tokens and N = max_num_seqs (at most T), flashkda_bytes_per_tile each, split by heads
     over the tensor ranks. Unset limits count as vLLM's largest defaults, chunked prefill off as the context.
     Counted where FlashKDA may serve (a GPU named here or none known): an older GPU that keeps Triton is

@@ -14,8 +14,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "model"))
-from model_helpers import NO_CLAMPS, random_prompts, run_script, spec_acceptance  # noqa: E402
+from gpu_helpers import GPU_ENV  # puts tests/model on sys.path; needs CUDA
+from model_helpers import NO_CLAMPS, random_prompts, run_script, spec_acceptance
 
 
 def main(out: str, k: int, adaptive: bool) -> dict:
@@ -30,8 +30,7 @@ def main(out: str, k: int, adaptive: bool) -> dict:
             "prompt_logprobs": False, "hf_overrides": NO_CLAMPS, "gpu_memory_utilization": 0.3,
             "speculative_config": {"method": "dspark", "model": str(draft), "num_speculative_tokens": k,
                                    "attention_backend": "FLASH_ATTN", "enable_adaptive_verification": adaptive}}
-    run = run_script("engine_runner.py", spec, tmp, "smoke", {"VLLM_LING_MODEL": "vllm-ling",
-                                                              "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    run = run_script("engine_runner.py", spec, tmp, "smoke", GPU_ENV)
     result = {"k": k, "adaptive": adaptive, "acceptance": spec_acceptance(run), "counters": run["spec_decode"],
               "seconds": run.get("seconds"), "first_tokens": [o["token_ids"][:8] for o in run["outputs"]]}
     Path(out).write_text(json.dumps(result, indent=1))

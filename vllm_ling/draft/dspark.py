@@ -216,14 +216,12 @@ def _own_kv_block(attn: Any) -> None:
     default = attn.get_kv_cache_spec
 
     def get_kv_cache_spec(vllm_config: Any) -> Any:
-        import dataclasses
-
         spec = default(vllm_config)
         if spec is None or type(spec).__name__ != "FullAttentionSpec":
             return spec
         per_token = spec.page_size_bytes // spec.block_size
         block = draft_kv_block(per_token, spec.block_size, vllm_config.cache_config.mamba_page_size_padded)
-        return spec if block == spec.block_size else dataclasses.replace(spec, block_size=block)
+        return spec if block == spec.block_size else spec.copy_with_new_block_size(block)
 
     attn.get_kv_cache_spec = get_kv_cache_spec
 
