@@ -22,7 +22,7 @@
 #   MAX_SEQS     --max-num-seqs                        2 (4 lanes crashed at c=10, 2 held, W5)
 #   SPEC         speculative decoding: off | mtp | dspark   unset: mtp when MTP_K > 0, else off
 #                (mtp: the checkpoint's own MTP layer; dspark: Ling's block drafter, vLLM's DSpark runtime,
-#                GPU only, not yet run on a GPU: docs/dspark.md §Recipe)
+#                GPU only, not yet shown lossless on a GPU: docs/dspark.md §Recipe)
 #   MTP_K        MTP draft tokens, 0 = off             0 here, 1 in serve-int4-mtp.sh (W3); 1 with SPEC=mtp
 #   DSPARK_MODEL with SPEC=dspark: the drafter (hub id   inclusionAI/Ling-3.0-flash-dspark
 #                or local folder with config.json)
@@ -32,6 +32,9 @@
 #                own weights in FP8 ("quantization":    docs/dspark.md §Draft FP8)
 #                "ling_fp8" in its speculative config: its linears and Markov head; FP8 is the target's and
 #                leaves the drafter BF16); 0 = the drafter in BF16
+#   DSPARK_ADAPTIVE  with SPEC=dspark: 1 = vLLM's       0 (not yet verified lossless on our KDA/MLA path:
+#                confidence-driven verification width   docs/dspark.md §Adaptive width)
+#                ("enable_adaptive_verification": true; needs CUDA graphs, so no --enforce-eager); 0 = fixed K
 #   PREFIX_CACHE 1: --enable-prefix-caching (vLLM       1
 #                checkpoints KDA's state at block boundaries, mamba_cache_mode "align": an agent's next turn
 #                prefills only what is new; docs/vllm-seams.md §Prefix cache); 0: --no-enable-prefix-caching
@@ -101,6 +104,9 @@ if [[ -n ${KV_CACHE_GIB:-} ]]; then decimal KV_CACHE_GIB "--kv-cache-memory-byte
 DSPARK_FP8=${DSPARK_FP8:-0}
 [[ $DSPARK_FP8 == 0 || $DSPARK_FP8 == 1 ]] || refuse "DSPARK_FP8='$DSPARK_FP8' must be 0 (the DSpark drafter in" \
     "BF16) or 1 (its own weights in FP8). Safe: DSPARK_FP8=0"
+DSPARK_ADAPTIVE=${DSPARK_ADAPTIVE:-0}
+[[ $DSPARK_ADAPTIVE == 0 || $DSPARK_ADAPTIVE == 1 ]] || refuse "DSPARK_ADAPTIVE='$DSPARK_ADAPTIVE' must be 0" \
+    "(fixed verification width K) or 1 (vLLM's adaptive width). Safe: DSPARK_ADAPTIVE=0"
 if [[ -n ${FP8_KERNEL:-} ]]; then
     [[ $FP8_KERNEL == w8a8 || $FP8_KERNEL == w8a16 ]] || \
         refuse "FP8_KERNEL='$FP8_KERNEL' must be w8a8 or w8a16. Safe: FP8_KERNEL=w8a8"
@@ -244,7 +250,9 @@ elif [[ $SPEC == dspark ]]; then  # vLLM's DSpark runtime on our model (docs/dsp
     SPEC_JSON=$("$PYTHON" -c 'import json, sys; spec = {"method": "dspark", "model": sys.argv[1]}
 spec.update({"num_speculative_tokens": int(sys.argv[2], 10)} if sys.argv[2] else {})
 spec.update({"quantization": "ling_fp8"} if sys.argv[3] == "1" else {})
-print(json.dumps(spec, separators=(",", ":")))' "$DSPARK_MODEL" "${DSPARK_K:-}" "$DSPARK_FP8") || exit 1
+spec.update({"enable_adaptive_verification": True} if sys.argv[4] == "1" else {})
+print(json.dumps(spec, separators=(",", ":")))' "$DSPARK_MODEL" "${DSPARK_K:-}" "$DSPARK_FP8" "$DSPARK_ADAPTIVE") \
+        || exit 1
     ARGS+=(--speculative-config "$SPEC_JSON")
 elif [[ -n ${DRAFT_VOCAB:-} ]]; then
     refuse "DRAFT_VOCAB='$DRAFT_VOCAB' is for the MTP draft, and MTP_K=0 turns MTP off. Safe: unset DRAFT_VOCAB, or MTP_K=1"
@@ -255,7 +263,16 @@ for v in DSPARK_MODEL DSPARK_K; do
 done
 [[ $SPEC == dspark || $DSPARK_FP8 == 0 ]] || refuse "DSPARK_FP8=1 is for the DSpark drafter's own weights, and" \
     "SPEC=$SPEC drafts with none (FP8=1 is the target's). Safe: SPEC=dspark, or DSPARK_FP8=0"
+[[ $SPEC == dspark || $DSPARK_ADAPTIVE == 0 ]] || refuse "DSPARK_ADAPTIVE=1 is DSpark's adaptive verification" \
+    "width, and SPEC=$SPEC drafts with no DSpark drafter. Safe: SPEC=dspark, or DSPARK_ADAPTIVE=0"
 read -r -a EXTRA <<<"${EXTRA_ARGS:-}"
+if [[ $DSPARK_ADAPTIVE == 1 ]]; then  # vLLM's own config check, said before the launch instead of in its traceback
+    for a in "${EXTRA[@]}"; do
+        [[ $a != --enforce-eager ]] || refuse "DSPARK_ADAPTIVE=1 with EXTRA_ARGS --enforce-eager: vLLM's adaptive" \
+            "verification requires full CUDA graphs (FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE). Safe: drop" \
+            "--enforce-eager, or DSPARK_ADAPTIVE=0"
+    done
+fi
 read -r -a WD_ARGS <<<"${WATCHDOG_ARGS:-}"
 if command -v ling-watchdog >/dev/null 2>&1; then WATCHDOG=(ling-watchdog); else WATCHDOG=("$PYTHON" -m ling_watchdog); fi
 

@@ -35,6 +35,7 @@ HARNESS = {
     "LING_TUNE_ENGINE_BACKENDS": "tests/gpu/tuning_steps.py: which MoE backends the device run races",
     "LING_TEST_ENGINE_LOG": "tests/conftest.py: the file each vLLM engine a test starts is recorded in",
     "LING_TEST_NODEID": "tests/conftest.py: the test an engine start is recorded under (engine_probe/)",
+    "VLLM_LING_ENGINE_TIMEOUT": "tests/model/model_helpers.py: seconds an engine script may take (device steps set it)",
 }
 
 

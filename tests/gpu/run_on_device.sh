@@ -46,7 +46,8 @@
 #               the drafter's own weights in FP8, DSPARK_ADAPTIVE=1: adaptive width
 #   spec_smem   every Triton kernel held to GB10's 101,376 B at launch (emulated): MTP k=3, 8 lanes, DSpark K=8 (~5)
 #   dspark_smoke  one eager DSpark engine (echo target, agreeing drafter, K = DSPARK_K or 3): does it plan,
-#               draft and accept? (~1)
+#               draft and accept? DSPARK_SMOKE="--graphs --adaptive" for CUDA graphs / adaptive width (adaptive
+#               needs graphs). 4.1 min on a fresh machine (Triton JIT), 1 warm (eager); writes dspark_smoke_kK_FLAGS.json
 #   prefix_cache  cached continuations equal uncached ones (bf16, CUDA graphs), hits with MTP on (~4)
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
@@ -67,10 +68,20 @@ export VLLM_LING_GPU_RESULTS=$OUT
 # Triton keeps compiled kernels on disk but re-times every autotuned kernel in each new process unless told to keep
 # the timings: we saw ~80 s of each engine's start-up in its first CUDA-graph capture, warm machine or not.
 export TRITON_CACHE_AUTOTUNING=1
+# A step killed by its timeout must still leave something to read: output unbuffered, and each pytest step's engine
+# logs under /tmp/pt-STEP, whose tails come back in $OUT/STEP-engines.log when the step fails.
+export PYTHONUNBUFFERED=1
 [ -f /tmp/flash/config.json ] || python3 -m ling_tools.tiny /tmp/flash --full-config --force >/dev/null
 for STEP in "$@"; do
-run() { timeout -k 10 "$1" "${@:2}" 2>&1 | tee -a "$OUT/${STEP%%:*}.log" | grep -v " INFO \| WARNING " | tail -40; }
+run() {  # the step's exit status is its command's, not the pipeline's
+    # an engine script's own limit stays 40 s inside the step's, so a slow engine fails with every engine's log tail
+    VLLM_LING_ENGINE_TIMEOUT=$(( $1 > 100 ? $1 - 40 : $1 )) timeout -k 10 "$1" "${@:2}" 2>&1 \
+        | tee -a "$OUT/${STEP%%:*}.log" | grep -v " INFO \| WARNING " | tail -40
+    return "${PIPESTATUS[0]}"
+}
 echo "=== $STEP ($(date +%T))"
+export PYTEST_ADDOPTS="--basetemp=/tmp/pt-${STEP%%:*}"
+rm -rf "/tmp/pt-${STEP%%:*}"
 case $STEP in
     model) run "${MODEL_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider tests/gpu/test_model_gpu.py ;;
     kda) run 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_kda_kernels_gpu.py tests/gpu/test_kda_core_gpu.py ;;
@@ -97,11 +108,19 @@ case $STEP in
     clamp) run 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_clamp_gpu.py ;;
     prefix_cache) run 560 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_prefix_cache_gpu.py ;;
     spec_smem) run 500 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_spec_smem_gpu.py ;;
-    dspark_smoke) run 300 python3 tests/gpu/dspark_smoke.py "$OUT/dspark_smoke.json" ${DSPARK_K:-3} ;;
+    dspark_smoke) flags=${DSPARK_SMOKE:-}; tag=${flags//--/_}; tag=${tag// /}
+        run "${SMOKE_TIMEOUT:-300}" python3 tests/gpu/dspark_smoke.py "$OUT/dspark_smoke_k${DSPARK_K:-3}$tag.json" \
+            --k "${DSPARK_K:-3}" $flags --dir /tmp/pt-dspark_smoke ;;
     dspark) run "${DSPARK_TIMEOUT:-580}" python3 -m pytest -q -p no:cacheprovider tests/gpu/test_dspark_gpu.py ;;
     config) run "${CONFIG_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider tests/gpu/test_config_gpu.py ${CONFIG_K:+-k "$CONFIG_K"} ;;
     *) echo "unknown step $STEP" >&2; exit 2 ;;
 esac
+rc=$?
+if (( rc != 0 )) && [ -d "/tmp/pt-${STEP%%:*}" ]; then
+    echo "=== $STEP failed ($rc): engine log tails in ${STEP%%:*}-engines.log"
+    find "/tmp/pt-${STEP%%:*}" -name '*.log' | sort | while read -r f; do echo "--- $f"; tail -30 "$f"; done \
+        > "$OUT/${STEP%%:*}-engines.log"
+fi
 done
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys

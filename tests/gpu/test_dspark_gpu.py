@@ -69,10 +69,14 @@ def runs(tmp_path_factory) -> dict[str, dict]:
                 "prompt_logprobs": False, "hf_overrides": NO_CLAMPS, "log_lines": DRAFT_FP8, **SIDE_BY_SIDE}
         jobs.append(("engine_runner.py", base, f"{pair}-plain"))
         jobs += [("engine_runner.py", {**base, "speculative_config": _spec(draft, k)}, f"{pair}-k{k}") for k in KS]
-    done = {}
+    done, tag = {}, f"dspark_k{''.join(map(str, KS))}{'_adaptive' if ADAPTIVE else ''}{'_draft_fp8' if DRAFT_FP8 else ''}"
     for i in range(0, len(jobs), GROUP):
         group = jobs[i:i + GROUP]
         done.update(zip([name for *_, name in group], run_scripts(group, tmp, GPU_ENV)))
+        # what has run so far, before the oracle: a step cut short still says which engines served and how fast
+        record(f"{tag}_engines", {name: {"seconds": r.get("seconds"), "counters": r.get("spec_decode"),
+                                         "first_tokens": [o["token_ids"][:8] for o in r["outputs"]]}
+                                  for name, r in done.items()})
     out = {}
     for pair in PAIRS:
         kinds = ["plain", *KS]
@@ -85,8 +89,7 @@ def runs(tmp_path_factory) -> dict[str, dict]:
         for i, kind in enumerate(kinds):
             named[kind]["scored"] = oracle["scored"][i * n:(i + 1) * n]
         out[pair] = named
-    record(f"dspark_k{''.join(map(str, KS))}{'_adaptive' if ADAPTIVE else ''}{'_draft_fp8' if DRAFT_FP8 else ''}",
-           {pair: _report(named) for pair, named in out.items()})
+    record(tag, {pair: _report(named) for pair, named in out.items()})
     return out
 
 

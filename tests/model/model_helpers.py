@@ -7,6 +7,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -19,7 +20,9 @@ CPU_ENGINE_ENV = {
     "VLLM_CPU_CI_ENV": "1",
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
 }
-TIMEOUT_S = 900
+# One engine script's limit: a device step sets it below its own (tests/gpu/run_on_device.sh), so a slow engine fails
+# here, with every engine's log tail, instead of being killed with the step and leaving nothing to read.
+TIMEOUT_S = int(os.environ.get("VLLM_LING_ENGINE_TIMEOUT", "900"))
 # transformers' BailingHybrid (the oracle) has no SwiGLU clamps: every engine run judged against it turns ours off
 # (the tiny checkpoints have 6 layers; tests/model/test_moe_reference.py pins the clamps themselves).
 NO_CLAMPS = {"expert_swiglu_limit_list": [0] * 6, "share_expert_swiglu_limit_list": [0] * 6}
@@ -91,10 +94,16 @@ def run_scripts(jobs: list[tuple[str, dict, str]], tmp: Path, env: dict | None =
             proc = subprocess.Popen([sys.executable, str(HERE / script), str(spec_path), str(out_path)],
                                     env=job_env, stdout=log, stderr=subprocess.STDOUT)
             procs.append((script, proc, log, out_path))
+        deadline = time.monotonic() + TIMEOUT_S
         for script, proc, log, _ in procs:
-            if proc.wait(timeout=TIMEOUT_S) != 0:
+            try:
+                rc = proc.wait(timeout=max(deadline - time.monotonic(), 1))
+            except subprocess.TimeoutExpired:
+                raise AssertionError(f"{len(procs)} engine scripts not done in {TIMEOUT_S} s "
+                                     f"(VLLM_LING_ENGINE_TIMEOUT); their logs end:\n" + _tails(procs)) from None
+            if rc != 0:
                 log.seek(0)
-                raise AssertionError(f"{script} failed ({proc.returncode}):\n{log.read()[-12000:]}")
+                raise AssertionError(f"{script} failed ({rc}):\n{log.read()[-12000:]}")
         return [json.loads(out_path.read_text()) for *_, out_path in procs]
     finally:
         for _, proc, log, _ in procs:
@@ -102,6 +111,17 @@ def run_scripts(jobs: list[tuple[str, dict, str]], tmp: Path, env: dict | None =
                 proc.kill()
                 proc.wait()
             log.close()
+
+
+def _tails(procs: list, lines: int = 15) -> str:
+    """The last lines of each job's log, for a timeout's message: which engine was where."""
+    out = []
+    for _, proc, log, out_path in procs:
+        log.flush()
+        text = Path(log.name).read_text(errors="replace").splitlines()
+        out.append(f"--- {out_path.name.removesuffix('.out.json')} ({'running' if proc.poll() is None else 'done'}):")
+        out += text[-lines:]
+    return "\n".join(out)
 
 
 def spec_acceptance(run: dict) -> float:

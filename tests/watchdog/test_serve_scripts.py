@@ -403,6 +403,17 @@ def test_dspark_fp8_asks_for_the_drafters_own_quantization_and_leaves_the_target
     assert "--quantization" not in bf16_target and spec_config(bf16_target)["quantization"] == "ling_fp8"
 
 
+def test_dspark_adaptive_asks_vllm_for_its_adaptive_verification_width():
+    """DSPARK_ADAPTIVE=1 adds vLLM's own key and nothing else; off by default (fixed K, the upstream recipe's)."""
+    _, plain = dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark")
+    _, cmd = dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark", DSPARK_ADAPTIVE="1")
+    assert spec_config(cmd) == {**spec_config(plain), "enable_adaptive_verification": True}
+    assert "enable_adaptive_verification" not in spec_config(plain)
+    assert ServeArgs.parse(cmd).speculative == spec_config(cmd)
+    i = cmd.index("--speculative-config")
+    assert cmd[:i] + cmd[i + 2:] == plain[:i] + plain[i + 2:]
+
+
 def test_a_local_drafter_folder_with_its_config_is_passed_as_a_path(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     spec = spec_config(dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark", DSPARK_MODEL=str(tmp_path))[1])
@@ -443,6 +454,14 @@ def test_a_local_drafter_folder_with_its_config_is_passed_as_a_path(tmp_path):
                                             "weights in FP8). Safe: DSPARK_FP8=0"),
     (dict(DSPARK_FP8="1"), "DSPARK_FP8=1 is for the DSpark drafter's own weights, and SPEC=off drafts with none "
                            "(FP8=1 is the target's). Safe: SPEC=dspark, or DSPARK_FP8=0"),
+    (dict(SPEC="dspark", DSPARK_ADAPTIVE="on"), "DSPARK_ADAPTIVE='on' must be 0 (fixed verification width K) or 1 "
+                                                "(vLLM's adaptive width). Safe: DSPARK_ADAPTIVE=0"),
+    (dict(SPEC="mtp", DSPARK_ADAPTIVE="1"), "DSPARK_ADAPTIVE=1 is DSpark's adaptive verification width, and SPEC=mtp "
+                                            "drafts with no DSpark drafter. Safe: SPEC=dspark, or DSPARK_ADAPTIVE=0"),
+    # vLLM 0.34's VllmConfig refuses it too (seen on a GPU), in a traceback after the watchdog has started
+    (dict(SPEC="dspark", DSPARK_ADAPTIVE="1", EXTRA_ARGS="--max-num-seqs 4 --enforce-eager"),
+     "DSPARK_ADAPTIVE=1 with EXTRA_ARGS --enforce-eager: vLLM's adaptive verification requires full CUDA graphs "
+     "(FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE). Safe: drop --enforce-eager, or DSPARK_ADAPTIVE=0"),
 ])
 def test_a_spec_setting_that_cannot_serve_is_refused_with_the_rule_the_values_and_a_safe_one(env, says):
     r = script("serve-int4.sh", **{"DEVICE": "cuda", **env})
