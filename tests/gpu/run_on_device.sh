@@ -44,6 +44,8 @@
 #   dspark      DSpark with tiny drafters (random, agreeing), K = 1..8 (DSPARK_KS=1,2,3,4 for a subset): lossless
 #               against the oracle, acceptance (~10 for all eight; split the K over two calls); DSPARK_FP8=1:
 #               the drafter's own weights in FP8, DSPARK_ADAPTIVE=1: adaptive width
+#   spec_concurrency  six requests of different lengths together vs each alone, MTP k=1 and DSpark K=4 (agreeing
+#               and random drafter): vLLM #55894's batch-reorder state corruption (three engines, ~4)
 #   spec_smem   every Triton kernel held to GB10's 101,376 B at launch (emulated): MTP k=3, 8 lanes, DSpark K=8 (~5)
 #   dspark_smoke  one eager DSpark engine (echo target, agreeing drafter, K = DSPARK_K or 3): does it plan,
 #               draft and accept? DSPARK_SMOKE="--graphs --adaptive" for CUDA graphs / adaptive width (adaptive
@@ -107,6 +109,7 @@ case $STEP in
     intree_check) run 400 python3 tests/gpu/intree_check.py "$OUT/intree_check.json" ;;
     clamp) run 300 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_clamp_gpu.py ;;
     prefix_cache) run 560 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_prefix_cache_gpu.py ;;
+    spec_concurrency) run 500 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_spec_concurrency_gpu.py ;;
     spec_smem) run 500 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_spec_smem_gpu.py ;;
     dspark_smoke) flags=${DSPARK_SMOKE:-}; tag=${flags//--/_}; tag=${tag// /}
         run "${SMOKE_TIMEOUT:-300}" python3 tests/gpu/dspark_smoke.py "$OUT/dspark_smoke_k${DSPARK_K:-3}$tag.json" \

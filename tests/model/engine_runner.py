@@ -98,11 +98,13 @@ def _request(llm, spec: dict, lines: _Lines, startup: list[str]) -> dict:
              if spec.get("capture_mlp_layers") else [])
     prompts = [TokensPrompt(prompt_token_ids=ids) for ids in spec["prompts"]]
     topk = spec.get("prompt_topk", 0)  # > 0: also return the top-k prompt logprobs per position
-    params = SamplingParams(
-        temperature=0.0, max_tokens=spec.get("max_tokens", 32), ignore_eos=True,
+    # max_tokens: one for all prompts, or one per prompt (requests that finish at different steps)
+    lengths = spec.get("max_tokens", 32)
+    params = [SamplingParams(
+        temperature=0.0, max_tokens=n, ignore_eos=True,
         prompt_logprobs=topk if spec.get("prompt_logprobs", True) else None,
         logprobs=0,
-    )
+    ) for n in (lengths if isinstance(lengths, list) else [lengths] * len(prompts))]
     t1 = time.perf_counter()
     try:
         outputs = llm.generate(prompts, params)
