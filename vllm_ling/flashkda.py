@@ -31,14 +31,17 @@ import torch
 from vllm_ling import compat, startup_log
 
 FLASHKDA, TRITON, TORCH = startup_log.KDA_PREFILL_KERNELS  # the prefill kernels, as the start-up line names them
-ASKABLE = ("auto", "triton", "flashkda")  # --kda-prefill-backend values vllm-ling serves as asked
+# The --kda-prefill-backend values under which FlashKDA serves wherever its contract holds: `flashkda`, and `auto`
+# (vLLM's default; vLLM's own auto serves FlashKDA for its Kimi-K3 and GLM-5.3-Flash layers too). Auto earned it on
+# 2026-12-05 (vLLM 0.34.0, one H100): tests/gpu/test_flashkda_gpu.py held FlashKDA's output and final state to our
+# fp32 recurrence, within Triton's bf16 bars and 2x Triton's error measured beside it, and one layer's prefill ran
+# 2.1-2.4x faster than Triton chunk_kda at 4K-64K tokens (BENCHMARKS.md §KDA prefill). `triton` keeps Triton; every
+# other value (Kimi-K3's flashinfer and fused) serves Triton too. The watchdog's preflight keeps a copy
+# (ling_watchdog.preflight.FLASHKDA_BACKENDS; tests/watchdog/test_preflight.py holds the two to each other).
+SERVES_FLASHKDA = ("auto", "flashkda")
 HEAD_DIM = 128
 LOWER_BOUND_RANGE = (-5.0, 0.0)  # [low, high)
 CAPABILITY_MAJORS = (9, 10, 12)  # sm_90a, sm_100f, sm_120f builds; a GB10 (12.1) runs the sm_120f code
-# What `auto` serves where the contract holds. vLLM's auto serves FlashKDA for its Kimi-K3 and GLM-5.3-Flash layers;
-# ours serves Triton until tests/gpu/test_flashkda_gpu.py has held FlashKDA to our fp32 recurrence and to within
-# K_TIMES of Triton's error on a GPU: until then FlashKDA serves when asked for by name (--kda-prefill-backend flashkda).
-AUTO_SERVES_FLASHKDA = False
 CHUNK = 16  # tokens per tile of FlashKDA's workspace
 TILE_BYTES_PER_HEAD = 3 * CHUNK * HEAD_DIM * 2 + HEAD_DIM * 4 + 2 * CHUNK * CHUNK * 2  # k/q decayed, k restored,
 # g total (fp32), the 16 x 16 inverse and q·k blocks (bf16): 13,824 B per head per tile
@@ -97,13 +100,11 @@ def choose(asked: str, *, on_cpu: bool, gaps: list[str]) -> PrefillChoice:
         return PrefillChoice(TORCH, "the CPU engine: FlashKDA and Triton chunk_kda are CUDA kernels", asked)
     if asked == "triton":
         return PrefillChoice(TRITON, "--kda-prefill-backend triton", asked)
-    if asked not in ASKABLE:
+    if asked not in SERVES_FLASHKDA:
         return PrefillChoice(TRITON, f"--kda-prefill-backend {asked} is a Kimi-K3 kernel vllm-ling does not wire",
                              asked)
     if gaps:
         return PrefillChoice(TRITON, "FlashKDA's contract does not hold: " + "; ".join(gaps), asked)
-    if asked == "auto" and not AUTO_SERVES_FLASHKDA:
-        return PrefillChoice(TRITON, "--kda-prefill-backend auto; FlashKDA serves when asked for by name", asked)
     return PrefillChoice(FLASHKDA, f"--kda-prefill-backend {asked}; bf16, head dim {HEAD_DIM}, bounded gate", asked)
 
 

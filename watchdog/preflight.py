@@ -466,20 +466,23 @@ def spec_tokens(args: ServeArgs, cfg: Config) -> int:
 
 FLASHKDA_CHUNK = 16  # tokens per tile of FlashKDA's workspace
 VLLM_MOST_BATCHED_TOKENS, VLLM_MOST_SEQS = 16384, 1024  # the largest of vLLM 0.34's defaults (engine/arg_utils.py)
-NOT_FLASHKDA = ("triton", "flashinfer", "fused")  # --kda-prefill-backend values that keep FlashKDA off
+# The --kda-prefill-backend values under which the plugin serves FlashKDA where its contract holds: a copy of
+# vllm_ling.flashkda.SERVES_FLASHKDA, which the watchdog may not import (tests/watchdog/test_preflight.py holds the
+# two to each other over every value vLLM accepts).
+FLASHKDA_BACKENDS = ("auto", "flashkda")
 
 
 def prefill_workspace(args: ServeArgs, cfg: Config, dev: Device | None, ctx: int) -> int:
     """FlashKDA's workspace, one rank's: where the plugin runs KDA prefills on FlashKDA (vllm_ling/flashkda.py) it
-    grows vLLM's scratch to the workspace of the largest step before the KV cache is sized. Counted unless
-    --kda-prefill-backend keeps FlashKDA off: under `auto` the plugin serves Triton until FlashKDA is measured on a
-    GPU (`flashkda.AUTO_SERVES_FLASHKDA`), so until then auto is over-counted by this, never under-counted, whichever
-    way that switch goes. The workspace: one 16-token tile per chunk of each sequence, ceil(T / 16) + N tiles
-    for T = max_num_batched_tokens and N = max_num_seqs (at most T), flashkda_bytes_per_tile each, split by heads
-    over the tensor ranks. Unset limits count as vLLM's largest defaults, chunked prefill off as the context.
-    Counted where FlashKDA may serve (a GPU named here or none known): an older GPU that keeps Triton is
-    over-counted by this, never under-counted. 0 on the CPU engine."""
-    if (dev is not None and dev.kind == "cpu") or str(args.values.get("kda_prefill_backend") or "auto") in NOT_FLASHKDA:
+    grows vLLM's scratch to the workspace of the largest step before the KV cache is sized. Counted when
+    --kda-prefill-backend is one that serves FlashKDA (`auto`, the default, or `flashkda`: FLASHKDA_BACKENDS), not
+    under `triton`, `flashinfer` or `fused`, where the plugin serves Triton. The workspace: one 16-token tile per
+    chunk of each sequence, ceil(T / 16) + N tiles for T = max_num_batched_tokens and N = max_num_seqs (at most T),
+    flashkda_bytes_per_tile each, split by heads over the tensor ranks. Unset limits count as vLLM's largest
+    defaults, chunked prefill off as the context. Counted where FlashKDA may serve (a GPU named here or none known):
+    an older GPU that keeps Triton is over-counted by this, never under-counted. 0 on the CPU engine."""
+    backend = str(args.values.get("kda_prefill_backend") or "auto").strip().lower()
+    if (dev is not None and dev.kind == "cpu") or backend not in FLASHKDA_BACKENDS:
         return 0
     tokens = args.max_batched_tokens or (VLLM_MOST_BATCHED_TOKENS if args.chunked_prefill
                                          else max(ctx, VLLM_MOST_BATCHED_TOKENS))

@@ -49,10 +49,7 @@ def test_the_bound_is_inclusive_at_minus_five_and_the_state_may_be_bf16():
     assert gaps(lower_bound=-5.0) == gaps(lower_bound=-0.5) == gaps(state_dtype=torch.bfloat16) == []
 
 
-AUTO = FLASHKDA if flashkda.AUTO_SERVES_FLASHKDA else TRITON  # FlashKDA by name only until measured on a GPU
-
-
-@pytest.mark.parametrize(("asked", "kernel"), [("auto", AUTO), ("AUTO", AUTO), ("", AUTO),
+@pytest.mark.parametrize(("asked", "kernel"), [("auto", FLASHKDA), ("AUTO", FLASHKDA), ("", FLASHKDA),
                                                ("flashkda", FLASHKDA), ("triton", TRITON), ("flashinfer", TRITON),
                                                ("fused", TRITON)])
 def test_vllms_backend_choice_is_honoured_where_the_contract_holds(asked, kernel):
@@ -61,10 +58,26 @@ def test_vllms_backend_choice_is_honoured_where_the_contract_holds(asked, kernel
     assert choice.flashkda == (kernel == FLASHKDA)
 
 
-def test_auto_can_be_held_to_triton_in_one_place(monkeypatch):
-    monkeypatch.setattr(flashkda, "AUTO_SERVES_FLASHKDA", False)
-    assert choose("auto", on_cpu=False, gaps=[]).kernel == TRITON
-    assert choose("flashkda", on_cpu=False, gaps=[]).kernel == FLASHKDA
+def test_auto_serves_flashkda_as_the_named_backend_does():
+    """vLLM's default: FlashKDA wherever its contract holds (measured against our fp32 recurrence and Triton on an
+    H100, tests/gpu/test_flashkda_gpu.py); the line names the backend it was asked under."""
+    auto, named = choose("auto", on_cpu=False, gaps=[]), choose("flashkda", on_cpu=False, gaps=[])
+    assert auto.kernel == named.kernel == FLASHKDA
+    assert auto.reason == "--kda-prefill-backend auto; bf16, head dim 128, bounded gate"
+    assert flashkda.SERVES_FLASHKDA == ("auto", "flashkda")
+
+
+def test_of_every_value_vllm_accepts_only_auto_and_flashkda_serve_flashkda():
+    """Read from vLLM's own parser: a value it adds later serves Triton until we wire it (and the watchdog's copy,
+    tests/watchdog/test_preflight.py, is held to this)."""
+    pytest.importorskip("vllm")
+    from ling_watchdog import vllm_parse
+
+    parser, _ = vllm_parse.parser_and_validator()
+    (action,) = [a for a in parser._actions if a.dest == "kda_prefill_backend"]
+    assert {"auto", "triton", "flashkda"} <= set(action.choices)
+    served = {asked for asked in action.choices if choose(asked, on_cpu=False, gaps=[]).flashkda}
+    assert served == {"auto", "flashkda"}
 
 
 def test_outside_the_contract_triton_serves_and_says_why_failing_only_when_flashkda_was_named():
@@ -228,8 +241,8 @@ def test_the_cpu_layer_logs_its_torch_prefill_once_and_declares_no_prefill_check
 
 
 @pytest.mark.parametrize(("asked", "capability", "kernel", "level"), [
-    ("flashkda", (12, 1), FLASHKDA, "INFO"), ("auto", (12, 1), AUTO, "INFO"), ("triton", (12, 1), TRITON, "INFO"), ("auto", (8, 0), TRITON, "INFO"),
-    ("flashkda", (8, 0), TRITON, "WARNING")])
+    ("flashkda", (12, 1), FLASHKDA, "INFO"), ("auto", (12, 1), FLASHKDA, "INFO"), ("auto", (9, 0), FLASHKDA, "INFO"),
+    ("triton", (12, 1), TRITON, "INFO"), ("auto", (8, 0), TRITON, "INFO"), ("flashkda", (8, 0), TRITON, "WARNING")])
 def test_a_cuda_layer_picks_logs_and_reserves(monkeypatch, caplog, asked, capability, kernel, level):
     """The layer as it would be built on a GPU (platform queries stood in for): the choice, its one line (a warning
     when FlashKDA was named and does not serve), and the engine's workspace reserved only for FlashKDA."""

@@ -293,9 +293,12 @@ def _prefill_line(kernel: str, why: str, level: str = "INFO") -> str:
 
 
 def test_the_flashkda_line_says_which_kernel_runs_kda_prefills():
-    on = _by_name(inspect_log(V033_LOG + _prefill_line("FlashKDA", "--kda-prefill-backend auto; bf16, head dim 128, "
-                                                       "bounded gate"), Requested()))["FlashKDA"]
+    from vllm_ling import flashkda
+
+    auto = flashkda.choose("auto", on_cpu=False, gaps=[])  # the plugin's own line under vLLM's default, on a GPU
+    on = _by_name(inspect_log(V033_LOG + _prefill_line(auto.kernel, auto.reason), Requested()))["FlashKDA"]
     assert on.on and not on.failed and on.line().startswith("FlashKDA         ON") and "head dim 128" in on.why
+    assert on.why.startswith("--kda-prefill-backend auto")
     why = "FlashKDA's contract does not hold: CUDA capability (8, 0) (FlashKDA is built for majors (9, 10, 12))"
     off = _by_name(inspect_log(V033_LOG + _prefill_line("Triton chunk_kda", why), Requested()))["FlashKDA"]
     assert off.state == "OFF" and off.why == f"KDA prefill on Triton chunk_kda: {why}"

@@ -175,7 +175,27 @@ def test_no_flashkda_workspace_where_triton_serves_the_prefill():
     assert _workspace(recipe, dev=CPU) == 0
     for backend in ("triton", "flashinfer", "fused"):
         assert _workspace(f"{recipe} --kda-prefill-backend {backend}") == 0
-    assert _workspace(f"{recipe} --kda-prefill-backend flashkda") == _workspace(recipe)
+    assert _workspace(f"{recipe} --kda-prefill-backend flashkda") == _workspace(recipe) == 227_377_152
+    assert _workspace(f"{recipe} --kda-prefill-backend auto") == _workspace(recipe)  # auto serves FlashKDA
+
+
+def test_the_workspace_is_counted_exactly_where_the_plugin_serves_flashkda():
+    """The watchdog may not import the plugin, so it keeps its own copy of which --kda-prefill-backend values serve
+    FlashKDA (preflight.FLASHKDA_BACKENDS); over every value vLLM's parser accepts, unset too, it counts the
+    workspace exactly where vllm_ling.flashkda.choose serves FlashKDA on a GPU inside the contract."""
+    from ling_watchdog import vllm_parse
+    from ling_watchdog.preflight import FLASHKDA_BACKENDS
+
+    from vllm_ling import flashkda
+
+    assert FLASHKDA_BACKENDS == flashkda.SERVES_FLASHKDA
+    parser, _ = vllm_parse.parser_and_validator()
+    (action,) = [a for a in parser._actions if a.dest == "kda_prefill_backend"]
+    recipe = RECIPE + " --max-num-seqs 2"
+    for asked in (None, *action.choices):
+        cmd = recipe if asked is None else f"{recipe} --kda-prefill-backend {asked}"
+        served = flashkda.choose(asked or "", on_cpu=False, gaps=[]).flashkda
+        assert (_workspace(cmd, dev=H200) > 0) == served, asked
 
 
 def test_the_flashkda_workspace_without_limits_counts_vllms_largest_defaults():
