@@ -45,7 +45,7 @@
 #               against the oracle, acceptance (~10 for all eight; split the K over two calls); DSPARK_FP8=1:
 #               the drafter's own weights in FP8, DSPARK_ADAPTIVE=1: adaptive width
 #   spec_concurrency  six requests of different lengths together vs each alone, MTP k=1 and DSpark K=4 (agreeing
-#               and random drafter): vLLM #55894's batch-reorder state corruption (three engines, ~4)
+#               and random drafter): a drafter's batch reorder must not corrupt recurrent state (three engines, ~4)
 #   spec_smem   every Triton kernel held to GB10's 101,376 B at launch (emulated): MTP k=3, 8 lanes, DSpark K=8 (~5)
 #   dspark_smoke  one eager DSpark engine (echo target, agreeing drafter, K = DSPARK_K or 3): does it plan,
 #               draft and accept? DSPARK_SMOKE="--graphs --adaptive" for CUDA graphs / adaptive width (adaptive
