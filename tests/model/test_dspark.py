@@ -364,6 +364,24 @@ def test_normalise_puts_lings_drafter_on_vllms_qwen3_dspark_path():
     assert normalise_draft_config(dict(qwen3)) == qwen3  # other drafters untouched
 
 
+def test_normalise_reads_the_dflash_config_nesting_vllm_accepts():
+    """A drafter converted to the `dflash_config` nesting (vLLM's DFlash/DSpark readers accept it; a published Qwen3
+    DSpark config nests markov_rank, markov_head_type and use_confidence_head there) reaches vLLM's Qwen3 DSpark
+    model, which reads top-level keys only, with its Markov and confidence heads."""
+    from vllm_ling.draft.dspark import normalise_draft_config
+
+    nested = {"architectures": ["LingDSparkModel"], "model_type": "qwen3", "block_size": 8,
+              "dflash_config": {"mask_token_id": 156892, "target_layer_ids": [1, 11, 23, 29, 35],
+                                "markov_head_type": "vanilla", "markov_rank": 256, "projector_type": "dspark",
+                                "use_confidence_head": True, "confidence_head_with_markov": True}}
+    c = normalise_draft_config(nested)
+    assert (c["markov_rank"], c["markov_head_type"]) == (256, "vanilla")
+    assert c["enable_confidence_head"] is True and c["confidence_head_with_markov"] is True
+    assert c["dspark_target_layer_ids"] == [1, 11, 23, 29, 35] and c["mask_token_id"] == 156892
+    off = normalise_draft_config({"architectures": ["LingDSparkModel"], "dspark_markov_rank": 256})
+    assert "enable_confidence_head" not in off  # nothing said: vLLM's default (no head) stands
+
+
 def test_normalise_refuses_two_spellings_that_disagree():
     from vllm_ling.draft.dspark import normalise_draft_config
 
@@ -630,6 +648,11 @@ def test_our_drafter_class_refuses_missing_tensors_and_checks_its_head(fp8_targe
     drafter.load_weights(tensors.items())
     with pytest.raises(ValueError, match="lacks markov_head.markov_w2.weight"):
         drafter.load_weights((n, t) for n, t in tensors.items() if n != "markov_head.markov_w2.weight")
+    assert any(n.startswith("confidence_head.") for n in tensors)  # the tiny drafter has one, as the released does
+    drafter.config["enable_confidence_head"] = False  # a config spelling the head in a way we did not read
+    with pytest.raises(ValueError, match=r"holds confidence_head\.proj\.bias, confidence_head\.proj\.weight, and its "
+                                         r"config turns the confidence head off.*enable_confidence_head"):
+        drafter.load_weights(tensors.items())
     drafter.lm_head, drafter.model = fp8_target.lm_head, nn.Module()
     drafter.model.embed_tokens = fp8_target.model.embed_tokens
     drafter._check_shares_once()

@@ -24,11 +24,18 @@ QWEN3_DSPARK_ARCH = "Qwen3DSparkModel"
 SOURCE_KEY = "vllm_ling_dspark_source"  # the architecture the checkpoint named, kept after the rename
 FIX = "serve the drafter trained for this target (inclusionAI/Ling-3.0-flash-dspark for Ling-3.0-flash)"
 
-# vLLM's key <- the spellings drafter configs use, in SGLang's order of preference (its DSpark config parser).
+# vLLM's key <- the spellings drafter configs use, in SGLang's order of preference (its DSpark config parser), and
+# the `dflash_config` nesting vLLM's own DFlash/DSpark config readers accept (a converted Qwen3 DSpark drafter nests
+# markov_rank, markov_head_type and use_confidence_head there). vLLM's Qwen3 DSpark model reads the top-level keys.
 ALIASES: dict[str, tuple[str, ...]] = {
     "block_size": ("dspark_block_size", "block_size", "dflash_config.block_size", "dspark_config.block_size"),
-    "markov_rank": ("dspark_markov_rank", "markov_rank", "dspark_config.markov_rank"),
-    "markov_head_type": ("dspark_markov_head_type", "markov_head_type", "dspark_config.markov_head_type"),
+    "markov_rank": ("dspark_markov_rank", "markov_rank", "dflash_config.markov_rank", "dspark_config.markov_rank"),
+    "markov_head_type": ("dspark_markov_head_type", "markov_head_type", "dflash_config.markov_head_type",
+                         "dspark_config.markov_head_type"),
+    "enable_confidence_head": ("enable_confidence_head", "use_confidence_head", "dflash_config.use_confidence_head",
+                               "dflash_config.enable_confidence_head", "dspark_config.enable_confidence_head"),
+    "confidence_head_with_markov": ("confidence_head_with_markov", "dflash_config.confidence_head_with_markov",
+                                    "dspark_config.confidence_head_with_markov"),
     "dspark_target_layer_ids": ("dspark_target_layer_ids", "target_layer_ids", "dflash_config.target_layer_ids",
                                 "dspark_config.target_layer_ids"),
     "mask_token_id": ("dspark_noise_token_id", "mask_token_id", "dflash_config.mask_token_id",
@@ -168,12 +175,19 @@ def required_tensors(draft: Any) -> list[str]:
 
 
 def check_drafter_tensors(draft: Any, names: Iterable[str]) -> None:
-    """Raise ValueError naming the tensors a drafter's checkpoint lacks (a Markov head left out, ...)."""
+    """Raise ValueError naming the tensors a drafter's checkpoint lacks (a Markov head left out, ...), or holding a
+    confidence head its config turns off: vLLM would drop those tensors without a word, and adaptive verification
+    would then run on its own acceptance estimate instead of the trained head (a config spelling we misread)."""
     have = set(names)
     missing = [n for n in required_tensors(draft) if n not in have]
     if missing:
         shown = ", ".join(missing[:6]) + (f" and {len(missing) - 6} more" if len(missing) > 6 else "")
         raise ValueError(f"vllm-ling: the DSpark drafter's checkpoint lacks {shown}. Fix: {FIX}.")
+    unread = sorted(n for n in have if n.startswith("confidence_head."))
+    if unread and not _get(draft, "enable_confidence_head"):
+        raise ValueError(f"vllm-ling: the DSpark drafter's checkpoint holds {', '.join(unread)}, and its config "
+                         f"turns the confidence head off (none of {', '.join(ALIASES['enable_confidence_head'])} is "
+                         f"true). Fix: set \"enable_confidence_head\": true in the drafter's config.json, or {FIX}.")
 
 
 def check_draft_shares_target(draft: Any) -> str:
