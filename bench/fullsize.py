@@ -34,6 +34,13 @@ each position; `refill_rates_match_engine` says whether the refill's rates for t
 for it; the drafter's weights are `drafter_weight_gib`. A round's cost over a plain step is its ms over a `--mode
 graphs` run's `decode_step_ms`.
 
+Lanes: `--lanes 1,2,4,8` also decodes that many requests together after the batch-1 phases (the engine admits
+max(lanes) sequences), each lane count's step in ms, per-request and aggregate tok/s (a round's tokens counted, so
+speculative modes too). `--smem-limit 101376` holds every Triton kernel the process launches to a GB10's shared
+memory per block (`ling_tuning.smem.emulate_launch_limit`, with the KDA autotune guard at the same limit through
+LING_SMEM_LIMIT) and records the most each kernel asked for: a kernel over the limit fails the run as it would
+fail a Spark (CUDA kernels are not emulated).
+
 Which model serves: `--impl ours|vllm` (VLLM_LING_MODEL), or `vllm-bare` (vLLM as installed, no plugin at all:
 VLLM_PLUGINS=none). `--fp8 w8a16|w8a8` serves with `--quantization ling_fp8` (`--fp8-scheme block|channel`: its
 scales, VLLM_LING_FP8_SCHEME; vllm_ling.fp8's default when not given); `--moe-backend
@@ -499,7 +506,8 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
         acceptance_lengths: list[float] | None = None, moe_backend: str | None = None,
         router: str | None = None, moe_align: str | None = None, kda_gate: str | None = None,
         router_gemm: str | None = None, draft_vocab: int | None = None, fp8_scheme: str | None = None,
-        k: int | None = None, adaptive: bool = False, draft_fp8: bool = False) -> dict:
+        k: int | None = None, adaptive: bool = False, draft_fp8: bool = False, lanes: list[int] | None = None,
+        smem_limit: int | None = None) -> dict:
     k = check_spec(mode, k, adaptive, acceptance_lengths, impl, draft_fp8)
     acceptance_length, more_lengths = (acceptance_lengths[0], acceptance_lengths[1:]) if acceptance_lengths \
         else (None, [])
@@ -514,6 +522,12 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
         os.environ[GATE_ENV] = kda_gate
     if router_gemm:
         os.environ[GEMM_ENV] = router_gemm
+    launched = None
+    if smem_limit:  # before the engine: every kernel it compiles and launches is held to the limit
+        from ling_tuning.smem import SMEM_LIMIT_ENV, emulate_launch_limit
+
+        os.environ[SMEM_LIMIT_ENV] = str(smem_limit)
+        launched = emulate_launch_limit(smem_limit)
     import torch
     from vllm import LLM
 
@@ -529,7 +543,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     drafter = write_dummy_drafter(model) if mode == "dspark" else None
     t0 = time.perf_counter()
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True,
-              max_model_len=max(prefill, default=0) + decode + 64, max_num_seqs=1, max_num_batched_tokens=chunk,
+              max_model_len=max(prefill, default=0) + decode + 64, max_num_seqs=max(lanes or [1]), max_num_batched_tokens=chunk,
               gpu_memory_utilization=util, enable_prefix_caching=False, seed=0, disable_log_stats=k is None,
               **_engine_kwargs(mode, fp8, acceptance_length, moe_backend, draft_vocab, fp8_scheme, k, adaptive,
                                drafter, draft_fp8))
@@ -544,7 +558,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
                     "cudagraph_mode": _cudagraph_mode(llm),
                     "acceptance_length_synthetic": acceptance_length, "moe_backend_asked": moe_backend or "auto",
                     "k": k, "adaptive": adaptive, "drafter": drafter, "draft_fp8": draft_fp8,
-                    "draft_vocab": draft_vocab,
+                    "draft_vocab": draft_vocab, "smem_limit": smem_limit,
                     "router_asked": envs.asked(ROUTER_ENV) if impl == "ours" else None,
                     "moe_align_asked": envs.asked(ALIGN_ENV),
                     "router_gemm_asked": envs.asked(GEMM_ENV) if impl == "ours" else None,
@@ -573,6 +587,10 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
         except Exception as e:  # noqa: BLE001
             result["kernels"] = {"error": f"{type(e).__name__}: {e}"[:500]}
             _progress(t0, f"kernel profile failed: {result['kernels']['error']}")
+    if lanes:
+        result["lanes"] = {str(n): _lanes_phase(llm, n, vocab, decode, repeats) for n in lanes}
+        _progress(t0, "lanes: " + ", ".join(f"{n}: {r['aggregate_tok_s']:.1f} tok/s"
+                                             for n, r in result["lanes"].items()))
     accepted = 0.0
     if k:
         result["spec_decode"] = _spec_counters(llm)  # the whole run's, warm-up included
@@ -603,6 +621,8 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     # no figure of its own for it: its "Model loading took" covers target and draft together
     result["drafter_weight_gib"] = memory.get("draft_param_storage_gib") if drafter else None
     result["log"] = log.lines[:40]
+    if launched is not None:
+        result["triton_smem"] = dict(sorted(launched.items(), key=lambda kv: -kv[1]))
     copy_gbs = copy_bandwidth_gbs()
     result["roofline"] = roofline(model, mode, len(short) + decode // 2, step, copy_gbs, accepted, bool(fp8), k,
                                   draft_fp8)
@@ -611,6 +631,19 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
                  **roofline(model, mode, n + decode // 2, s, copy_gbs, accepted, bool(fp8), k, draft_fp8)}
         for n, s in at_context.items()}
     return result
+
+
+def _lanes_phase(llm, n: int, vocab: int, decode: int, repeats: int) -> dict:
+    """`n` short requests decoding together: the extra time of `decode` more tokens each over a 1-token batch
+    (medians), as a step in ms, per-request and aggregate tok/s."""
+    rng = random.Random(n)
+    prompts = [[rng.randrange(10, vocab) for _ in range(32)] for _ in range(n)]
+    timed(llm, prompts, decode)  # warm-up: a batch of this size's first graphs and kernels
+    one = statistics.median(timed(llm, prompts, 1) for _ in range(repeats))
+    many = statistics.median(timed(llm, prompts, decode + 1) for _ in range(repeats))
+    seconds = many - one
+    return {"step_ms": 1e3 * seconds / decode, "per_request_tok_s": decode / seconds,
+            "aggregate_tok_s": n * decode / seconds}
 
 
 def _kernel_totals(llm, prompt: list[int], decode: int) -> dict:
@@ -639,6 +672,16 @@ def _lengths(text: str) -> list[float]:
     if not values or min(values) < 1.0:
         raise argparse.ArgumentTypeError(f"{text!r}: an acceptance length is the tokens a round yields, >= 1 "
                                          f"(and <= k + 1: checked against --k)")
+    return values
+
+
+def _counts(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected whole numbers, e.g. 1,2,4,8") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: a lane count is at least 1, e.g. 1,2,4,8")
     return values
 
 
@@ -683,6 +726,9 @@ def main(argv: list[str] | None = None) -> int:
                          ">= 0.32) or computed by ours before the op (the default on 0.26)")
     ap.add_argument("--draft-vocab", type=int, metavar="N",
                     help="mtp: the draft proposes among ids 0..N-1 only (a draft vocabulary, vllm_ling.draft.vocab)")
+    ap.add_argument("--lanes", type=_counts, help="also decode this many requests together, e.g. 1,2,4,8")
+    ap.add_argument("--smem-limit", type=int, metavar="BYTES",
+                    help="hold every Triton kernel to this much shared memory per block at launch (GB10: 101376)")
     ap.add_argument("--out", help="write the JSON result here")
     a = ap.parse_args(argv)
     try:  # refused here, a mistake costs no engine start
@@ -693,7 +739,7 @@ def main(argv: list[str] | None = None) -> int:
     prefill = [int(x) for x in a.prefill.split(",") if x]
     result = run(a.model, a.mode, prefill, a.decode, a.repeats, a.util, a.chunk, a.impl, a.fp8, a.kernels,
                  a.acceptance_length, a.moe_backend, a.router, a.moe_align, a.kda_gate, a.router_gemm, a.draft_vocab,
-                 a.fp8_scheme, a.k, a.adaptive, a.draft_fp8)
+                 a.fp8_scheme, a.k, a.adaptive, a.draft_fp8, a.lanes, a.smem_limit)
     text = json.dumps(result, indent=2)
     print(text)
     if a.out:

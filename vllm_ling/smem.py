@@ -51,9 +51,7 @@ def platform_smem_limit() -> int | None:
     through NVML): safe in `register()`, which runs in the API server too. None off CUDA or when unknown."""
     if (limit := env_limit()) is not None:
         return limit
-    from vllm.platforms import current_platform
+    from vllm_ling.compat import cuda_capability  # imports vLLM: never on the watchdog's by-path load of this file
 
-    if not current_platform.is_cuda():
-        return None
-    capability = current_platform.get_device_capability()
-    return SMEM_PER_BLOCK.get((capability.major, capability.minor)) if capability is not None else None
+    capability = cuda_capability()
+    return SMEM_PER_BLOCK.get(capability) if capability is not None else None

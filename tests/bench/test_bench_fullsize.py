@@ -10,7 +10,7 @@ import pytest
 
 # the draft vocabulary gathers per-channel FP8 head rows (vllm_ling/draft/vocab.py): its run asks for channel scales
 @pytest.mark.engine
-@pytest.mark.parametrize("mode, extra", [("eager", []), ("mtp", ["--draft-vocab", "512", "--fp8", "w8a8", "--fp8-scheme", "channel"]), ("eager", ["--fp8", "w8a8", "--fp8-scheme", "block", "--router", "vllm", "--moe-align", "ours", "--router-gemm", "vllm"])])
+@pytest.mark.parametrize("mode, extra", [("eager", ["--lanes", "1,3"]), ("mtp", ["--draft-vocab", "512", "--fp8", "w8a8", "--fp8-scheme", "channel"]), ("eager", ["--fp8", "w8a8", "--fp8-scheme", "block", "--router", "vllm", "--moe-align", "ours", "--router-gemm", "vllm"])])
 def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode, extra):
     pytest.importorskip("vllm")
     from ling_tools.tiny import ensure_tiny
@@ -49,6 +49,13 @@ def test_fullsize_reports_prefill_decode_and_mode(tmp_path, mode, extra):
     assert r["router_gemm_asked"] == ("vllm" if others else "ours")  # asked; the CPU engine keeps GateLinear
     assert r["draft_vocab"] == (512 if mode == "mtp" else None)
     assert any(not line.startswith("vllm-ling:") for line in r["log"]), r["log"]  # vLLM's own lines reach it too
+    if "--lanes" in extra:  # three requests decoding together: each slower than alone, all three faster
+        lanes = r["lanes"]
+        assert set(lanes) == {"1", "3"} and all(v["step_ms"] > 0 for v in lanes.values())
+        assert lanes["3"]["aggregate_tok_s"] == pytest.approx(3 * lanes["3"]["per_request_tok_s"])
+        assert lanes["1"]["aggregate_tok_s"] == pytest.approx(lanes["1"]["per_request_tok_s"])
+    else:
+        assert "lanes" not in r
     if mode == "mtp":  # the draft proposed among ids 0..511 only, over rows gathered from the FP8 head
         assert any("proposes among 512 of" in line and "float8_e4m3fn" in line for line in r["log"]), r["log"]
     if fp8:
@@ -131,6 +138,15 @@ def test_acceptance_lengths_outside_k1_range_are_refused(text, capsys):
     with pytest.raises(SystemExit) as e:
         main(["/nonexistent", "--mode", "mtp", "--acceptance-length", text])
     assert e.value.code == 2 and "acceptance" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["0,2", "two", ""])
+def test_lane_counts_must_be_whole_and_positive(text, capsys):
+    from ling_bench.fullsize import main
+
+    with pytest.raises(SystemExit):
+        main(["/nonexistent", "--lanes", text])
+    assert "--lanes" in capsys.readouterr().err
 
 
 def test_several_lengths_need_a_speculative_mode():

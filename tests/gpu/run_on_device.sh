@@ -28,6 +28,8 @@
 #               Speculative rounds at synthetic acceptance, several lengths on one engine (L <= k + 1), e.g.
 #               fs:mtp3:--mode+mtp+--k+3+--prefill=+--acceptance-length+3.5,2.5 or
 #               fs:dspark8:--mode+dspark+--k+8+--prefill=+--acceptance-length+6.5,5.3,3.5 (+--adaptive)
+#               Lanes under GB10's shared memory (emulated for Triton kernels), e.g.
+#               fs:lanes:--fp8+w8a8+--prefill=+--lanes+1,2,4,8+--smem-limit+101376 (+--mode+mtp)
 #   engine_moe  INT4 MoE backends raced as decode steps, one engine each (ling_tuning.engine_compare), M = 1..1024,
 #               ENGINE_BACKENDS (marlin,humming); engine logs tailed into engine_moe.log  (3.9 measured)
 #   engine_race the same race as a test: served backend = asked, timed at M = 1, 8, 64 (2 layers)  (5.1 measured)
