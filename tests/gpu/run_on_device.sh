@@ -52,7 +52,7 @@
 #   dspark_smoke  one eager DSpark engine (echo target, agreeing drafter, K = DSPARK_K or 3): does it plan,
 #               draft and accept? DSPARK_SMOKE="--graphs --adaptive" for CUDA graphs / adaptive width (adaptive
 #               needs graphs). 4.1 min on a fresh machine (Triton JIT), 1 warm (eager); writes dspark_smoke_kK_FLAGS.json
-#   prefix_cache  cached continuations equal uncached ones (bf16, CUDA graphs), hits with MTP on (~4)
+#   prefix_cache  cached continuations equal uncached ones (bf16, CUDA graphs), hits with MTP and with DSpark on (~5)
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
 # A machine idle for 30 s goes back (and the bundle must be stashed again: ~2.2 min): run the stash

@@ -5,7 +5,9 @@ boundary, one token past it, mid-block, inside a longer prompt, evicted; two con
 checkpoint), sized in the block this engine picks: a short probe engine reads the block size first. Two engines
 then run side by side, both with prefix caching on: the tiny checkpoint (a pool of POOL_BLOCKS blocks, so the flood
 evicts) and `mtp_echo` with MTP k=1, where vLLM #54360 reports hits silently disabled for hybrid models: here every
-boundary case must hit, with speculation on. Cached vs uncached (the same target after `reset_prefix_cache()` in
+boundary case must hit, with speculation on; and a third, `mtp_echo` with DSpark K=4 and the agreeing tiny drafter,
+whose own KV lives in a block of its own (docs/dspark.md §KV block) and whose hits vLLM keeps whole (a DSpark
+drafter's KV at a position comes from the target's hidden state alone, so no trailing block is dropped). Cached vs uncached (the same target after `reset_prefix_cache()` in
 the same engine), in bf16: greedy tokens equal up to the first place they part, and that place must be a near-tie
 (the two chosen tokens' logprobs within DECIDED nats) while the logprobs before it agree within
 BF16_FLIP_MAX_MARGIN; a sequence resuming from a wrong checkpoint fails both at once.
@@ -39,6 +41,7 @@ def _base(model: str, rounds: list[dict], block: int) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
     from ling_tools.tiny import ensure_tiny
+    from ling_tools.tiny.dspark import make_tiny_dspark
 
     tmp = tmp_path_factory.mktemp("prefix-cache-gpu")
     tiny, echo = str(ensure_tiny(seed=0)), str(ensure_tiny(variant="mtp_echo"))
@@ -49,9 +52,13 @@ def runs(tmp_path_factory) -> dict:
     plain = {**_base(tiny, _rounds(block, flood), block),
              "engine_kwargs": {"num_gpu_blocks_override": POOL_BLOCKS}}
     mtp = {**_base(echo, _rounds(block, (0, 0)), block), "speculative_config": MTP}
-    out_plain, out_mtp = run_scripts([("engine_runner.py", plain, "plain"), ("engine_runner.py", mtp, "mtp")],
-                                     tmp, GPU_ENV)
-    result = {"block": block, "flood": flood, "plain": out_plain, "mtp": out_mtp}
+    drafter = make_tiny_dspark(tmp / "drafter", echo, agree=True)
+    dspark = {**_base(echo, _rounds(block, (0, 0)), block), "speculative_config": {
+        "method": "dspark", "model": str(drafter), "num_speculative_tokens": 4, "attention_backend": "FLASH_ATTN"}}
+    out_plain, out_mtp, out_dspark = run_scripts(
+        [("engine_runner.py", plain, "plain"), ("engine_runner.py", mtp, "mtp"),
+         ("engine_runner.py", dspark, "dspark")], tmp, GPU_ENV)
+    result = {"block": block, "flood": flood, "plain": out_plain, "mtp": out_mtp, "dspark": out_dspark}
     record("prefix_cache", result)
     return result
 
@@ -70,7 +77,7 @@ def _assert_bf16_same(name: str, got: dict, want: dict) -> None:
         assert gap < DECIDED, f"{name}: parts from the uncached run at new token {first}, not a tie ({gap:.3f})"
 
 
-ENGINES = ["plain", "mtp"]
+ENGINES = ["plain", "mtp", "dspark"]
 
 
 @pytest.mark.parametrize("engine", ENGINES)
@@ -107,21 +114,22 @@ def _expected_hits(engine: str, shared: int, block: int) -> int:
 @pytest.mark.parametrize("engine", ENGINES)
 def test_prefixes_hit_at_block_boundaries_with_mtp_too(runs, engine):
     """#54360: with the MTP drafter on, hits still happen: as many as without it, but where the shared prefix ends
-    exactly on a block boundary (`_expected_hits`)."""
+    exactly on a block boundary (`_expected_hits`); with DSpark's, as many as without it everywhere."""
     block, cases = runs["block"], _cases(runs["block"])
     for name in BOUNDARY_CASES:
         hits, want = _round(runs[engine], name)["hits"], _expected_hits(engine, cases[name][2], block)
         assert hits == want, f"{engine} {name}: {hits} prefix-cache hits, not {want}"
     concurrent = [o["cached_tokens"] for o in _round(runs[engine], "concurrent")["outputs"]]
     assert len(_concurrent(block)) == 3  # a warm prompt and two targets sharing its first two blocks exactly
-    if engine == "plain":
+    if engine != "mtp":
         assert concurrent == [2 * block] * 2
     else:  # exactly on the boundary: one block less at most (what the first target's own prefill checkpointed)
         assert all(c in (0, block) for c in concurrent), concurrent
 
 
-def test_mtp_drafts(runs):
-    assert runs["mtp"]["spec_decode"].get("num_drafts", 0) > 0, "MTP never drafted"
+@pytest.mark.parametrize("engine", ["mtp", "dspark"])
+def test_the_drafter_drafts(runs, engine):
+    assert runs[engine]["spec_decode"].get("num_drafts", 0) > 0, f"{engine} never drafted"
 
 
 def test_an_evicted_prefix_is_recomputed(runs):
