@@ -43,8 +43,8 @@
 #   clamp       the routed experts' SwiGLU clamp as vLLM's fused MoE serves it (BF16 Triton, INT4 Marlin/Triton/Humming) vs the fp64 reference (~2)
 #   config      a tiny Ling-2.5 served with vllm-ling installed; the full-size config through the in-tree model
 #               under each config class (CONFIG_K selects cases)                                  (~8)
-#   dspark      DSpark with tiny drafters (random, agreeing), K = 1..8 (DSPARK_KS=1,2,3,4 for a subset): lossless
-#               against the oracle, acceptance (~10 for all eight; split the K over two calls); DSPARK_FP8=1:
+#   dspark      DSpark with tiny drafters (random, agreeing), K = 1..8 (DSPARK_KS=1,8 for a subset): lossless
+#               against the oracle, acceptance (two K a call: 1, 4, 8 on a cold machine ran past 570 s); DSPARK_FP8=1:
 #               the drafter's own weights in FP8, DSPARK_ADAPTIVE=1: adaptive width
 #   spec_concurrency  six requests of different lengths together vs each alone, MTP k=1 and DSpark K=4 (agreeing
 #               and random drafter): a drafter's batch reorder must not corrupt recurrent state (three engines, ~4)
