@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from watchdog_harness import FAKE, FAST, FAULT_MARK, Tree, free_port, inject, launched_pid, read_jsonl, tagged
+from watchdog_harness import (FAKE, FAST, FAULT_MARK, Tree, ask_over_context, free_port, inject, launched_pid,
+                              read_jsonl, tagged)
 
 FAULT_EVENTS = ("stall", "wedge", "crash", "memory_guard")
 EXITS = {0: "server stopped on purpose", 2: "refused by preflight", 3: "gave up", 4: "memory guard",
@@ -42,6 +43,7 @@ class Scenario:
     recovers: bool = False  # a fault that the watchdog must act on, then serve again
     harmless: bool = False  # not a fault: any kill is a false one (slow JIT, busy, a server with a key)
     inflict: str | None = None  # once serving: kill_engine | kill_worker | kill_api | stop_engine
+    over_context: int | None = None  # once serving: ask for a prompt over this context, then a short one
     model: str = "fake-model"
     port: int | None = None  # None: a free one
     serve: tuple[str, ...] = ()  # more serve flags
@@ -114,7 +116,7 @@ def run(sc: Scenario, workdir: Path, command: Command = fake_command, timeout: f
     tag, log_dir = f"ft-{uuid.uuid4().hex[:8]}", workdir / uuid.uuid4().hex[:6]
     cmd, env = command(sc, log_dir, tag)
     wd = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    tree, inflicted = Tree(wd.pid), None
+    tree, inflicted, asked = Tree(wd.pid), None, None
     deadline = time.time() + timeout
     while wd.poll() is None and time.time() < deadline:
         tree.sample()
@@ -122,6 +124,8 @@ def run(sc: Scenario, workdir: Path, command: Command = fake_command, timeout: f
         if sc.inflict and inflicted is None and _serving(events, False):
             inflicted = inject(sc.inflict, launched_pid(events))
         elif sc.end == "serving" and (not sc.inflict or inflicted) and _serving(events, sc.recovers):
+            if sc.over_context is not None:
+                asked = ask_over_context(sc.port, sc.over_context)
             time.sleep(sc.hold_s)
             wd.send_signal(sc.kill)
             break
@@ -137,6 +141,8 @@ def run(sc: Scenario, workdir: Path, command: Command = fake_command, timeout: f
         p.kill()
     log = (log_dir / "serve.log").read_text(errors="replace") if (log_dir / "serve.log").exists() else ""
     row = _row(sc, read_jsonl(log_dir / "events.jsonl"), log, rc, len(left), inflicted)
+    if asked is not None:
+        row["asked"] = asked
     if secret := _secret(sc):  # the key, anywhere the watchdog wrote (serve.log, events.jsonl, status)
         status = subprocess.run([sys.executable, "-m", "ling_watchdog", "status", "--log-dir", str(log_dir)],
                                 capture_output=True, text=True).stdout

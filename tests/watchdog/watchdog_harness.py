@@ -66,6 +66,28 @@ def inject(action: str, api_pid: int) -> float:
     return t
 
 
+def ask_over_context(port: int, context: int) -> dict[str, dict]:
+    """What a client over the context gets from a live server, and what the next one gets: a completion whose
+    prompt is `context` + 8 token ids, then an 8-token one. Each: the HTTP status and the start of the body."""
+    import urllib.error
+    import urllib.request
+
+    base = f"http://127.0.0.1:{port}"
+    with urllib.request.urlopen(f"{base}/v1/models", timeout=30) as resp:
+        model = json.load(resp)["data"][0]["id"]
+
+    def complete(n: int) -> dict:
+        body = json.dumps({"model": model, "prompt": [11] * n, "max_tokens": 4, "temperature": 0}).encode()
+        req = urllib.request.Request(f"{base}/v1/completions", body, {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                return {"status": resp.status, "body": resp.read().decode(errors="replace")[:500]}
+        except urllib.error.HTTPError as e:
+            return {"status": e.code, "body": e.read().decode(errors="replace")[:500]}
+
+    return {"over": complete(context + 8), "after": complete(8)}
+
+
 def launched_pid(events: list[dict[str, Any]]) -> int | None:
     """The API server's pid: the latest launch's."""
     launches = [e for e in events if e.get("event") == "launch"]
