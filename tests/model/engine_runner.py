@@ -56,7 +56,7 @@ def run(spec: dict) -> dict:
     if "jobs" not in spec:
         result = _request(llm, spec, lines, lines.lines[:])
         # the first generate includes what JIT compiles on first use (the watchdog's first-request grace covers it)
-        result["seconds"] = {"engine_start": started, "first_generate": result.pop("generate_seconds")}
+        result["seconds"] = {"engine_start": started, "first_generate": result.pop("seconds")["generate"]}
         if launched is not None:
             result["triton_smem"] = dict(launched)
         return result
@@ -111,7 +111,7 @@ def _request(llm, spec: dict, lines: _Lines, startup: list[str]) -> dict:
     finally:
         for hook in hooks:
             hook.remove()
-    result = {"outputs": [], "generate_seconds": time.perf_counter() - t1}
+    result = {"outputs": [], "seconds": {"generate": time.perf_counter() - t1}}
     for prompt_ids, out in zip(spec["prompts"], outputs):
         completion = out.outputs[0]
         prompt_lp, prompt_top = None, None
