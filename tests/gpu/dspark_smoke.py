@@ -36,7 +36,8 @@ def main(out: str, k: int, adaptive: bool, graphs: bool, where: str | None) -> d
                                    "attention_backend": "FLASH_ATTN", "enable_adaptive_verification": adaptive}}
     run = run_script("engine_runner.py", spec, tmp, "smoke", GPU_ENV)
     result = {"k": k, "adaptive": adaptive, "graphs": graphs, "acceptance": spec_acceptance(run),
-              "counters": run["spec_decode"], "seconds": run.get("seconds"), "first_tokens": [o["token_ids"][:8] for o in run["outputs"]]}
+              "counters": run["spec_decode"], "seconds": run.get("seconds"),
+              "first_tokens": [o["token_ids"][:8] for o in run["outputs"]]}
     Path(out).write_text(json.dumps(result, indent=1))
     return result
 

@@ -71,7 +71,8 @@ def runs(tmp_path_factory) -> dict[str, dict]:
     for pair, agree in PAIRS.items():
         draft = str(make_tiny_dspark(tmp / f"draft-{pair}", model, agree=agree))
         jobs += [("engine_runner.py", {**base, "speculative_config": _spec(draft, k)}, f"{pair}-k{k}") for k in KS]
-    done, tag = {}, f"dspark_k{''.join(map(str, KS))}{'_adaptive' if ADAPTIVE else ''}{'_draft_fp8' if DRAFT_FP8 else ''}"
+    done = {}
+    tag = f"dspark_k{''.join(map(str, KS))}{'_adaptive' if ADAPTIVE else ''}{'_draft_fp8' if DRAFT_FP8 else ''}"
     for i in range(0, len(jobs), GROUP):
         group = jobs[i:i + GROUP]
         done.update(zip([name for *_, name in group], run_scripts(group, tmp, GPU_ENV)))
