@@ -2,15 +2,15 @@
 
 The GPU twin of tests/model/test_prefix_cache_engine.py, with its cases (shared prefixes ending on a block
 boundary, one token past it, mid-block, inside a longer prompt, evicted; two concurrent sequences resuming from one
-checkpoint), sized in the block this engine picks: a short probe engine reads the block size first. Two engines
-then run side by side, both with prefix caching on: the tiny checkpoint (a pool of POOL_BLOCKS blocks, so the flood
-evicts) and `mtp_echo` with MTP k=1, where vLLM #54360 reports hits silently disabled for hybrid models: here every
-boundary case must hit, with speculation on; and a third, `mtp_echo` with DSpark K=4 and the agreeing tiny drafter,
-whose own KV lives in a block of its own (docs/dspark.md §KV block) and whose hits vLLM keeps whole (a DSpark
-drafter's KV at a position comes from the target's hidden state alone, so no trailing block is dropped).
-Cached vs uncached (the same target after `reset_prefix_cache()` in the same engine), in bf16: greedy tokens equal up to the first place they part, and that place must be a near-tie
-(the two chosen tokens' logprobs within DECIDED nats) while the logprobs before it agree within
-BF16_FLIP_MAX_MARGIN; a sequence resuming from a wrong checkpoint fails both at once.
+checkpoint), sized in the block this engine picks: a short probe engine reads the block size first. Three engines
+then run side by side, all with prefix caching on: the tiny checkpoint (a pool of POOL_BLOCKS blocks, so the flood
+evicts); `mtp_echo` with MTP k=1, where vLLM #54360 reports hits silently disabled for hybrid models: here every
+boundary case must hit, with speculation on; and `mtp_echo` with DSpark K=4 and the agreeing tiny drafter, whose own
+KV lives in a block of its own (docs/dspark.md §KV block) and whose hits vLLM keeps whole (a DSpark drafter's KV at
+a position comes from the target's hidden state alone, so no trailing block is dropped). Cached vs uncached (the
+same target after `reset_prefix_cache()` in the same engine), in bf16: greedy tokens equal up to the first place
+they part, and that place must be a near-tie (the two chosen tokens' logprobs within DECIDED nats) while the
+logprobs before it agree within BF16_FLIP_MAX_MARGIN; a sequence resuming from a wrong checkpoint fails both at once.
 Run on the device: VLLM_LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_prefix_cache_gpu.py -q
 """
 
