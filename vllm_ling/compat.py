@@ -385,8 +385,12 @@ def install_humming_swiglustep_limit() -> bool:
 # `Qwen3DSparkModel` before vLLM's rewrite serves all three (docs/dspark.md §Draft).
 
 def _dspark_hf_config_override(hf_config: Any, *args: Any, **kwargs: Any) -> Any:
-    from vllm_ling.draft.dspark import normalise_draft_config
+    from vllm_ling.draft.dspark import FIX_TARGET_MODEL, is_ling_dspark, normalise_draft_config
 
+    if is_ling_dspark(hf_config) and (served := serving_model())[0] == VLLM:
+        # said here, at config time, instead of vLLM's "Model does not support EAGLE3 interface" after loading
+        raise ValueError(f"vllm-ling: Ling's DSpark drafter reads the target's aux hidden states, which vLLM's "
+                         f"in-tree Ling model does not provide, and it serves here ({served[1]}). {FIX_TARGET_MODEL}")
     return _VLLM_HF_CONFIG_OVERRIDE(normalise_draft_config(hf_config), *args, **kwargs)
 
 

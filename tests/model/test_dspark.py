@@ -424,6 +424,22 @@ def test_k_beyond_the_block_is_refused():
         check_drafter(flash_config(), normalise_draft_config(_card_drafter()), num_speculative_tokens=9)
 
 
+def test_a_ling_drafter_beside_vllms_in_tree_model_is_refused_at_config_time(monkeypatch):
+    """vLLM's in-tree Ling model has no aux hidden states: refused where vLLM reads the drafter's config, naming the
+    fix, not after loading with vLLM's "Model does not support EAGLE3 interface"; other drafters pass untouched."""
+    from vllm_ling import compat
+
+    monkeypatch.setattr(compat, "_VLLM_HF_CONFIG_OVERRIDE", lambda config, *a, **kw: config)
+    monkeypatch.setattr(compat, "serving_model", lambda: (compat.VLLM, "VLLM_LING_MODEL=vllm"))
+    with pytest.raises(ValueError, match=r"in-tree Ling model does not provide.*VLLM_LING_MODEL=vllm\).*Fix: serve "
+                                         r"vllm-ling's model"):
+        compat._dspark_hf_config_override(_card_drafter())
+    qwen3 = {"architectures": ["Qwen3DSparkModel"], "block_size": 7}
+    assert compat._dspark_hf_config_override(dict(qwen3)) == qwen3
+    monkeypatch.setattr(compat, "serving_model", lambda: (compat.OURS, "VLLM_LING_MODEL=vllm-ling"))
+    assert compat._dspark_hf_config_override(_card_drafter())["architectures"][1] == "Qwen3DSparkModel"
+
+
 def test_vllm_routes_the_drafter_to_our_qwen3_dspark_class(tiny_bf16, tmp_path):
     """vLLM's own speculative config, the plugin loaded: our drafter class, K = the block size, the aux layers."""
     from model_helpers import run_script

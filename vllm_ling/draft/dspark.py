@@ -23,6 +23,7 @@ LING_DSPARK_ARCHS = ("LingDSparkModel",)
 QWEN3_DSPARK_ARCH = "Qwen3DSparkModel"
 SOURCE_KEY = "vllm_ling_dspark_source"  # the architecture the checkpoint named, kept after the rename
 FIX = "serve the drafter trained for this target (inclusionAI/Ling-3.0-flash-dspark for Ling-3.0-flash)"
+FIX_TARGET_MODEL = "Fix: serve vllm-ling's model (unset VLLM_LING_MODEL, or VLLM_LING_MODEL=vllm-ling)"
 
 # vLLM's key <- the spellings drafter configs use, in SGLang's order of preference (its DSpark config parser), and
 # the `dflash_config` nesting vLLM's own DFlash/DSpark config readers accept (a converted Qwen3 DSpark drafter nests
