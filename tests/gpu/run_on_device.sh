@@ -59,7 +59,7 @@
 #               history up to ~64K, one, then two at once) against the shipped recipe (serve-int4-mtp.sh under the
 #               watchdog) on the full-size model with dummy weights, prefix caching on | off: one server each,
 #               tests/gpu/agent_run.py (estimated ~6 on, ~7.5 off: start 3-5, sessions ~1.5 on, ~3 off). AGENT_TIMEOUT
-#               (500) is the step's limit: agent_pc1 on the call that assembles the bundle (~60-90 s of it), then
+#               (480) is the step's limit: agent_pc1 on the call that assembles the bundle (~60-90 s of it), then
 #               AGENT_TIMEOUT=560 agent_pc0 on the same warm machine. `agent` runs both in one call (too long for
 #               one). AGENT_RECIPE=serve/serve-int4.sh serves without MTP; AGENT_BENCH adds ling-bench flags (later
 #               flags win). Writes agent_pcN.json (the run and ling-bench's report) and agent_pcN-server.log
@@ -130,7 +130,7 @@ case $STEP in
         # the full-size config with the tiny tokenizer: a dummy-weight server that takes text
         [ -f /tmp/flash-agent/tokenizer.json ] || python3 -m ling_tools.tiny /tmp/flash-agent --full-config --tokenizer \
             --force >/dev/null
-        run "${AGENT_TIMEOUT:-500}" python3 tests/gpu/agent_run.py "$OUT" --model /tmp/flash-agent --prefix-cache $pcs \
+        run "${AGENT_TIMEOUT:-480}" python3 tests/gpu/agent_run.py "$OUT" --model /tmp/flash-agent --prefix-cache $pcs \
             ${AGENT_RECIPE:+--recipe "$AGENT_RECIPE"} ${AGENT_BENCH:+--bench-args "$AGENT_BENCH"} ;;
     *) echo "unknown step $STEP" >&2; exit 2 ;;
 esac
