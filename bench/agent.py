@@ -22,6 +22,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import os
 import statistics
 import sys
 import time
@@ -313,7 +314,9 @@ def _salt(run_id: str, name: str) -> str:
     return f"ling-bench-agent-{run_id}-{name}"
 
 
-async def measure(ep: Endpoint, cfg: AgentConfig, sampling: Sampling, source: str, warmup: int) -> list[Scenario]:
+async def measure(ep: Endpoint, cfg: AgentConfig, sampling: Sampling, source: str, warmup: int,
+                  done: Callable[[list[Scenario]], None] = lambda _: None) -> list[Scenario]:
+    """Every scenario in turn; `done` gets the finished ones after each."""
     run_id = hashlib.sha256(f"{time.time_ns()}".encode()).hexdigest()[:12]
     async with _http() as http:
         count = tokenize_counter(http, ep, source)
@@ -324,6 +327,7 @@ async def measure(ep: Endpoint, cfg: AgentConfig, sampling: Sampling, source: st
         for n in ([1] if cfg.sessions == 1 else [1, cfg.sessions]):
             print(f"scenario: {n} session(s)", file=sys.stderr, flush=True)
             scenarios.append(await run_scenario(http, ep, cfg, sampling, count, n, _salt(run_id, f"sessions-{n}")))
+            done(scenarios)
             if any(s.error for s in scenarios[-1].sessions):
                 break
     return scenarios
@@ -422,8 +426,18 @@ def markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def write_json(path: str, data: dict) -> None:
+    """Whole or not at all: a run killed while writing leaves the previous file."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)
+
+
 def main(args: argparse.Namespace) -> int:
-    """`ling-bench --workload agent`, from bench.py's parser (its server, sampling, --out, --write-dataset flags)."""
+    """`ling-bench --workload agent`, from bench.py's parser (its server, sampling, --out, --write-dataset flags).
+    --out is written after each scenario (`complete` false until the last), so a run stopped by a time limit keeps
+    the scenarios it finished."""
     try:
         cfg = config(args)
         with requests.Session() as s:
@@ -442,28 +456,35 @@ def main(args: argparse.Namespace) -> int:
             return 0
         sampling, t0 = Sampling(args.max_tokens, args.temperature, args.ignore_eos), time.time()
         gpu = GpuMemSampler() if args.gpu_mem else None
+
+        def report(scenarios: list[Scenario], complete: bool) -> dict:
+            return {
+                "schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
+                "duration_s": time.time() - t0, "complete": complete,
+                "server": {"base_url": ep.base_url, "model": ep.model, "max_model_len": max_model_len,
+                           "endpoint": "/v1/chat/completions" if ep.chat else "/v1/completions"},
+                "config": {**asdict(cfg), "tool_tokens": list(cfg.tool_tokens), "max_tokens": args.max_tokens,
+                           "temperature": args.temperature, "ignore_eos": args.ignore_eos, "warmup": args.warmup},
+                "token_count_source": source,
+                "error": next((s.error for sc in scenarios for s in sc.sessions if s.error), None),
+                "scenarios": [sc.to_json() for sc in scenarios],
+                "gpu_mem_peak_mib": gpu.peak_mib if gpu else None,
+            }
+
+        def done(scenarios: list[Scenario]) -> None:
+            if args.out:
+                write_json(args.out, report(scenarios, complete=False))
+
         with gpu or nullcontext():
-            scenarios = asyncio.run(measure(ep, cfg, sampling, source, args.warmup))
+            scenarios = asyncio.run(measure(ep, cfg, sampling, source, args.warmup, done))
     except (BenchError, ValueError, requests.RequestException, aiohttp.ClientError) as e:
         print(f"ling-bench: error: {e}", file=sys.stderr)
         return 1
-    error = next((s.error for sc in scenarios for s in sc.sessions if s.error), None)
-    report = {
-        "schema": SCHEMA, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(t0)),
-        "duration_s": time.time() - t0,
-        "server": {"base_url": ep.base_url, "model": ep.model, "max_model_len": max_model_len,
-                   "endpoint": "/v1/chat/completions" if ep.chat else "/v1/completions"},
-        "config": {**asdict(cfg), "tool_tokens": list(cfg.tool_tokens), "max_tokens": args.max_tokens,
-                   "temperature": args.temperature, "ignore_eos": args.ignore_eos, "warmup": args.warmup},
-        "token_count_source": source, "error": error,
-        "scenarios": [sc.to_json() for sc in scenarios],
-        "gpu_mem_peak_mib": gpu.peak_mib if gpu else None,
-    }
-    print(markdown(report))
+    final = report(scenarios, complete=True)
+    print(markdown(final))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(report, f, indent=2)
-    if error:
-        print(f"ling-bench: error: {error} (stopped; finished turns are reported)", file=sys.stderr)
+        write_json(args.out, final)
+    if final["error"]:
+        print(f"ling-bench: error: {final['error']} (stopped; finished turns are reported)", file=sys.stderr)
         return 1
     return 0

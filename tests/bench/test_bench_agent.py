@@ -207,3 +207,27 @@ def test_a_refused_turn_reports_the_servers_message_and_keeps_earlier_turns(fake
     turns = report["scenarios"][0]["session_runs"][0]["turns"]
     assert rc == 1 and turns and all(t["prompt_tokens"] <= 900 for t in turns)
     assert "maximum context length is 900" in report["error"] and f"turn {len(turns) + 1}" in report["error"]
+
+
+def test_a_run_stopped_mid_way_keeps_the_scenarios_it_finished(fake, tmp_path, monkeypatch):
+    """--out is rewritten after each scenario: a run that a time limit stops in its second scenario (here the second
+    scenario itself is interrupted) leaves the first one, marked incomplete; a finished run is marked complete."""
+    from ling_bench import agent
+
+    server, real, calls = _fast(fake), agent.run_scenario, []
+
+    async def interrupted(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # as SIGINT would, mid-scenario
+        return await real(*args, **kwargs)
+
+    monkeypatch.setattr(agent, "run_scenario", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        _run(server, tmp_path, "--agent-sessions", "2", "--agent-turns", "2")
+    report = json.loads((tmp_path / "agent.json").read_text())
+    assert report["complete"] is False and [s["name"] for s in report["scenarios"]] == ["sessions-1"]
+    assert len(report["scenarios"][0]["session_runs"][0]["turns"]) == 2 and not (tmp_path / "agent.json.tmp").exists()
+    monkeypatch.setattr(agent, "run_scenario", real)
+    rc, report = _run(server, tmp_path, "--agent-sessions", "2", "--agent-turns", "2")
+    assert rc == 0 and report["complete"] is True and len(report["scenarios"]) == 2

@@ -55,13 +55,21 @@
 #   prefix_cache  cached continuations equal uncached ones (bf16, CUDA graphs), hits with MTP and with DSpark on (~5)
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
+#   agent_pc1 | agent_pc0  the agent workload (ling-bench --workload agent: 20-turn sessions that re-send their
+#               history up to ~64K, one, then two at once) against the shipped recipe (serve-int4-mtp.sh under the
+#               watchdog) on the full-size model with dummy weights, prefix caching on | off: one server each,
+#               tests/gpu/agent_run.py (estimated ~6 on, ~7.5 off: start 3-5, sessions ~1.5 on, ~3 off). AGENT_TIMEOUT
+#               (480) is the step's limit: agent_pc1 on the call that assembles the bundle (~60-90 s of it), then
+#               AGENT_TIMEOUT=560 agent_pc0 on the same warm machine. `agent` runs both in one call (too long for
+#               one). AGENT_RECIPE=serve/serve-int4.sh serves without MTP; AGENT_BENCH adds ling-bench flags (later
+#               flags win). Writes agent_pcN.json (the run and ling-bench's report) and agent_pcN-server.log
 # A machine idle for 30 s goes back (and the bundle must be stashed again: ~2.2 min): run the stash
 # and every working step back to back, and fix code before them, not between steps.
 # Results land in $OUT. At most 8 files come back, so the per-test records (model_*.json, mtp_*.json, ...) are
 # merged at the end into one $OUT/records.json ({name: record}); split it with `python3 -c` or read it whole.
 set -uo pipefail
 : "${OUT:?run on the device: OUT is the folder that comes back}"
-: "${1:?step: model | kda | kda_core | flashkda | mtp | tuning_gpu | routing | router_gemm | draft_vocab | moe_align | tuning | engine_race | engine_moe | fullsize_* | fs:NAME:ARGS | fp8_gemm | intree_check}"
+: "${1:?step: model | kda | kda_core | flashkda | mtp | tuning_gpu | routing | router_gemm | draft_vocab | moe_align | tuning | engine_race | engine_moe | fullsize_* | fs:NAME:ARGS | fp8_gemm | intree_check | agent_pc1 | agent_pc0}"
 VLLM_RELEASE=$(python3 -c 'import vllm; v = vllm.__version__.split("."); print(v[0] + v[1])') || exit 2
 case $VLLM_RELEASE in 033|034) SITE=$HOME/v${VLLM_RELEASE#0}-site ;;
     *) echo "activate a vLLM 0.33 or 0.34 bundle first (found release code $VLLM_RELEASE)" >&2; exit 2 ;; esac
@@ -118,6 +126,12 @@ case $STEP in
             --k "${DSPARK_K:-3}" $flags --dir /tmp/pt-dspark_smoke ;;
     dspark) run "${DSPARK_TIMEOUT:-580}" python3 -m pytest -q -p no:cacheprovider tests/gpu/test_dspark_gpu.py ;;
     config) run "${CONFIG_TIMEOUT:-560}" python3 -m pytest -q -p no:cacheprovider tests/gpu/test_config_gpu.py ${CONFIG_K:+-k "$CONFIG_K"} ;;
+    agent|agent_pc[01]) pcs="1 0"; [[ $STEP == agent_pc? ]] && pcs=${STEP#agent_pc}
+        # the full-size config with the tiny tokenizer: a dummy-weight server that takes text
+        [ -f /tmp/flash-agent/tokenizer.json ] || python3 -m ling_tools.tiny /tmp/flash-agent --full-config --tokenizer \
+            --force >/dev/null
+        run "${AGENT_TIMEOUT:-480}" python3 tests/gpu/agent_run.py "$OUT" --model /tmp/flash-agent --prefix-cache $pcs \
+            ${AGENT_RECIPE:+--recipe "$AGENT_RECIPE"} ${AGENT_BENCH:+--bench-args "$AGENT_BENCH"} ;;
     *) echo "unknown step $STEP" >&2; exit 2 ;;
 esac
 rc=$?

@@ -379,6 +379,30 @@ def test_cli_full_config_writes_the_bundled_files(tmp_path):
     assert tiny.main([str(tmp_path / "flash"), "--full-config"]) == 0
     assert config_of(tmp_path / "flash") == tiny.full_config()
     assert json.loads((tmp_path / "flash" / "generation_config.json").read_text())["eos_token_id"] == 156895
+    assert not (tmp_path / "flash" / "tokenizer.json").exists()
+
+
+def test_cli_full_config_with_tokenizer_keeps_the_released_config_and_takes_text(tmp_path):
+    """The folder a full-size dummy-weight server runs on for load benchmarks: the released config untouched, the
+    tiny tokenizer beside it; an id past the tokenizer (the model emits any of its 157,184) decodes to nothing."""
+    from transformers import AutoTokenizer
+
+    flash = tmp_path / "flash"
+    assert tiny.main([str(flash), "--full-config", "--tokenizer"]) == 0
+    assert config_of(flash) == tiny.full_config()
+    tok = AutoTokenizer.from_pretrained(flash)
+    ids = tok("def fibonacci(n):")["input_ids"]
+    assert ids and max(ids) < len(tok) < 1000 and tok.chat_template
+    assert tok.eos_token == "<|endoftext|>" and tok.eos_token_id != tiny.full_config()["eos_token_id"]
+    assert tok.decode([ids[0], tiny.full_config()["vocab_size"] - 1]) == tok.decode([ids[0]])
+    assert tiny.main([str(flash), "--full-config", "--tokenizer"]) == 2  # files there: --force to overwrite
+    assert tiny.main([str(flash), "--full-config", "--tokenizer", "--force"]) == 0
+
+
+def test_cli_tokenizer_goes_with_full_config(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        tiny.main([str(tmp_path), "--tokenizer"])
+    assert "--tokenizer goes with --full-config" in capsys.readouterr().err
 
 
 # --------------------------------------------------------------------------------------------- full size

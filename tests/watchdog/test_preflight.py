@@ -222,6 +222,23 @@ def test_memory_measures_a_local_checkpoint_and_reads_its_context(tmp_path):
     assert v.verdict == "ok" and v.values["weights"] == 1_000_000 and v.values["max_model_len"] == 4096
 
 
+def test_memory_counts_dummy_weights_from_the_config_of_a_folder_without_files(tmp_path):
+    """--load-format dummy on a folder of config.json and a tokenizer (no safetensors): the tensors its config
+    describes, not the released checkpoint's default; the same folder served for real has nothing to measure."""
+    from ling_tools.tiny import tiny_config
+    from ling_watchdog.weights import dummy_weight_bytes
+
+    config = tiny_config("default", None)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    box, serve = Host(int(8 * GiB), int(16 * GiB)), f"python -m vllm.entrypoints.openai.api_server --model {tmp_path} "
+    small = dict(dev=CPU, host=box, host_reserve_gib=1, overhead_gib=0.5)
+    v = verdicts(serve + "--load-format dummy --kv-cache-memory-bytes 1G", **small)["memory_fit"]
+    assert v.verdict == "ok" and v.values["weights"] == dummy_weight_bytes(config) < 2**27
+    assert "config.json's tensors (--load-format dummy)" in v.message
+    v = verdicts(serve + "--kv-cache-memory-bytes 1G", **small)["memory_fit"]
+    assert v.verdict == "refuse" and v.values["weights"] == int(71.7 * GiB) and "(weights_gib)" in v.message
+
+
 def test_on_the_cpu_engine_util_reserves_host_memory_unless_the_kv_cache_is_sized():
     cmd, box = "vllm serve m --max-model-len 8192", Host(int(20 * GiB), int(24 * GiB))
     v = verdicts(cmd, dev=CPU, host=box, weights_gib=1)["memory_fit"]  # vLLM's 0.92 x 24 GiB > 20 available

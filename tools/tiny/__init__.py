@@ -10,6 +10,7 @@ is the real one. Same seed, same bytes.
     ling-make-tiny OUT [--seed N] [--int4] [--variant qlora] [--force]   # write a checkpoint to OUT
     ling-make-tiny [--int4]               # build once into the cache (ensure_tiny) and print its path
     ling-make-tiny OUT --full-config      # full-size Flash INT4 config.json for --load-format dummy
+    ling-make-tiny OUT --full-config --tokenizer   # ... with the tiny tokenizer: a dummy server that takes text
     ling-make-tiny OUT --dequantize INT4  # INT4 checkpoint -> BF16 (the oracle's input)
 
 Modules: `config` (tiny values), `weights` (random init, variants), `int4` (the INT4 format),

@@ -29,6 +29,10 @@ def parser() -> argparse.ArgumentParser:
     mode.add_argument("--full-config", action="store_true",
                       help="write the full-size Ling-3.0-flash-int4 config.json + generation_config.json "
                            "(no weights: use vLLM's --load-format dummy --skip-tokenizer-init)")
+    p.add_argument("--tokenizer", action="store_true",
+                   help="with --full-config: the tiny tokenizer and chat template beside it, so a full-size "
+                        "--load-format dummy server takes text (for load benchmarks: the text means nothing; ids "
+                        "past the tokenizer's ~1000 decode to nothing)")
     mode.add_argument("--dequantize", type=Path, metavar="INT4_DIR",
                       help="write INT4_DIR's checkpoint dequantized to BF16 into OUT")
     mode.add_argument("--dspark", type=Path, metavar="TARGET_DIR",
@@ -45,11 +49,13 @@ def main(argv: list[str] | None = None) -> int:
         p.error("--full-config, --dequantize and --dspark need an output directory")
     if args.dspark_agree and not args.dspark:
         p.error("--dspark-agree goes with --dspark TARGET_DIR")
+    if args.tokenizer and not args.full_config:
+        p.error("--tokenizer goes with --full-config (every tiny checkpoint already has its tokenizer)")
     try:
         if args.out is None:
             path = ensure_tiny(seed=args.seed, int4=args.int4, variant=args.variant)
         elif args.full_config:
-            path = write_full_config(args.out, force=args.force)
+            path = write_full_config(args.out, force=args.force, tokenizer=args.tokenizer)
         elif args.dequantize:
             path = dequantize_checkpoint(args.dequantize, args.out)
         elif args.dspark:

@@ -140,13 +140,28 @@ def dequantize_checkpoint(int4_dir: str | os.PathLike, out_dir: str | os.PathLik
     return dst
 
 
-def write_full_config(out_dir: str | os.PathLike, *, force: bool = False) -> Path:
-    """Copy the bundled Ling-3.0-flash-int4 config.json + generation_config.json into a model dir, e.g.
-    for `vllm ... --load-format dummy --skip-tokenizer-init` (there is no tokenizer for it here)."""
+def write_full_config(out_dir: str | os.PathLike, *, force: bool = False, tokenizer: bool = False) -> Path:
+    """Copy the bundled Ling-3.0-flash-int4 config.json + generation_config.json into a model dir, for vLLM's
+    `--load-format dummy` (random weights of the real shapes). Without `tokenizer` the engine needs
+    `--skip-tokenizer-init` (token ids in, token ids out; `ling_bench.fullsize`).
+
+    With `tokenizer`, the tiny BPE tokenizer and chat template (`write_tokenizer`, ~1000 ids) go beside the config,
+    so a full-size dummy-weight server takes text: for load benchmarks of the served recipe (the agent step of
+    tests/gpu/run_on_device.sh), where speed is what is measured and the text means nothing. The config is left as
+    released: its 157,184-id vocabulary, of which prompts use only the tokenizer's ids and the model emits any (ids
+    past the tokenizer decode to nothing), and its eos/pad ids (156,895 / 156,892), which the tokenizer lacks. vLLM
+    then stops a request at the tokenizer's `<|endoftext|>` (the engine's eos) or at the generation config's
+    156,895 (added to the stop ids), and at neither with `ignore_eos`, which ling-bench sends by default: every
+    request decodes exactly its max_tokens."""
     out = Path(out_dir)
+    names = ["config.json", "generation_config.json", *(["tokenizer.json", "tokenizer_config.json"] if tokenizer
+                                                         else [])]
+    if not force and (there := [n for n in names if (out / n).exists()]):
+        raise FileExistsError(f"{out} already holds {', '.join(there)}; pass force=True (--force) to overwrite")
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("config.json", "generation_config.json"):
-        if (out / name).exists() and not force:
-            raise FileExistsError(f"{out / name} exists; pass force=True (--force) to overwrite it")
+    for name in names[:2]:
         shutil.copyfile(FLASH_INT4_DIR / name, out / name)
+    if tokenizer:
+        config = json.loads((out / "config.json").read_text())
+        write_tokenizer(out, config["max_position_embeddings"])
     return out
