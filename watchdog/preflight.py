@@ -580,6 +580,11 @@ def check_memory(args: ServeArgs, cfg: Config, dev: Device, host: Host, ctx: int
         if fp.need > demand:
             return _refuse(rule, _too_small(fp, demand, how, total, ceiling), values)
     values.update(demand=demand)
+    if discrete and demand > total:  # util is checked against the card by its definition; bytes are not
+        room = (total - fp.fixed) // GiB
+        safe = (f"--kv-cache-memory-bytes {room}G (what the card leaves after the rest)" if room * GiB >= fp.kv
+                else "a lower --max-model-len, or a GPU with more memory")
+        return _refuse(rule, f"{how} = {gib(demand)} is more than this GPU's {gib(total)}. Safe: {safe}.", values)
     if discrete:
         return _ok(rule, f"fits on the GPU: {how} = {gib(demand)} covers {fp}", **values)
     if demand > supply:

@@ -122,6 +122,17 @@ def test_kv_cache_bytes_replace_the_util_rule():
     assert v["memory_fit"].verdict == "ok"
 
 
+def test_kv_cache_bytes_beyond_a_discrete_gpu_are_refused_with_what_fits():
+    """On a discrete GPU vLLM takes weights + the KV bytes asked for + overhead, whatever util says: more than the
+    card is refused before the load, naming the bytes that fit."""
+    fits = verdicts("vllm serve m --max-model-len 131072 --kv-cache-memory-bytes 8G", dev=H200)["memory_fit"]
+    assert fits.verdict == "ok" and fits.values["demand"] <= H200.total_bytes
+    v = verdicts("vllm serve m --max-model-len 131072 --kv-cache-memory-bytes 100G", dev=H200)["memory_fit"]
+    assert v.verdict == "refuse" and v.values["demand"] > H200.total_bytes, v.message
+    room = (H200.total_bytes - (v.values["demand"] - 100 * GiB)) // GiB
+    assert f"more than this GPU's 141.0 GiB. Safe: --kv-cache-memory-bytes {room}G" in v.message, v.message
+
+
 def test_chunked_prefill_off_at_long_context_is_refused():
     v = verdicts(RECIPE.replace("--enable-chunked-prefill", "--no-enable-chunked-prefill"))["chunked_prefill"]
     assert v.verdict == "refuse" and "Safe: --enable-chunked-prefill --max-num-batched-tokens 8192" in v.message
