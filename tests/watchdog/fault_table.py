@@ -43,7 +43,8 @@ class Scenario:
     recovers: bool = False  # a fault that the watchdog must act on, then serve again
     harmless: bool = False  # not a fault: any kill is a false one (slow JIT, busy, a server with a key)
     inflict: str | None = None  # once serving: kill_engine | kill_worker | kill_api | stop_engine
-    over_context: int | None = None  # once serving: ask for a prompt over this context, then a short one
+    over_context: int | None = None  # once serving, before any inflicted fault: a prompt over this context,
+    # then a short one (needs `port`)
     model: str = "fake-model"
     port: int | None = None  # None: a free one
     serve: tuple[str, ...] = ()  # more serve flags
@@ -121,11 +122,11 @@ def run(sc: Scenario, workdir: Path, command: Command = fake_command, timeout: f
     while wd.poll() is None and time.time() < deadline:
         tree.sample()
         events = read_jsonl(log_dir / "events.jsonl")
-        if sc.inflict and inflicted is None and _serving(events, False):
+        if sc.over_context is not None and asked is None and _serving(events, False):
+            asked = ask_over_context(sc.port, sc.over_context)  # first, so a fault inflicted next comes after it
+        elif sc.inflict and inflicted is None and _serving(events, False):
             inflicted = inject(sc.inflict, launched_pid(events))
         elif sc.end == "serving" and (not sc.inflict or inflicted) and _serving(events, sc.recovers):
-            if sc.over_context is not None:
-                asked = ask_over_context(sc.port, sc.over_context)
             time.sleep(sc.hold_s)
             wd.send_signal(sc.kill)
             break
