@@ -45,6 +45,8 @@ class Scenario:
     inflict: str | None = None  # once serving: kill_engine | kill_worker | kill_api | stop_engine
     over_context: int | None = None  # once serving, before any inflicted fault: a prompt over this context,
     # then a short one (needs `port`)
+    wait_check: bool = False  # stop only once the serving launch's self-check has its verdict (a stop during the
+    # check's requests may outlast the kill grace on a loaded CPU: then the stop is a SIGKILL, not the fault's doing)
     model: str = "fake-model"
     port: int | None = None  # None: a free one
     serve: tuple[str, ...] = ()  # more serve flags
@@ -111,6 +113,13 @@ def _serving(events: list[dict], after_fault: bool) -> bool:
     return bool(serving and faults) and serving[-1] > faults[-1]
 
 
+def _checked(events: list[dict]) -> bool:
+    """The self-check of the latest serving launch has its verdict (an after_serving event with a code)."""
+    serving = [e["t"] for e in events if e.get("to") == "serving"]
+    return bool(serving) and any(e["event"] == "after_serving" and "code" in e and e["t"] >= serving[-1]
+                                 for e in events)
+
+
 def run(sc: Scenario, workdir: Path, command: Command = fake_command, timeout: float = 90,
         tree_settle_s: float = 0.5) -> dict:
     """One scenario through the real CLI; returns the row of the table as a dict."""
@@ -126,7 +135,8 @@ def run(sc: Scenario, workdir: Path, command: Command = fake_command, timeout: f
             asked = ask_over_context(sc.port, sc.over_context)  # first, so a fault inflicted next comes after it
         elif sc.inflict and inflicted is None and _serving(events, False):
             inflicted = inject(sc.inflict, launched_pid(events))
-        elif sc.end == "serving" and (not sc.inflict or inflicted) and _serving(events, sc.recovers):
+        elif (sc.end == "serving" and (not sc.inflict or inflicted) and _serving(events, sc.recovers)
+              and (not sc.wait_check or _checked(events))):
             time.sleep(sc.hold_s)
             wd.send_signal(sc.kill)
             break

@@ -21,7 +21,7 @@ def row(tmp_path_factory) -> dict:
 
     context = int(serve_env("/m", 0, tmp_path_factory.getbasetemp())["CTX"])  # the demo recipe's --max-model-len
     kill = next(s for s in SCENARIOS if s.inflict == "kill_engine")
-    sc = dataclasses.replace(kill, port=free_port(), over_context=context)
+    sc = dataclasses.replace(kill, port=free_port(), over_context=context, wait_check=True)
     return {"context": context, **run(sc, tmp_path_factory.mktemp("real-recipe"), recipe_command, timeout=900)}
 
 
@@ -37,3 +37,5 @@ def test_a_sigkilled_engine_core_on_the_real_recipe_is_relaunched_and_serves_aga
     assert float(row["ttd"].split()[0]) <= DEATH_BOUND_S, row
     assert "relaunch x1, serving" in row["action"] and row["action"].endswith("exit 143 (stopped by SIGTERM)"), row
     assert (row["relaunches"], row["false_kills"], row["orphans"]) == (1, 0, 0), row
+    checks = row["action"].split("self-check exit ")[1].split(",")[0].split("/")  # each launch's, in order
+    assert checks[-1] == "0", row  # the relaunched server's self-check passed, and before the stop
