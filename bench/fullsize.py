@@ -664,25 +664,24 @@ def _decode_step(llm, prompt: list[int], decode: int, repeats: int, one: float |
     return (many - one) / decode
 
 
-def _lengths(text: str) -> list[float]:
+def _comma_list(text: str, kind: type, expected: str, at_least_1: str) -> list:
+    """A comma-separated argument of `kind`s, each at least 1; argparse's error names what was expected."""
     try:
-        values = [float(x) for x in text.split(",") if x.strip()]
+        values = [kind(x) for x in text.split(",") if x.strip()]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected numbers, e.g. 1.94,1.70") from None
-    if not values or min(values) < 1.0:
-        raise argparse.ArgumentTypeError(f"{text!r}: an acceptance length is the tokens a round yields, >= 1 "
-                                         f"(and <= k + 1: checked against --k)")
+        raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: {at_least_1}")
     return values
+
+
+def _lengths(text: str) -> list[float]:
+    return _comma_list(text, float, "numbers, e.g. 1.94,1.70", "an acceptance length is the tokens a round "
+                       "yields, >= 1 (and <= k + 1: checked against --k)")
 
 
 def _counts(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected whole numbers, e.g. 1,2,4,8") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: a lane count is at least 1, e.g. 1,2,4,8")
-    return values
+    return _comma_list(text, int, "whole numbers, e.g. 1,2,4,8", "a lane count is at least 1, e.g. 1,2,4,8")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -20,6 +20,14 @@ DECIDED_AGREEMENT = 0.99
 BF16_FLIP_MAX_MARGIN = 0.5
 
 
+def decided_disagreements(prompt_len: int, tokens: list[int], ref: dict) -> tuple[int, int]:
+    """(decided positions, of them where the engine's token is not the fp32 oracle's argmax), the oracle
+    teacher-forced on the engine's own tokens (`ref`: oracle.py's scored record of prompt + tokens)."""
+    pos = [(t, ref["argmax"][prompt_len + j], ref["margin"][prompt_len + j]) for j, t in enumerate(tokens)]
+    decided = [(t, want) for t, want, m in pos if m >= DECIDED]
+    return len(decided), sum(t != w for t, w in decided)
+
+
 def model_prompts() -> list[list[int]]:
     return random_prompts(PROMPT_LENGTHS, seed=7)
 

@@ -29,7 +29,7 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("vllm")
-from criteria import BF16_FLIP_MAX_MARGIN, DECIDED, DECIDED_AGREEMENT  # noqa: E402
+from criteria import BF16_FLIP_MAX_MARGIN, DECIDED_AGREEMENT, decided_disagreements  # noqa: E402
 from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without CUDA)
 from model_helpers import NO_CLAMPS, first_difference, random_prompts, run_scripts, spec_acceptance  # noqa: E402
 
@@ -93,15 +93,8 @@ def runs(tmp_path_factory) -> dict[str, dict]:
     return out
 
 
-def _decided(prompt_len: int, tokens: list[int], ref: dict) -> tuple[int, int]:
-    """(decided positions, of them where the engine's token is not the fp32 oracle's argmax)."""
-    pos = [(t, ref["argmax"][prompt_len + j], ref["margin"][prompt_len + j]) for j, t in enumerate(tokens)]
-    decided = [(t, want) for t, want, m in pos if m >= DECIDED]
-    return len(decided), sum(t != w for t, w in decided)
-
-
 def _agreement(run: dict) -> float:
-    counts = [_decided(p, o["token_ids"], ref) for p, o, ref in zip(PROMPT_LENGTHS, run["outputs"], run["scored"])]
+    counts = [decided_disagreements(p, o["token_ids"], ref) for p, o, ref in zip(PROMPT_LENGTHS, run["outputs"], run["scored"])]
     return 1 - sum(bad for _, bad in counts) / max(sum(n for n, _ in counts), 1)
 
 

@@ -28,7 +28,8 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("vllm")
-from criteria import BF16_FLIP_MAX_MARGIN, DECIDED, DECIDED_AGREEMENT, acceptance_slack  # noqa: E402
+from criteria import (BF16_FLIP_MAX_MARGIN, DECIDED_AGREEMENT, acceptance_slack,  # noqa: E402
+                      decided_disagreements)
 from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without CUDA)
 # on sys.path via gpu_helpers
 from model_helpers import FP8_MERGED, NO_CLAMPS, first_difference, random_prompts, run_scripts  # noqa: E402
@@ -129,10 +130,9 @@ def _report(name: str, plain: dict, spec: dict) -> dict:
 
 def _decided_agreement(prompt_len: int, tokens: list[int], ref: dict) -> dict:
     """How the engine's greedy tokens compare with the fp32 oracle's argmax, teacher-forced on them."""
-    pos = [(t, ref["argmax"][prompt_len + j], ref["margin"][prompt_len + j]) for j, t in enumerate(tokens)]
-    decided = [(t, want) for t, want, m in pos if m >= DECIDED]
-    return {"tokens": len(pos), "agree": sum(t == w for t, w, _ in pos), "decided": len(decided),
-            "decided_disagree": sum(t != w for t, w in decided)}
+    decided, disagree = decided_disagreements(prompt_len, tokens, ref)
+    agree = sum(t == ref["argmax"][prompt_len + j] for j, t in enumerate(tokens))
+    return {"tokens": len(tokens), "agree": agree, "decided": decided, "decided_disagree": disagree}
 
 
 def _share(checks: list[dict]) -> float:

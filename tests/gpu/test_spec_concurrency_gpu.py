@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("vllm")
-from criteria import BF16_FLIP_MAX_MARGIN, DECIDED, DECIDED_AGREEMENT  # noqa: E402
+from criteria import BF16_FLIP_MAX_MARGIN, DECIDED_AGREEMENT, decided_disagreements  # noqa: E402
 from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without CUDA)
 from model_helpers import NO_CLAMPS, first_difference, random_prompts, run_scripts, spec_acceptance  # noqa: E402
 
@@ -71,13 +71,6 @@ def runs(tmp_path_factory) -> dict[str, dict]:
     return out
 
 
-def _disagreements(prompt_len: int, tokens: list[int], ref: dict) -> tuple[int, int]:
-    """(decided positions, of them where the token is not the fp32 oracle's argmax)."""
-    pos = [(t, ref["argmax"][prompt_len + j], ref["margin"][prompt_len + j]) for j, t in enumerate(tokens)]
-    decided = [(t, want) for t, want, m in pos if m >= DECIDED]
-    return len(decided), sum(t != w for t, w in decided)
-
-
 def _report(run: dict) -> dict:
     parts = []
     for i, n in enumerate(PROMPT_LENGTHS):
@@ -86,7 +79,7 @@ def _report(run: dict) -> dict:
         parts.append({"prompt": n, "max_tokens": MAX_TOKENS[i], "lengths": [len(mixed), len(solo)],
                       "first_difference": p,
                       "margin": None if p is None else run["scored_together"][i]["margin"][n + p]})
-    counts = [_disagreements(n, run["together"]["outputs"][i]["token_ids"], run["scored_together"][i])
+    counts = [decided_disagreements(n, run["together"]["outputs"][i]["token_ids"], run["scored_together"][i])
               for i, n in enumerate(PROMPT_LENGTHS)]
     return {"acceptance": spec_acceptance(run["together"]), "counters": run["together"]["spec_decode"],
             "requests": parts, "decided": sum(d for d, _ in counts), "decided_wrong": sum(w for _, w in counts)}
