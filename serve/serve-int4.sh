@@ -19,10 +19,10 @@
 #                One of the two is always passed: left unset, vLLM 0.34 sizes the KV cache from all memory free
 #                after warm-up, the whole box on a GB10 (the watchdog's rule kv_cache_size refuses that).
 #   MAX_BATCHED  --max-num-batched-tokens (chunked)    8192 (W4)
-#   MAX_SEQS     --max-num-seqs                        2 (4 lanes crashed at c=10, 2 held, W5)
+#   MAX_SEQS     --max-num-seqs                        2 (W5; 8 fit the smem limit emulated, speed unmeasured)
 #   SPEC         speculative decoding: off | mtp | dspark   unset: mtp when MTP_K > 0, else off
 #                (mtp: the checkpoint's own MTP layer; dspark: Ling's block drafter, vLLM's DSpark runtime,
-#                GPU only, not yet shown lossless on a GPU: docs/dspark.md §Recipe)
+#                GPU only; lossless on a GPU with the tiny drafters: docs/dspark.md §Recipe)
 #   MTP_K        MTP draft tokens, 0 = off             0 here, 1 in serve-int4-mtp.sh (W3); 1 with SPEC=mtp
 #   DSPARK_MODEL with SPEC=dspark: the drafter (hub id   inclusionAI/Ling-3.0-flash-dspark
 #                or local folder with config.json)
@@ -32,9 +32,10 @@
 #                own weights in FP8 ("quantization":    docs/dspark.md §Draft FP8)
 #                "ling_fp8" in its speculative config: its linears and Markov head; FP8 is the target's and
 #                leaves the drafter BF16); 0 = the drafter in BF16
-#   DSPARK_ADAPTIVE  with SPEC=dspark: 1 = vLLM's       0 (not yet verified lossless on our KDA/MLA path:
-#                confidence-driven verification width   docs/dspark.md §Adaptive width)
-#                ("enable_adaptive_verification": true; needs CUDA graphs, so no --enforce-eager); 0 = fixed K
+#   DSPARK_ADAPTIVE  with SPEC=dspark: 1 = vLLM's       0 (vLLM 0.34 serves it for this model only on
+#                confidence-driven verification width   compute capability 10.x, not on a GB10 or an H100:
+#                ("enable_adaptive_verification": true;  docs/dspark.md §Adaptive width)
+#                needs CUDA graphs, so no --enforce-eager); 0 = fixed K
 #   PREFIX_CACHE 1: --enable-prefix-caching (vLLM       1
 #                checkpoints KDA's state at block boundaries, mamba_cache_mode "align": an agent's next turn
 #                prefills only what is new; docs/vllm-seams.md §Prefix cache); 0: --no-enable-prefix-caching
@@ -272,6 +273,13 @@ if [[ $DSPARK_ADAPTIVE == 1 ]]; then  # vLLM's own config check, said before the
             "verification requires full CUDA graphs (FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE). Safe: drop" \
             "--enforce-eager, or DSPARK_ADAPTIVE=0"
     done
+    # vLLM 0.34 checks the attention backends only after loading the weights (minutes on a Spark)
+    CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 || true)
+    [[ ! $CAP =~ ^[0-9]+\.[0-9]+$ || ${CAP%%.*} == 10 ]] || refuse "DSPARK_ADAPTIVE=1 on a GPU of compute" \
+        "capability $CAP: vLLM's adaptive verification replays decode CUDA graphs whose query length varies per" \
+        "request, which of vLLM 0.34's MLA attention backends only FlashInfer MLA (compute capability 10.x) can;" \
+        "here vLLM refuses it after loading the weights (FlashAttnMLABackend allows none). Safe: DSPARK_ADAPTIVE=0" \
+        "(fixed K)"
 fi
 read -r -a WD_ARGS <<<"${WATCHDOG_ARGS:-}"
 if command -v ling-watchdog >/dev/null 2>&1; then WATCHDOG=(ling-watchdog); else WATCHDOG=("$PYTHON" -m ling_watchdog); fi

@@ -41,8 +41,6 @@ from ling_watchdog.ports import bind_error, free_port
 from ling_watchdog.serve_args import ServeArgs
 from ling_watchdog.weights import dummy_weight_bytes
 
-MTP_K1 = """--speculative-config '{"method":"mtp","num_speculative_tokens":1}'"""
-DSPARK_K1 = ", or DSpark with \"num_speculative_tokens\":1 (serve-int4.sh: DSPARK_K=1)"
 DEFAULT_UTIL = 0.92  # vLLM's --gpu-memory-utilization when unset, before its extensible KV cache
 EXTENSIBLE_KV = (0, 34)  # from this release, unset util resolves to 1.0 on CUDA (vllm/config/cache.py)
 
@@ -238,10 +236,13 @@ def check_spec_tokens(args: ServeArgs, cfg: Config, dev: Device) -> Verdict:
     if smem is None or k <= cfg.max_spec_tokens_small_smem:
         return _ok(rule, f"num_speculative_tokens {k}" + (f" (smem per block {smem:,} B)" if smem else ""),
                    **values)
+    limit = cfg.max_spec_tokens_small_smem
     return Verdict(rule, "refuse", f"{rule}: num_speculative_tokens {k} on a GPU with {smem:,} B shared "
-                   f"memory per block (<= {cfg.small_smem_bytes:,}); W3: k=3 crashed on this limit (the "
-                   f"kernels want ~133 KB) and k=1 is the fastest anyway (acceptance 94% at position 0, "
-                   f"57% at 1; x1.78). Safe: {MTP_K1}{DSPARK_K1 if dspark_drafter(args, cfg) else ''}.", values)
+                   f"memory per block (<= {cfg.small_smem_bytes:,}); W3: a wide verify crashed on this limit "
+                   f"(MTP k=3 before the KDA shared-memory guard: a kernel wanting ~133 KB); held to it under "
+                   f"emulation, every Triton kernel fits up to a {limit + 1}-token verify, wider is untested. "
+                   f"Safe: \"num_speculative_tokens\":{limit} in --speculative-config"
+                   f"{f' (serve-int4.sh: DSPARK_K={limit})' if dspark_drafter(args, cfg) else ''}.", values)
 
 
 def check_max_seqs(args: ServeArgs, cfg: Config, dev: Device) -> Verdict:
@@ -252,8 +253,9 @@ def check_max_seqs(args: ServeArgs, cfg: Config, dev: Device) -> Verdict:
         return _ok(rule, f"--max-num-seqs {seqs or 'vLLM default'}", **values)
     shown = seqs if seqs is not None else "unset (vLLM's default: 1024 on a >= 70 GiB GPU)"
     return Verdict(rule, "warn", f"{rule}: --max-num-seqs {shown} on a GPU with {smem:,} B shared memory per "
-                   f"block; W5: 4 lanes crashed at concurrency 10 (the KDA kernel wanted 133 KB), 2 held. "
-                   f"Safe: --max-num-seqs {cfg.max_seqs_small_smem}.", values)
+                   f"block; W5: 4 lanes crashed at concurrency 10 before the KDA shared-memory guard (a kernel "
+                   f"wanting 133 KB); held to this limit under emulation, {cfg.max_seqs_small_smem} lanes fit, "
+                   f"more are untested. Safe: --max-num-seqs {cfg.max_seqs_small_smem}.", values)
 
 
 def check_eager(args: ServeArgs, dev: Device) -> Verdict:

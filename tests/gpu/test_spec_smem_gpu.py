@@ -1,7 +1,7 @@
 """Wide verifies and more lanes within a GB10's shared memory, emulated on a bigger GPU (docs/ops-walls.md W3, W5).
 
 On a GB10 (101,376 B per block) MTP k = 3 and four lanes crashed on KDA kernels that wanted ~133 KB, so the
-preflight refuses k > 1 (and DSpark's K > 1) there. Here every Triton kernel an engine launches is held to
+preflight refused k > 1 there; since these engines passed it refuses above 8. Every Triton kernel an engine launches is held to
 101,376 B, as a GB10's driver holds it (`ling_tuning.smem.emulate_launch_limit`: Triton's own OutOfResources at
 the first launch of a kernel over the limit), with the KDA autotune guard on at that limit (LING_SMEM_LIMIT), and
 engines that verify wide or batch many lanes must run to the end:

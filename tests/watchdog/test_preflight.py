@@ -144,13 +144,16 @@ def test_chunks_above_8192_at_long_context_are_refused():
     assert "--max-num-batched-tokens 16384 is above 8192" in v.message
 
 
-def test_mtp_k3_is_refused_on_a_101376_byte_smem_gpu_and_allowed_on_h200():
-    k3 = RECIPE.replace('"num_speculative_tokens":1', '"num_speculative_tokens":3')
-    v = verdicts(k3)["spec_tokens_smem"]
-    assert v.verdict == "refuse" and "101,376 B shared memory" in v.message
-    assert """Safe: --speculative-config '{"method":"mtp","num_speculative_tokens":1}'""" in v.message
-    assert verdicts(k3, dev=H200)["spec_tokens_smem"].verdict == "ok"
-    assert verdicts(k3, dev=CPU, gpu_smem_bytes=101_376)["spec_tokens_smem"].verdict == "refuse"
+def test_a_verify_wider_than_the_emulated_one_is_refused_on_a_101376_byte_smem_gpu_and_allowed_on_h200():
+    """MTP k = 3 and DSpark K = 8 ran with every Triton kernel held to 101,376 B (tests/gpu/test_spec_smem_gpu.py);
+    past the 9-token verify it covered, a small-smem GPU is refused."""
+    k3, k9 = (RECIPE.replace('"num_speculative_tokens":1', f'"num_speculative_tokens":{k}') for k in (3, 9))
+    assert verdicts(k3)["spec_tokens_smem"].verdict == "ok"
+    v = verdicts(k9)["spec_tokens_smem"]
+    assert v.verdict == "refuse" and "101,376 B shared memory" in v.message and "up to a 9-token verify" in v.message
+    assert 'Safe: "num_speculative_tokens":8 in --speculative-config.' in v.message and v.values["limit"] == 8
+    assert verdicts(k9, dev=H200)["spec_tokens_smem"].verdict == "ok"
+    assert verdicts(k9, dev=CPU, gpu_smem_bytes=101_376)["spec_tokens_smem"].verdict == "refuse"
 
 
 def test_enforce_eager_is_a_warning_not_a_refusal():
@@ -271,12 +274,13 @@ def test_arguments_vllm_refuses_are_one_refusal_with_vllms_message():
     assert "unrecognized arguments: --no-such-flag" in v.message and "vllm serve --help=all" in v.message
 
 
-def test_more_than_two_lanes_on_a_small_smem_gpu_is_a_warning_with_the_w5_numbers():
-    v = verdicts(RECIPE + " --max-num-seqs 4")["max_seqs_smem"]
-    assert v.verdict == "warn" and "4 lanes crashed" in v.message and "Safe: --max-num-seqs 2" in v.message
+def test_more_lanes_than_emulated_on_a_small_smem_gpu_is_a_warning_with_the_w5_numbers():
+    v = verdicts(RECIPE + " --max-num-seqs 16")["max_seqs_smem"]
+    assert v.verdict == "warn" and "4 lanes crashed" in v.message and "8 lanes fit" in v.message
+    assert "Safe: --max-num-seqs 8" in v.message
     assert verdicts(RECIPE)["max_seqs_smem"].verdict == "warn"  # unset = vLLM's 1024
-    assert verdicts(RECIPE + " --max-num-seqs 2")["max_seqs_smem"].verdict == "ok"
-    assert verdicts(RECIPE + " --max-num-seqs 8", dev=H200)["max_seqs_smem"].verdict == "ok"
+    assert verdicts(RECIPE + " --max-num-seqs 8")["max_seqs_smem"].verdict == "ok"
+    assert verdicts(RECIPE + " --max-num-seqs 16", dev=H200)["max_seqs_smem"].verdict == "ok"
 
 
 # --- what a relaunch cannot fix: refused before anything starts --------------------------------------------
@@ -466,14 +470,15 @@ def test_a_local_drafter_is_read_its_files_measured_its_config_giving_kv_and_blo
 
 def test_dspark_on_a_spark_at_the_recipes_context_is_refused_with_a_context_that_fits():
     """The drafter's full-attention KV is 80 KiB a token, ten times the target's: one 131,072-token sequence no
-    longer fits util 0.72 of a Spark. The context the rule names does; K = 8 is held to the smem rule as MTP's k is."""
+    longer fits util 0.72 of a Spark. The context the rule names does; K = 8, the drafter's block, is within the
+    smem rule (a 9-token verify fits, emulated), K = 9 not."""
     v = verdicts(DSPARK_RECIPE)
     assert v["memory_fit"].verdict == "refuse" and "DSpark drafter" in v["memory_fit"].message
     fit = int(re.search(r"--max-model-len (\d+) at this util", v["memory_fit"].message)[1])
     assert 32768 < fit < 131072
-    smem = v["spec_tokens_smem"]
-    assert smem.verdict == "refuse" and "num_speculative_tokens 8" in smem.message
-    assert "or DSpark with \"num_speculative_tokens\":1 (serve-int4.sh: DSPARK_K=1)" in smem.message
-    k1 = DSPARK_RECIPE.replace('-dspark"}', '-dspark","num_speculative_tokens":1}').replace("131072", str(fit))
-    assert {r: x.verdict for r, x in verdicts(k1).items() if x.verdict != "ok"} == {}
+    assert v["spec_tokens_smem"].verdict == "ok" and v["spec_tokens_smem"].values["num_speculative_tokens"] == 8
+    k9 = verdicts(DSPARK_RECIPE.replace('-dspark"}', '-dspark","num_speculative_tokens":9}'))["spec_tokens_smem"]
+    assert k9.verdict == "refuse" and "(serve-int4.sh: DSPARK_K=8)" in k9.message
+    fits = DSPARK_RECIPE.replace("131072", str(fit))
+    assert {r: x.verdict for r, x in verdicts(fits).items() if x.verdict != "ok"} == {}
     assert verdicts(DSPARK_RECIPE, dev=H200)["memory_fit"].verdict == "ok"

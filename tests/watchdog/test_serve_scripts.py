@@ -414,6 +414,31 @@ def test_dspark_adaptive_asks_vllm_for_its_adaptive_verification_width():
     assert cmd[:i] + cmd[i + 2:] == plain[:i] + plain[i + 2:]
 
 
+def _gpu_of_capability(tmp_path, cap: str) -> str:
+    """A PATH whose nvidia-smi answers the compute-capability query as a GPU of `cap` does."""
+    bin_dir = tmp_path / f"bin{cap}"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f'#!/bin/sh\ncase "$*" in *compute_cap*) echo {cap} ;; *) echo "GPU 0: NVIDIA" ;; esac\n')
+    smi.chmod(0o755)
+    return f"{bin_dir}:{os.environ['PATH']}"
+
+
+def test_dspark_adaptive_is_refused_before_loading_where_vllm_has_no_mla_backend_for_it(tmp_path):
+    """vLLM 0.34 refuses adaptive verification on an H100 only at KV-cache set-up, after the weights:
+    "FlashAttnMLABackend allows none" (seen on the GPU); of its MLA backends only FlashInfer MLA, compute capability
+    10.x, replays decode graphs of varying query length. The recipe says so at once on a GB10 (12.1) or a Hopper
+    (9.0), and lets 10.0 and fixed K through."""
+    gpus = {cap: _gpu_of_capability(tmp_path, cap) for cap in ("12.1", "9.0", "10.0")}
+    for cap in ("12.1", "9.0"):
+        r = _dry(DEVICE="cuda", SPEC="dspark", DSPARK_ADAPTIVE="1", PATH=gpus[cap])
+        assert r.returncode == 2 and f"DSPARK_ADAPTIVE=1 on a GPU of compute capability {cap}" in r.stderr
+        assert "only FlashInfer MLA (compute capability 10.x)" in r.stderr and "Safe: DSPARK_ADAPTIVE=0" in r.stderr
+    assert _dry(DEVICE="cuda", SPEC="dspark", DSPARK_ADAPTIVE="1", PATH=gpus["10.0"]).returncode == 0
+    r = _dry(DEVICE="cuda", SPEC="dspark", PATH=gpus["12.1"])
+    assert r.returncode == 0 and "enable_adaptive_verification" not in r.stdout, r.stderr
+
+
 def test_a_local_drafter_folder_with_its_config_is_passed_as_a_path(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     spec = spec_config(dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark", DSPARK_MODEL=str(tmp_path))[1])
@@ -478,8 +503,8 @@ def test_dspark_through_the_mtp_recipe_is_refused_it_sets_mtp_k():
     assert r.returncode == 2 and "Safe: MTP_K=0 with serve-int4.sh" in r.stderr
 
 
-def test_dspark_on_a_spark_passes_its_own_watchdogs_rules_only_at_k1_and_a_context_that_fits():
-    """What docs/dspark.md §Recipe says: the drafter's KV and K = 8 are held to the memory and smem rules."""
+def test_dspark_on_a_spark_passes_its_own_watchdogs_rules_at_a_context_that_fits():
+    """What docs/dspark.md §Recipe says: the drafter's KV is held to the memory rule; K = 8 fits the smem rule."""
     import re
 
     spark = Device("unified", "NVIDIA GB10", None, 101_376)
@@ -490,6 +515,6 @@ def test_dspark_on_a_spark_passes_its_own_watchdogs_rules_only_at_k1_and_a_conte
                                                  bind=lambda host, port: None) if v.verdict != "ok"}
 
     default = refused()
-    assert set(default) == {"spec_tokens_smem", "memory_fit"} and "DSPARK_K=1" in default["spec_tokens_smem"]
-    fit = re.search(r"--max-model-len (\d+) at this util", refused(DSPARK_K="1")["memory_fit"])[1]
-    assert refused(DSPARK_K="1", CTX=fit) == {}
+    assert set(default) == {"memory_fit"}
+    fit = re.search(r"--max-model-len (\d+) at this util", default["memory_fit"])[1]
+    assert refused(CTX=fit) == {} and refused(DSPARK_K="8", CTX=fit) == {}
