@@ -10,7 +10,8 @@
 # Every setting is an environment variable (defaults = the shipped recipe; the walls W1-W11 behind them are in
 # docs/ops-walls.md). Numeric settings are checked as numbers before any use (exit 2 names the setting):
 #   MODEL        checkpoint (HF id or local dir)       inclusionAI/Ling-3.0-flash-int4
-#   CTX          --max-model-len                       131072 (verified at util 0.72, W4)
+#   CTX          --max-model-len                       131072 (verified at util 0.72, W4); 81920 with
+#                                                      SPEC=dspark (its drafter's KV; 131072 does not fit)
 #   HOST, PORT   where to listen                       127.0.0.1, 8000 (HOST=0.0.0.0 for the LAN)
 #   UTIL         --gpu-memory-utilization              0.72 (0.80 hung the box at long context, W4)
 #   KV_CACHE_GIB --kv-cache-memory-bytes in GiB        unset on cuda (util sizes it), 4 on cpu unless UTIL is
@@ -79,7 +80,7 @@ UTIL_GIVEN=${UTIL+yes}
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 PYTHON=${PYTHON:-python3}
 MODEL=${MODEL:-inclusionAI/Ling-3.0-flash-int4}
-CTX=${CTX:-131072}
+CTX=${CTX:-$([[ ${SPEC:-} == dspark ]] && echo 81920 || echo 131072)}  # the drafter's KV: docs/dspark.md §Recipe
 HOST=${HOST:-127.0.0.1}
 PORT=${PORT:-8000}
 UTIL=${UTIL:-0.72}

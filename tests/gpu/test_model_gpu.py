@@ -126,7 +126,7 @@ def runs(tmp_path_factory) -> dict[str, Run]:
             "model": models[ckpt], "prompts": _prompts(), "max_tokens": MAX_TOKENS, "dtype": "bfloat16",
             "hf_overrides": NO_CLAMPS, "enforce_eager": False, "gpu_memory_utilization": SIDE_BY_SIDE[
                 "gpu_memory_utilization"], "max_model_len": 2048, "max_num_batched_tokens": TOKEN_BUDGET,
-            "max_num_seqs": 8, "prompt_topk": TOPK, "quant_methods": _fp8(name), "log_lines": _fp8(name),
+            "max_num_seqs": 8, "prompt_topk": TOPK, "quant_methods": _fp8(name), "log_lines": True,
             "engine_kwargs": {"kv_cache_memory_bytes": SIDE_BY_SIDE["kv_cache_memory_bytes"], **kwargs},
         }, name))
         envs[name] = {**GPU_ENV, **env}
@@ -336,6 +336,34 @@ def test_the_fp8_start_up_line_counts_the_engines_fp8_linears(runs, name):
     want = f"({len(fp8) - len(head)} linears{' + LM head' if head else ', LM head BF16'})"
     seen = next(v for v in inspect_log("\n".join(engine["log_lines"]), Requested(fp8=True)) if v.name == "FP8 weights")
     assert seen.on and seen.why.startswith(want), (want, seen)
+
+
+def _prefill_kernel_expected(name: str) -> str:
+    """What our layers should run KDA prefills on here (vllm_ling.flashkda's rule, from this GPU and vLLM):
+    FlashKDA under vLLM's default `auto` where its contract holds, Triton chunk_kda with our gate (it needs the raw
+    projection) or where this GPU or vLLM lacks FlashKDA."""
+    import torch
+    from vllm_ling import compat, flashkda
+
+    raw_gate = CONFIGS[name][1].get("VLLM_LING_KDA_GATE", "kernel") == "kernel"
+    gaps = flashkda.contract_gaps(compat.cuda_capability(), torch.bfloat16, flashkda.HEAD_DIM, -5.0, torch.float32,
+                                  compat.flashkda_ops() is not None, raw_gate)
+    return flashkda.FLASHKDA if not gaps else flashkda.TRITON
+
+
+@pytest.mark.parametrize("name", [n for n in CONFIGS if _implementation(n) == "vllm-ling"])
+def test_the_kda_prefill_kernel_is_said_and_is_the_one_the_rule_picks(runs, name):
+    """The start-up line `KDA prefill on KERNEL (why)`, read as the self-check reads it, names the kernel
+    vllm_ling.flashkda picks for this GPU: the oracle agreement above was measured with that kernel prefilling."""
+    from ling_tools.selfcheck import flashkda_verdict
+    from vllm_ling import startup_log
+
+    log = "\n".join(runs[name].engine["log_lines"])
+    verdict = flashkda_verdict(log, "auto", on_cpu=False)
+    want = _prefill_kernel_expected(name)
+    record(f"model_{name}_kda_prefill", {"flashkda": verdict.on, "why": verdict.why, "expected": want})
+    assert "no vllm-ling KDA prefill line" not in verdict.why, verdict
+    assert verdict.on == (want == startup_log.KDA_PREFILL_KERNELS[0]), (want, verdict)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))

@@ -383,9 +383,10 @@ def test_spec_dspark_passes_vllms_dspark_flags_with_the_drafters_own_k_unless_ds
     assert spec_config(cmd) == {"method": "dspark", "model": "org/drafter", "num_speculative_tokens": 4}
     a = ServeArgs.parse(cmd)
     assert a.speculative == spec_config(cmd) and a.error is None  # vLLM's own parser takes it
-    _, plain = dry_run("serve-int4.sh", DEVICE="cuda")
+    _, plain = dry_run("serve-int4.sh", DEVICE="cuda", CTX="81920")
     i = cmd.index("--speculative-config")
-    assert cmd[:i] + cmd[i + 2:] == plain  # nothing else changes
+    assert cmd[:i] + cmd[i + 2:] == plain  # nothing else changes but the default context (81,920 tokens)
+    assert "131072" in dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark", CTX="131072")[1]  # CTX still wins
 
 
 def test_dspark_fp8_asks_for_the_drafters_own_quantization_and_leaves_the_targets_alone():
@@ -504,7 +505,9 @@ def test_dspark_through_the_mtp_recipe_is_refused_it_sets_mtp_k():
 
 
 def test_dspark_on_a_spark_passes_its_own_watchdogs_rules_at_a_context_that_fits():
-    """What docs/dspark.md §Recipe says: the drafter's KV is held to the memory rule; K = 8 fits the smem rule."""
+    """What docs/dspark.md §Recipe says: SPEC=dspark serves 81,920 tokens of context by default, which its drafter's
+    KV leaves room for at util 0.72 on a Spark (131,072 is refused with the context that fits); K = 8 fits the smem
+    rule."""
     import re
 
     spark = Device("unified", "NVIDIA GB10", None, 101_376)
@@ -514,7 +517,8 @@ def test_dspark_on_a_spark_passes_its_own_watchdogs_rules_at_a_context_that_fits
         return {v.rule: v.message for v in check(a, load_config(), spark, Host(int(115 * GiB), int(119.6 * GiB)),
                                                  bind=lambda host, port: None) if v.verdict != "ok"}
 
-    default = refused()
-    assert set(default) == {"memory_fit"}
-    fit = re.search(r"--max-model-len (\d+) at this util", default["memory_fit"])[1]
-    assert refused(CTX=fit) == {} and refused(DSPARK_K="8", CTX=fit) == {}
+    assert refused() == {} and refused(DSPARK_K="4") == {}  # its default context, 81,920 tokens
+    too_long = refused(CTX="131072")
+    assert set(too_long) == {"memory_fit"} and "DSpark drafter" in too_long["memory_fit"]
+    fit = int(re.search(r"--max-model-len (\d+) at this util", too_long["memory_fit"])[1])
+    assert 81920 < fit < 131072 and refused(CTX=str(fit)) == {}
