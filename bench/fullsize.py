@@ -564,8 +564,11 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
                     "router_gemm_asked": envs.asked(GEMM_ENV) if impl == "ours" else None,
                     "kda_gate_asked": envs.asked(GATE_ENV) if impl == "ours" else None, **shape}
     short = [rng.randrange(10, vocab) for _ in range(32)]
+    result["engine_start_s"] = time.perf_counter() - t0  # LLM(): load, compile, graph capture (what a relaunch pays)
     _progress(t0, f"engine up ({mode})")
+    first = time.perf_counter()
     timed(llm, short, decode)  # warm-up: JIT and first-request costs are not speed
+    result["first_request_s"] = time.perf_counter() - first
     _progress(t0, "warm-up done")
     at_context = {}
     for n in prefill:

@@ -18,7 +18,8 @@ Run on the device: VLLM_LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_ds
 DSPARK_ADAPTIVE=1 verifies with vLLM's confidence-driven adaptive width instead of the fixed one; DSPARK_FP8=1 serves
 the drafter's own weights in FP8, `"quantization": "ling_fp8"` in its speculative config (docs/dspark.md §Draft
 FP8), the target staying BF16 so the oracle's bar is unchanged: lossless still, and the agreeing drafter still
-accepted.)
+accepted; DSPARK_TARGET=int4 serves the INT4 `mtp_echo` checkpoint (experts INT4, vLLM's default MoE kernel) as the
+target of all engines, the oracle reading its dequantized copy, the model it serves, as test_model_gpu.py does.)
 """
 
 from __future__ import annotations
@@ -39,6 +40,9 @@ KS = [int(k) for k in os.environ.get("DSPARK_KS", "1,2,3,4,5,6,7,8").split(",")]
 ADAPTIVE = os.environ.get("DSPARK_ADAPTIVE", "0") == "1"
 DRAFT_FP8 = os.environ.get("DSPARK_FP8", "0") == "1"
 TARGET = "mtp_echo"
+TARGET_INT4 = os.environ.get("DSPARK_TARGET", "bf16") == "int4"
+if os.environ.get("DSPARK_TARGET", "bf16") not in ("bf16", "int4"):
+    raise ValueError(f"DSPARK_TARGET={os.environ['DSPARK_TARGET']!r}: bf16 or int4")
 PAIRS = {"random": False, "agree": True}  # drafter -> built to agree with the target
 AGREE_MIN_ACCEPTANCE = 0.5  # the agreeing drafter's share of accepted drafts (the echo target follows f ~80-90%)
 RANDOM_MAX_ACCEPTANCE = 0.1
@@ -58,12 +62,13 @@ def _spec(draft: str, k: int) -> dict:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict[str, dict]:
     """drafter -> {"plain": run, k: run}, each run's outputs scored by the fp32 oracle (its "scored")."""
-    from ling_tools.tiny import ensure_tiny
+    from ling_tools.tiny import dequantize_checkpoint, ensure_tiny
     from ling_tools.tiny.dspark import make_tiny_dspark
 
     tmp = tmp_path_factory.mktemp("dspark")
     prompts = random_prompts(PROMPT_LENGTHS, seed=13)
-    model = str(ensure_tiny(variant=TARGET))
+    model = str(ensure_tiny(variant=TARGET, int4=TARGET_INT4))
+    reference = str(dequantize_checkpoint(model, tmp / "dequantized")) if TARGET_INT4 else model
     base = {"model": model, "prompts": prompts, "max_tokens": MAX_TOKENS, "dtype": "bfloat16",
             "enforce_eager": False, "max_model_len": 1024, "max_num_batched_tokens": 512,
             "prompt_logprobs": False, "hf_overrides": NO_CLAMPS, "log_lines": DRAFT_FP8, **SIDE_BY_SIDE}
@@ -72,7 +77,8 @@ def runs(tmp_path_factory) -> dict[str, dict]:
         draft = str(make_tiny_dspark(tmp / f"draft-{pair}", model, agree=agree))
         jobs += [("engine_runner.py", {**base, "speculative_config": _spec(draft, k)}, f"{pair}-k{k}") for k in KS]
     done = {}
-    tag = f"dspark_k{''.join(map(str, KS))}{'_adaptive' if ADAPTIVE else ''}{'_draft_fp8' if DRAFT_FP8 else ''}"
+    tag = (f"dspark_k{''.join(map(str, KS))}{'_int4' if TARGET_INT4 else ''}{'_adaptive' if ADAPTIVE else ''}"
+           f"{'_draft_fp8' if DRAFT_FP8 else ''}")
     for i in range(0, len(jobs), GROUP):
         group = jobs[i:i + GROUP]
         done.update(zip([name for *_, name in group], run_scripts(group, tmp, GPU_ENV)))
@@ -82,7 +88,7 @@ def runs(tmp_path_factory) -> dict[str, dict]:
                                   for name, r in done.items()})
     names = list(done)  # plain, then each drafter's K: all scored by the oracle in one run
     oracle = run_scripts([("oracle.py", {
-        "model": model, "prompts": [], "device": "cuda",
+        "model": reference, "prompts": [], "device": "cuda",
         "score": [p + done[name]["outputs"][j]["token_ids"] for name in names for j, p in enumerate(prompts)],
     }, "oracle")], tmp)[0]
     n = len(prompts)
