@@ -1,7 +1,7 @@
 """The one home of our `/metrics` scrapes: vLLM's Prometheus counters, read with prometheus_client's parser.
 
-Used by the watchdog's liveness probe (engine progress), the start-up self-check (draft acceptance, prefix-cache
-hit rate) and the benchmark harness. vLLM's counters are cumulative since the server started: a rate over a
+Used by the watchdog's liveness probe (engine progress) and traffic line, the start-up self-check (draft acceptance,
+prefix-cache hit rate) and the benchmark harness. vLLM's counters are cumulative since the server started: a rate over a
 window is the difference of two scrapes. Sample names are matched, not family names: a counter family
 also carries a `_created` sample (its start time), which must never be summed.
 """
@@ -126,6 +126,24 @@ def prefix_cache(text: str) -> PrefixCache | None:
         if s.name in (PREFIX_QUERIES, PREFIX_HITS):
             sums[s.name] = sums.get(s.name, 0.0) + s.value
     return PrefixCache(round(sums.get(PREFIX_QUERIES, 0.0)), round(sums.get(PREFIX_HITS, 0.0))) if sums else None
+
+
+@dataclass(frozen=True)
+class Counters:
+    """What one scrape says the engine has done since it started; a window is the difference of two."""
+
+    tokens: float  # prompt + generated
+    cache: PrefixCache | None
+    spec: SpecCounters | None
+
+    def __sub__(self, before: Counters) -> Counters:
+        return Counters(self.tokens - before.tokens,
+                        self.cache - before.cache if self.cache and before.cache else self.cache,
+                        self.spec - before.spec if self.spec and before.spec else self.spec)
+
+
+def counters(text: str) -> Counters:
+    return Counters(tokens_total(text), prefix_cache(text), spec_counters(text))
 
 
 def read_metrics(url: str, headers: Mapping[str, str] | None = None, timeout: float = 5.0) -> str:

@@ -44,6 +44,7 @@ class Config:
     health_timeout_s: float
     liveness_timeout_s: float
     fail_threshold: int
+    traffic_log_s: float
     # relaunch
     kill_grace_s: float
     max_relaunches: int

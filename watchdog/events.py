@@ -202,6 +202,7 @@ class Summary:
     preflight: list[dict[str, Any]] = field(default_factory=list)
     selfcheck: dict[str, Any] | None = None  # the latest launch's: code (None: running), ts, lines, failed,
     # and once it ended, its exit line (message)
+    traffic: dict[str, Any] | None = None  # the latest launch's latest traffic line
 
     @property
     def relaunches_left(self) -> int | None:
@@ -230,7 +231,7 @@ def summarise(records: list[dict[str, Any]]) -> Summary:
             s.max_relaunches = (r.get("config") or {}).get("max_relaunches")
         elif kind == "launch":
             s.launches += 1
-            s.phase, s.phase_since, s.selfcheck = "loading", r["t"], None
+            s.phase, s.phase_since, s.selfcheck, s.traffic = "loading", r["t"], None, None
         elif kind == "phase":
             s.phase, s.phase_since = r["to"], r["t"]
         elif kind == "relaunch":
@@ -242,6 +243,8 @@ def summarise(records: list[dict[str, Any]]) -> Summary:
             s.preflight.append(r)
         elif kind == "after_serving":
             _selfcheck(s, r)
+        elif kind == "traffic":
+            s.traffic = r
         elif kind == "final":
             s.final, s.phase, s.phase_since = r, "stopped", r["t"]
         if kind in FAULTS:
@@ -305,6 +308,8 @@ def format_summary(s: Summary) -> str:
         lines.append(f"preflight {p['verdict']}: {p['message']}")
     if s.selfcheck:
         lines += _selfcheck_lines(s.selfcheck)
+    if s.traffic:
+        lines.append(f"{s.traffic['message']} (to {s.traffic['ts']})")
     if s.final:
         lines.append(f"final: {s.final['message']}")
     lines.append(f"last event: {s.last_event['ts']} {s.last_event['event']}: {s.last_event['message']}")

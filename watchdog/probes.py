@@ -9,6 +9,10 @@ vLLM's own word that its engine died: that is a crash at once, not one failed pr
 Probes carry the server's credentials (`--api-key` / VLLM_API_KEY: vLLM guards /v1/*). A refusal (401/403)
 is an answer, not a wedge: the server is up and the watchdog lacks the key, which a relaunch cannot fix;
 it is reported as such and never counted towards the wedge threshold (docs/ops-walls.md).
+
+Every traffic_log_s while serving, the /metrics counters the liveness probe reads anyway also give a traffic line:
+tokens processed, the prefix cache's hit rate and the drafts' acceptance over that window (what an agent's turns
+and the speculation are getting now, not at start-up; the probes' own 1-token requests are in it).
 """
 from __future__ import annotations
 
@@ -20,7 +24,7 @@ from dataclasses import dataclass
 
 import requests
 from ling_watchdog.config import Config
-from ling_common.metrics import tokens_total
+from ling_common.metrics import Counters, counters
 
 READY_POLL_S = 0.5
 REFUSED = (401, 403)
@@ -37,6 +41,33 @@ class ProbeResult:
     busy: bool = False
     refused: bool = False  # the server answered 401/403: up, but the probe lacks its credentials
     dead: bool = False  # /health 503: vLLM says its engine is dead (EngineDeadError)
+
+
+@dataclass(frozen=True, slots=True)
+class Traffic:
+    """What the server did over one window of traffic_log_s (a difference of two /metrics reads)."""
+
+    t: float
+    seconds: float
+    delta: Counters
+
+    def message(self) -> str:
+        d, parts = self.delta, [f"{self.delta.tokens:,.0f} tokens in {self.seconds / 60:.1f} min"]
+        if d.cache is not None:
+            rate = d.cache.hit_rate
+            parts.append(f"prefix cache {'-' if rate is None else f'{rate:.1%}'} of {d.cache.queries:,} prompt "
+                         f"tokens hit")
+        if d.spec is not None:
+            acc, length = d.spec.acceptance_rate, d.spec.mean_acceptance_length
+            parts.append(f"drafts {'-' if acc is None else f'{acc:.1%}'} accepted" +
+                         ("" if length is None else f", mean accepted length {length:.2f}"))
+        return "traffic: " + "; ".join(parts)
+
+    def fields(self) -> dict:
+        d = self.delta
+        return {"seconds": round(self.seconds, 1), "tokens": round(d.tokens),
+                "prefix_cache": d.cache.to_json() if d.cache else None,
+                "spec_decode": d.spec.to_json() if d.spec else None}
 
 
 def auth_headers(api_key: str | None) -> dict[str, str]:
@@ -58,6 +89,7 @@ class Prober(threading.Thread):
         self._http.headers.update(auth_headers(api_key))
         self._served: str | None = None
         self._tokens_seen: float | None = None
+        self._window: tuple[float, Counters] | None = None  # the traffic window's start and its counters
 
     def stop(self) -> None:
         self._halt.set()
@@ -124,18 +156,35 @@ class Prober(threading.Thread):
                   f"watchdog does not have (it presents --api-key / VLLM_API_KEY of the serve command)")
         return ProbeResult(kind, True, detail, self._clock(), self._clock() - t0, refused=True)
 
-    def _tokens(self) -> float | None:
+    def _counters(self) -> Counters | None:
         try:
             r = self._get("/metrics", self.cfg.health_timeout_s)
-            return tokens_total(r.text) if r.status_code == 200 else None
-        except requests.RequestException:
+            return counters(r.text) if r.status_code == 200 else None
+        except (requests.RequestException, ValueError):  # ValueError: prometheus_client's parser
             return None
+
+    def _tokens(self) -> float | None:
+        read = self._counters()
+        return None if read is None else read.tokens
+
+    def _traffic(self, now: Counters | None) -> None:
+        """Put a Traffic on the inbox once traffic_log_s has passed since the window began (0: never)."""
+        if now is None or not self.cfg.traffic_log_s:
+            return
+        t = self._clock()
+        if self._window is not None and t - self._window[0] < self.cfg.traffic_log_s:
+            return
+        if self._window is not None:
+            self.inbox.put(Traffic(t, t - self._window[0], now - self._window[1]))
+        self._window = (t, now)
 
     def _liveness(self) -> ProbeResult:
         health = self._health("live")
         if not health.ok:
             return health
-        self._note_tokens(self._tokens())
+        read = self._counters()
+        self._traffic(read)
+        self._note_tokens(None if read is None else read.tokens)
         since, result = self._tokens_seen, self._complete("live", self.cfg.liveness_timeout_s)
         if result.ok:
             return result

@@ -28,7 +28,7 @@ from ling_watchdog.headlink import HeadLink, LinkResult
 from ling_watchdog.memory import gib
 from ling_watchdog.phases import Fault, Monitor, Phase
 from ling_watchdog.policy import RelaunchPolicy
-from ling_watchdog.probes import Prober, ProbeResult
+from ling_watchdog.probes import Prober, ProbeResult, Traffic
 from ling_watchdog.procs import CpuSampler
 from ling_common.vllm_log import parse
 
@@ -220,6 +220,8 @@ class Supervisor:
                     monitor.probe(item)
                 elif isinstance(item, LinkResult) and not lines_only:
                     monitor.link(item)
+                elif isinstance(item, Traffic) and not lines_only:
+                    self.log.emit("traffic", item.message(), **item.fields())
                 item = inbox.get_nowait()
         except queue.Empty:
             return

@@ -212,7 +212,11 @@ def handler_for(args: argparse.Namespace, faulty: bool):
                 m = f'model_name="{args.model}"'
                 self._send(200, f"vllm:num_requests_running{{{m}}} {State.running}\n"
                                 f"vllm:generation_tokens_total{{{m}}} {State.generated}\n"
-                                f"vllm:prompt_tokens_total{{{m}}} {State.prompt}\n", "text/plain")
+                                f"vllm:prompt_tokens_total{{{m}}} {State.prompt}\n"
+                                # every prompt token looked up, none found: vLLM hashes whole blocks, and the
+                                # fake's prompts ("ping") are shorter than one
+                                f"vllm:prefix_cache_queries_total{{{m}}} {State.prompt}\n"
+                                f"vllm:prefix_cache_hits_total{{{m}}} 0\n", "text/plain")
             else:
                 self._send(404, "{}")
 

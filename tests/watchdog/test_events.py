@@ -64,6 +64,15 @@ def test_summary_of_a_finished_run_shows_the_final_verdict():
     assert s.phase == "stopped" and "final: exit 5: fatal" in format_summary(s)
 
 
+def test_status_shows_the_latest_traffic_line_of_the_latest_launch_only():
+    first = "traffic: 9,000 tokens in 10.0 min; prefix cache 75.0% of 8,000 prompt tokens hit"
+    records = [rec("start", 0, pid=1), rec("launch", 1), rec("traffic", 601, message="traffic: 10 tokens in 10.0 min"),
+               rec("traffic", 1201, message=first)]
+    assert f"{first} (to T1201)" in format_summary(summarise(records))
+    relaunched = summarise(records + [rec("launch", 1300)])
+    assert relaunched.traffic is None and "traffic" not in format_summary(relaunched)  # the old server's counters
+
+
 def test_secrets_are_masked_in_both_logs_and_the_files_are_not_world_readable(tmp_path):
     old = tmp_path / "serve.log"
     old.write_text("an older run\n")

@@ -1,5 +1,6 @@
 """The probes against a small HTTP server: engine progress from /metrics, the server's key on every request,
-a refusal that is an answer (not a failure), and /health 503 as vLLM's word that its engine died."""
+a refusal that is an answer (not a failure), /health 503 as vLLM's word that its engine died, and the traffic line
+from the counters the liveness probe reads."""
 import json
 import queue
 import threading
@@ -7,7 +8,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 from ling_watchdog.config import load_config
-from ling_watchdog.probes import Prober, auth_headers, tokens_total
+from ling_common.metrics import tokens_total
+from ling_watchdog.probes import Prober, Traffic, auth_headers
 
 KEY = "sk-probe-1"
 
@@ -32,7 +34,7 @@ def server():
             if self.path == "/health":
                 return self._send(state["health"])
             if self.path == "/metrics":
-                return self._send(200, 'vllm:generation_tokens_total{model_name="m"} 3.0\n')
+                return self._send(200, state.get("metrics", 'vllm:generation_tokens_total{model_name="m"} 3.0\n'))
             return self._send(401 if self.headers.get("Authorization") != f"Bearer {KEY}" else 200,
                               json.dumps({"data": [{"id": "m"}]}))
 
@@ -77,3 +79,57 @@ def test_health_503_says_the_engine_is_dead(server):
     assert not r.ok and r.dead and "vLLM reports its engine dead" in r.detail
     state["health"] = 200
     assert not prober(url, KEY)._health("live").dead
+
+
+def _metrics(tokens: int, queries: int, hits: int, drafts: int, drafted: int, accepted: int) -> str:
+    """vLLM's counter names (0.32-0.34), as two engines would export them: every sample is summed."""
+    m = 'model_name="m",engine="{}"'
+    return "".join(
+        f"vllm:prompt_tokens_total{{{m.format(e)}}} {tokens / 2}\n"
+        f"vllm:prefix_cache_queries_total{{{m.format(e)}}} {queries / 2}\n"
+        f"vllm:prefix_cache_hits_total{{{m.format(e)}}} {hits / 2}\n"
+        f"vllm:spec_decode_num_drafts_total{{{m.format(e)}}} {drafts / 2}\n"
+        f"vllm:spec_decode_num_draft_tokens_total{{{m.format(e)}}} {drafted / 2}\n"
+        f"vllm:spec_decode_num_accepted_tokens_total{{{m.format(e)}}} {accepted / 2}\n" for e in (0, 1))
+
+
+def test_a_traffic_line_each_window_from_the_counters_the_liveness_probe_reads(server):
+    """The first liveness probe opens a window; one traffic_log_s later the next probe closes it with the counters'
+    difference (since the window, not since start-up) and opens the next; traffic_log_s 0 says nothing."""
+    url, state = server
+    clock = [0.0]
+    inbox: queue.Queue = queue.Queue()
+    p = Prober(url, load_config(overrides=dict(health_timeout_s=2, traffic_log_s=600)), inbox, "m",
+               clock=lambda: clock[0], api_key=KEY)
+    state["metrics"] = _metrics(1000, 800, 100, 10, 10, 9)
+    assert p._liveness().ok and inbox.empty()
+    clock[0], state["metrics"] = 300.0, _metrics(5000, 4000, 3000, 50, 50, 40)
+    assert p._liveness().ok and inbox.empty()  # inside the window
+    clock[0], state["metrics"] = 660.0, _metrics(9000, 8800, 6100, 110, 110, 100)
+    assert p._liveness().ok
+    t = inbox.get_nowait()
+    assert isinstance(t, Traffic) and t.seconds == 660.0 and inbox.empty()
+    assert (t.delta.tokens, t.delta.cache.queries, t.delta.cache.hits) == (8000, 8000, 6000)
+    assert t.message() == ("traffic: 8,000 tokens in 11.0 min; prefix cache 75.0% of 8,000 prompt tokens hit; "
+                           "drafts 91.0% accepted, mean accepted length 1.91")
+    assert t.fields()["prefix_cache"]["hit_rate"] == 0.75 and t.fields()["spec_decode"]["num_drafts"] == 100
+    clock[0], state["metrics"] = 1200.0, _metrics(9500, 9300, 6100, 110, 110, 100)
+    assert p._liveness().ok and inbox.empty()  # the next window began at 660 s
+    clock[0] = 1300.0
+    assert p._liveness().ok and inbox.get_nowait().seconds == 640.0
+    quiet = Prober(url, load_config(overrides=dict(health_timeout_s=2, traffic_log_s=0)), inbox, "m",
+                   clock=lambda: clock[0], api_key=KEY)
+    for clock[0] in (0.0, 1e6):
+        assert quiet._liveness().ok
+    assert inbox.empty()
+
+
+def test_a_traffic_line_names_only_what_the_server_exports():
+    """No prefix-cache or spec-decode counters (caching off, no drafter): tokens only; no queries: no rate."""
+    from ling_common.metrics import counters
+
+    bare = counters('vllm:prompt_tokens_total{model_name="m"} 120\n')
+    assert Traffic(60.0, 60.0, bare).message() == "traffic: 120 tokens in 1.0 min"
+    idle = counters(_metrics(0, 0, 0, 0, 0, 0))
+    assert Traffic(60.0, 60.0, idle).message() == ("traffic: 0 tokens in 1.0 min; prefix cache - of 0 prompt tokens "
+                                                   "hit; drafts - accepted")

@@ -186,6 +186,25 @@ def test_status_summarises_phase_relaunches_and_last_fault(watchdog):
     assert "phase: stopped" in out and "exit 143" in out
 
 
+def test_a_traffic_line_is_logged_each_window_and_status_shows_the_latest(watchdog):
+    """traffic_log_s: the /metrics counters over each window (here only the probes' own 1-token requests: 2 prompt
+    tokens each, none of them a cached block) in the event log, the latest in `status`."""
+    run = watchdog("clean", cfg={"traffic_log_s": 1.0})
+    run.wait_phase("serving")
+    first = run.wait_for(lambda r: r["event"] == "traffic", timeout=15)
+    assert first["tokens"] > 0 and first["seconds"] >= 1.0 and first["spec_decode"] is None
+    cache = first["prefix_cache"]
+    assert cache["queries"] > 0 and cache["hits"] == 0 and cache["hit_rate"] == 0.0
+    assert first["message"].startswith("traffic: ") and "prefix cache 0.0% of" in first["message"]
+    run.wait_for(lambda r: r["event"] == "traffic" and r["t"] > first["t"], timeout=15)
+    out = subprocess.run([sys.executable, "-m", "ling_watchdog", "status", "--log-dir", str(run.log_dir)],
+                         capture_output=True, text=True, check=True).stdout
+    assert run.stop() == 143
+    latest = run.events("traffic")[-1]
+    assert any(line.startswith("traffic: ") and "prefix cache" in line for line in out.splitlines()), out
+    assert len(run.events("traffic")) >= 2 and latest["t"] >= first["t"]
+
+
 @pytest.mark.parametrize("code, level", [(0, "info"), (2, "error")])
 def test_after_serving_check_runs_once_and_its_verdict_is_logged(watchdog, code, level):
     """The start-up self-check hook: run once serving starts, its lines and exit code land in the event log."""
