@@ -58,6 +58,7 @@ import random
 import statistics
 import sys
 import time
+from pathlib import Path
 
 from ling_bench.projection import DSPARK
 from ling_tuning.engine_compare import BACKENDS as MOE_BACKENDS  # vLLM >= 0.28's --moe-backend for INT4 experts
@@ -192,11 +193,33 @@ def check_spec(mode: str, k: int | None = None, adaptive: bool = False, lengths:
     return k
 
 
-def check_runtime(mode: str) -> None:
+def check_runtime(mode: str, adaptive: bool = False) -> None:
     """Refuse DSpark where this vLLM cannot run it (`compat.dspark_runtime_missing`: no runtime, or the CPU engine),
-    before minutes of start-up end in an error that does not say so. Raises ValueError."""
+    and adaptive width where no MLA backend serves it (`compat.adaptive_verification_problem`), before minutes of
+    start-up end in an error after the weights. Raises ValueError."""
     if mode == "dspark" and (missing := compat.dspark_runtime_missing()):
         raise ValueError(f"--mode dspark: {missing}")
+    if adaptive and (problem := compat.adaptive_verification_problem(compat.cuda_capability())):
+        raise ValueError(f"--adaptive: {problem}")
+
+
+def check_context(prefill: list[int], decode: int, limit: int | None) -> None:
+    """Refuse a --prefill prompt whose decode would run past the model's context (`max_position_embeddings`): vLLM
+    would refuse the engine's max_model_len only after imports. Raises ValueError."""
+    longest = max(prefill, default=0) + decode + CONTEXT_SLACK
+    if limit is not None and longest > limit:
+        raise ValueError(f"--prefill {max(prefill)} with --decode {decode} needs {longest} tokens of context, over the "
+                         f"model's {limit} (max_position_embeddings): use --prefill {limit - decode - CONTEXT_SLACK} "
+                         f"or less")
+
+
+CONTEXT_SLACK = 64  # tokens of max_model_len past the longest prompt and its decode
+
+
+def _max_context(model: str) -> int | None:
+    """The model folder's max_position_embeddings (None where it has no config.json to read)."""
+    path = Path(model) / "config.json"
+    return json.loads(path.read_text()).get("max_position_embeddings") if path.is_file() else None
 
 
 def speculative_config(mode: str, k: int | None, acceptance_length: float | None = None, adaptive: bool = False,
@@ -511,7 +534,8 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     k = check_spec(mode, k, adaptive, acceptance_lengths, impl, draft_fp8)
     acceptance_length, more_lengths = (acceptance_lengths[0], acceptance_lengths[1:]) if acceptance_lengths \
         else (None, [])
-    check_runtime(mode)
+    check_runtime(mode, adaptive)
+    check_context(prefill, decode, _max_context(model))
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # same process: its GPU memory is ours to read
     os.environ.update(IMPLS[impl])
     if router:
@@ -543,7 +567,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     drafter = write_dummy_drafter(model) if mode == "dspark" else None
     t0 = time.perf_counter()
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True,
-              max_model_len=max(prefill, default=0) + decode + 64, max_num_seqs=max(lanes or [1]), max_num_batched_tokens=chunk,
+              max_model_len=max(prefill, default=0) + decode + CONTEXT_SLACK, max_num_seqs=max(lanes or [1]), max_num_batched_tokens=chunk,
               gpu_memory_utilization=util, enable_prefix_caching=False, seed=0, disable_log_stats=k is None,
               **_engine_kwargs(mode, fp8, acceptance_length, moe_backend, draft_vocab, fp8_scheme, k, adaptive,
                                drafter, draft_fp8))
@@ -733,12 +757,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="hold every Triton kernel to this much shared memory per block at launch (GB10: 101376)")
     ap.add_argument("--out", help="write the JSON result here")
     a = ap.parse_args(argv)
+    prefill = [int(x) for x in a.prefill.split(",") if x]
     try:  # refused here, a mistake costs no engine start
         check_spec(a.mode, a.k, a.adaptive, a.acceptance_length, a.impl, a.draft_fp8)
-        check_runtime(a.mode)
+        check_runtime(a.mode, a.adaptive)
+        check_context(prefill, a.decode, _max_context(a.model))
     except ValueError as e:
         ap.error(str(e))
-    prefill = [int(x) for x in a.prefill.split(",") if x]
     result = run(a.model, a.mode, prefill, a.decode, a.repeats, a.util, a.chunk, a.impl, a.fp8, a.kernels,
                  a.acceptance_length, a.moe_backend, a.router, a.moe_align, a.kda_gate, a.router_gemm, a.draft_vocab,
                  a.fp8_scheme, a.k, a.adaptive, a.draft_fp8, a.lanes, a.smem_limit)

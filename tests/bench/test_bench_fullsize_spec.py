@@ -17,6 +17,7 @@ from ling_bench.fullsize import (
     _set_synthetic_length,
     _spec_counters,
     _spec_phase,
+    check_context,
     check_runtime,
     check_spec,
     main,
@@ -392,3 +393,33 @@ def test_mtp_with_two_drafts_end_to_end_on_the_cpu_engine(tmp_path):
     config = json.loads((model / "config.json").read_text())
     context = 32 + 4 // 2  # the short prompt and half the decode, as `run` counts it
     assert r["roofline"]["bytes_per_step_gb"] == pytest.approx(mtp_round_bytes(config, context, 2).total / 1e9)
+
+
+def test_adaptive_width_is_refused_where_vllm_has_no_mla_backend_for_it(monkeypatch):
+    """vLLM 0.34 refused it on an H100 only after loading ("FlashAttnMLABackend allows none"); the bench says so
+    before the engine, on any GPU but compute capability 10.x, and lets fixed K through."""
+    pytest.importorskip("vllm")
+    from vllm_ling import compat
+
+    monkeypatch.setattr(compat, "dspark_runtime_missing", lambda: None)  # as on a CUDA box
+    for capability in [(9, 0), (12, 1), None]:
+        monkeypatch.setattr(compat, "cuda_capability", lambda c=capability: c)
+        with pytest.raises(ValueError, match=r"--adaptive: .* only on compute capability 10\.x \(FlashInfer MLA\)"):
+            check_runtime("dspark", adaptive=True)
+        check_runtime("dspark")
+    monkeypatch.setattr(compat, "cuda_capability", lambda: (10, 0))
+    check_runtime("dspark", adaptive=True)
+
+
+def test_a_prompt_past_the_models_context_is_refused_with_the_longest_that_fits(tmp_path, capsys):
+    """Ling-3.0-flash's 262,144 tokens: a 256K prompt plus its decode is refused before any engine, naming the longest
+    --prefill that fits (vLLM would refuse the engine's max_model_len after its imports)."""
+    check_context([131072, 262144], 128, None)  # no config to read: vLLM judges
+    check_context([262144 - 128 - 64], 128, 262144)
+    with pytest.raises(ValueError, match=r"--prefill 262144 with --decode 128 needs 262336 tokens .* over the model's "
+                                         r"262144 \(max_position_embeddings\): use --prefill 261952 or less"):
+        check_context([4096, 262144], 128, 262144)
+    (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 262144}))
+    with pytest.raises(SystemExit) as e:
+        main([str(tmp_path), "--prefill", "131072,262144", "--decode", "128"])
+    assert e.value.code == 2 and "use --prefill 261952 or less" in capsys.readouterr().err

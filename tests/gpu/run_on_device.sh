@@ -27,9 +27,12 @@
 #               without prefill 2.8-3.0; 1-1.7 on a warm compile cache of the same settings; FS_TIMEOUT)
 #               Speculative rounds at synthetic acceptance, several lengths on one engine (L <= k + 1), e.g.
 #               fs:mtp3:--mode+mtp+--k+3+--prefill=+--acceptance-length+3.5,2.5 or
-#               fs:dspark8:--mode+dspark+--k+8+--prefill=+--acceptance-length+6.5,5.3,3.5 (+--adaptive)
+#               fs:dspark8:--mode+dspark+--k+8+--prefill=+--acceptance-length+6.5,5.3,3.5 (--adaptive: compute
+#               capability 10.x only, refused before the engine elsewhere)
 #               Lanes under GB10's shared memory (emulated for Triton kernels), e.g.
 #               fs:lanes:--fp8+w8a8+--prefill=+--lanes+1,2,4,8+--smem-limit+101376 (+--mode+mtp)
+#               Long context, prefill and decode after 128K and 256K (the model's 262,144 less the decode):
+#               fs:long:--fp8+w8a8+--prefill+131072,261952 (an H200's memory; FS_TIMEOUT)
 #   engine_moe  INT4 MoE backends raced as decode steps, one engine each (ling_tuning.engine_compare), M = 1..1024,
 #               ENGINE_BACKENDS (marlin,humming); engine logs tailed into engine_moe.log  (3.9 measured)
 #   engine_race the same race as a test: served backend = asked, timed at M = 1, 8, 64 (2 layers)  (5.1 measured)

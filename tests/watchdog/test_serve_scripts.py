@@ -440,6 +440,17 @@ def test_dspark_adaptive_is_refused_before_loading_where_vllm_has_no_mla_backend
     assert r.returncode == 0 and "enable_adaptive_verification" not in r.stdout, r.stderr
 
 
+def test_the_recipes_adaptive_rule_is_the_plugins():
+    """serve-int4.sh cannot import the plugin (vLLM's import costs seconds): its capability rule is held to
+    compat.ADAPTIVE_VERIFICATION_MLA_MAJORS here."""
+    import re
+
+    compat = (Path(__file__).parents[2] / "vllm_ling" / "compat.py").read_text()
+    majors = re.search(r"^ADAPTIVE_VERIFICATION_MLA_MAJORS = \((\d+),\)$", compat, re.M)[1]
+    script = (SERVE / "serve-int4.sh").read_text()
+    assert f'${{CAP%%.*}} == {majors} ]]' in script and f"(compute capability {majors}.x)" in script
+
+
 def test_a_local_drafter_folder_with_its_config_is_passed_as_a_path(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     spec = spec_config(dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark", DSPARK_MODEL=str(tmp_path))[1])
