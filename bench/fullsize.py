@@ -17,7 +17,7 @@ profiler, graph-replayed kernels included).
 
 Speculative decoding, `--k N` draft tokens a round: `mtp` (the checkpoint's MTP layer, k = 1..3, default 1) and
 `dspark` (Ling's DSpark drafter, K = 1..8, default 8, the drafter's block; `--adaptive` for vLLM's
-confidence-driven verification width). DSpark drafts with a dummy drafter of the released one's shape (5 layers,
+confidence-driven verification width, which vLLM 0.34 serves for this model only on compute capability 10.x). DSpark drafts with a dummy drafter of the released one's shape (5 layers,
 hidden 2,560, 32/32 heads, block 8, Markov rank 256, target layers 1, 11, 23, 29, 35: `ling_bench.projection.
 dspark_config`), a folder with only its config.json: vLLM gives the draft the target's load format, so it gets
 dummy weights too. `--draft-fp8` serves the drafter's own weights in FP8 (`"quantization": "ling_fp8"` in its
@@ -718,7 +718,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--k", type=int, metavar="N",
                     help="mtp | dspark: draft tokens a round (mtp 1..3, default 1; dspark 1..8, default 8)")
     ap.add_argument("--adaptive", action="store_true",
-                    help="dspark: vLLM's confidence-driven verification width (enable_adaptive_verification)")
+                    help="dspark: vLLM's confidence-driven verification width (enable_adaptive_verification; "
+                         "compute capability 10.x)")
     ap.add_argument("--draft-fp8", action="store_true",
                     help="dspark: the drafter's own weights in FP8 (\"quantization\": \"ling_fp8\" in its speculative "
                          "config); --fp8 is the target's")
