@@ -16,23 +16,23 @@ loading took"), the cudagraph mode, and with --kernels the CUDA kernels and GPU 
 profiler, graph-replayed kernels included).
 
 Speculative decoding, `--k N` draft tokens a round: `mtp` (the checkpoint's MTP layer, k = 1..3, default 1) and
-`dspark` (Ling's DSpark drafter, K = 1..8, default 8, the drafter's block; `--adaptive` for vLLM's
-confidence-driven verification width, which vLLM 0.34 serves for this model only on compute capability 10.x). DSpark drafts with a dummy drafter of the released one's shape (5 layers,
-hidden 2,560, 32/32 heads, block 8, Markov rank 256, target layers 1, 11, 23, 29, 35: `ling_bench.projection.
-dspark_config`), a folder with only its config.json: vLLM gives the draft the target's load format, so it gets
-dummy weights too. `--draft-fp8` serves the drafter's own weights in FP8 (`"quantization": "ling_fp8"` in its
-speculative config: its linears and Markov head, docs/dspark.md §Draft FP8), on `--fp8`'s kernel and scheme when
-given, else vllm_ling.fp8's defaults; `--fp8` alone leaves the drafter BF16, as vLLM builds it with its own
-quantization, never the target's. With dummy weights real acceptance is meaningless, so on vLLM >= 0.32
-`--acceptance-length L` has the engine accept drafts synthetically (its `rejection_sample_method: synthetic`, L in
-[1, k + 1]) and tokens/s is measured at a given mean accepted length; `--acceptance-length 6.5,5.3,3.5` measures
+`dspark` (Ling's DSpark drafter, K = 1..8, default 8, the drafter's block; `--adaptive` for vLLM's confidence-driven
+verification width, which vLLM 0.34 serves for this model only on compute capability 10.x). DSpark drafts with a dummy
+drafter of the released one's shape (5 layers, hidden 2,560, 32/32 heads, block 8, Markov rank 256, target layers 1,
+11, 23, 29, 35: `ling_bench.projection.dspark_config`), a folder with only its config.json: vLLM gives the draft the
+target's load format, so it gets dummy weights too. `--draft-fp8` serves the drafter's own weights in FP8
+(`"quantization": "ling_fp8"` in its speculative config: its linears and Markov head, docs/dspark.md §Draft FP8), on
+`--fp8`'s kernel and scheme when given, else vllm_ling.fp8's defaults; `--fp8` alone leaves the drafter BF16, as vLLM
+builds it with its own quantization, never the target's. With dummy weights real acceptance is meaningless, so on vLLM
+>= 0.32 `--acceptance-length L` has the engine accept drafts synthetically (its `rejection_sample_method: synthetic`,
+L in [1, k + 1]) and tokens/s is measured at a given mean accepted length; `--acceptance-length 6.5,5.3,3.5` measures
 each in turn on one engine (vLLM holds the rates as a device tensor its rejection sampler reads every step; it is
-refilled in place with the rates vLLM computes for that L and k, `vllm_ling.compat.synthetic_conditional_rates`).
-Each phase reports decode tok/s, the round (one engine step: the draft and the target's verify of k + 1 tokens)
-in ms and the tokens a round yields (accepted + 1, from vLLM's spec-decode counters) with the share accepted at
-each position; `refill_rates_match_engine` says whether the refill's rates for the first L equal those vLLM built
-for it; the drafter's weights are `drafter_weight_gib`. A round's cost over a plain step is its ms over a `--mode
-graphs` run's `decode_step_ms`.
+refilled in place with the rates vLLM computes for that L and k, `vllm_ling.compat.synthetic_conditional_rates`). Each
+phase reports decode tok/s, the round (one engine step: the draft and the target's verify of k + 1 tokens) in ms and
+the tokens a round yields (accepted + 1, from vLLM's spec-decode counters) with the share accepted at each position;
+`refill_rates_match_engine` says whether the refill's rates for the first L equal those vLLM built for it; the
+drafter's weights are `drafter_weight_gib`. A round's cost over a plain step is its ms over a `--mode graphs` run's
+`decode_step_ms`.
 
 Lanes: `--lanes 1,2,4,8` also decodes that many requests together after the batch-1 phases (the engine admits
 max(lanes) sequences), each lane count's step in ms, per-request and aggregate tok/s (a round's tokens counted, so
@@ -567,7 +567,8 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     drafter = write_dummy_drafter(model) if mode == "dspark" else None
     t0 = time.perf_counter()
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True,
-              max_model_len=max(prefill, default=0) + decode + CONTEXT_SLACK, max_num_seqs=max(lanes or [1]), max_num_batched_tokens=chunk,
+              max_model_len=max(prefill, default=0) + decode + CONTEXT_SLACK, max_num_seqs=max(lanes or [1]),
+              max_num_batched_tokens=chunk,
               gpu_memory_utilization=util, enable_prefix_caching=False, seed=0, disable_log_stats=k is None,
               **_engine_kwargs(mode, fp8, acceptance_length, moe_backend, draft_vocab, fp8_scheme, k, adaptive,
                                drafter, draft_fp8))

@@ -117,10 +117,11 @@ def test_cached_continuation_equals_uncached(runs, engine):
 
 def _expected_hits(engine: str, shared: int, block: int) -> int:
     """Tokens a target sharing `shared` tokens with a warm prompt hits, in an engine whose hits come in whole
-    `block`s (`_hit_grain`): the KDA state checkpointed at the last such boundary inside the shared part. With MTP,
-    a prefix that ends exactly on that boundary hits nothing: the MTP layer's KV at a block's last position was
-    computed from the warm prompt's next token, so vLLM drops the last matched block for a drafter (`drop_eagle_block`, v1/core/single_type_kv_cache_manager.py), and in align mode no
-    state is kept at the boundary before. One more shared token and the hit is whole again."""
+    `block`s (`_hit_grain`): the KDA state checkpointed at the last such boundary inside the shared part. With MTP, a
+    prefix that ends exactly on that boundary hits nothing: the MTP layer's KV at a block's last position was computed
+    from the warm prompt's next token, so vLLM drops the last matched block for a drafter (`drop_eagle_block`,
+    v1/core/single_type_kv_cache_manager.py), and in align mode no state is kept at the boundary before. One more shared
+    token and the hit is whole again."""
     return 0 if engine == "mtp" and shared % block == 0 else shared // block * block
 
 

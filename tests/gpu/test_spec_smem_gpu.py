@@ -1,10 +1,10 @@
 """Wide verifies and more lanes within a GB10's shared memory, emulated on a bigger GPU (docs/ops-walls.md W3, W5).
 
-On a GB10 (101,376 B per block) MTP k = 3 and four lanes crashed on KDA kernels that wanted ~133 KB, so the
-preflight refused k > 1 there; since these engines passed it refuses above 8. Every Triton kernel an engine launches is held to
-101,376 B, as a GB10's driver holds it (`ling_tuning.smem.emulate_launch_limit`: Triton's own OutOfResources at
-the first launch of a kernel over the limit), with the KDA autotune guard on at that limit (LING_SMEM_LIMIT), and
-engines that verify wide or batch many lanes must run to the end:
+On a GB10 (101,376 B per block) MTP k = 3 and four lanes crashed on KDA kernels that wanted ~133 KB, so the preflight
+refused k > 1 there; since these engines passed it refuses above 8. Every Triton kernel an engine launches is held to
+101,376 B, as a GB10's driver holds it (`ling_tuning.smem.emulate_launch_limit`: Triton's own OutOfResources at the
+first launch of a kernel over the limit), with the KDA autotune guard on at that limit (LING_SMEM_LIMIT), and engines
+that verify wide or batch many lanes must run to the end:
 - MTP k = 3 (a 4-token verify) and plain decoding with 8 lanes, on the tiny checkpoints (head dim 128 and the KDA
   kernels of the full model; shared memory follows the tiles, not the head count), bf16, CUDA graphs;
 - DSpark K = 8 (a 9-token verify) with the tiny agreeing drafter.
