@@ -26,6 +26,7 @@ class Device:
     total_bytes: int | None = None  # GPU memory of a discrete GPU
     smem_bytes: int | None = None
     count: int = 1  # GPUs on this host (nvidia-smi's lines); the rules read the first one's properties
+    capability: tuple[int, int] | None = None  # compute capability (major, minor)
 
 
 def parse_query(line: str) -> Device:
@@ -36,7 +37,7 @@ def parse_query(line: str) -> Device:
     total = int(float(mem)) << 20 if mem.replace(".", "").isdigit() else None
     unified = (major, minor) in UNIFIED or total is None or any(n in name for n in UNIFIED_NAMES)
     return Device("unified" if unified else "discrete", name, None if unified else total,
-                  SMEM_PER_BLOCK.get((major, minor)))
+                  SMEM_PER_BLOCK.get((major, minor)), capability=(major, minor))
 
 
 def detect(run=subprocess.run) -> Device:

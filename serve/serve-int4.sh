@@ -268,20 +268,6 @@ done
 [[ $SPEC == dspark || $DSPARK_ADAPTIVE == 0 ]] || refuse "DSPARK_ADAPTIVE=1 is DSpark's adaptive verification" \
     "width, and SPEC=$SPEC drafts with no DSpark drafter. Safe: SPEC=dspark, or DSPARK_ADAPTIVE=0"
 read -r -a EXTRA <<<"${EXTRA_ARGS:-}"
-if [[ $DSPARK_ADAPTIVE == 1 ]]; then  # vLLM's own config check, said before the launch instead of in its traceback
-    for a in "${EXTRA[@]}"; do
-        [[ $a != --enforce-eager ]] || refuse "DSPARK_ADAPTIVE=1 with EXTRA_ARGS --enforce-eager: vLLM's adaptive" \
-            "verification requires full CUDA graphs (FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE). Safe: drop" \
-            "--enforce-eager, or DSPARK_ADAPTIVE=0"
-    done
-    # vLLM 0.34 checks the attention backends only after loading the weights (minutes on a Spark)
-    CAP=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -n 1 || true)
-    [[ ! $CAP =~ ^[0-9]+\.[0-9]+$ || ${CAP%%.*} == 10 ]] || refuse "DSPARK_ADAPTIVE=1 on a GPU of compute" \
-        "capability $CAP: vLLM's adaptive verification replays decode CUDA graphs whose query length varies per" \
-        "request, which of vLLM 0.34's MLA attention backends only FlashInfer MLA (compute capability 10.x) can;" \
-        "here vLLM refuses it after loading the weights (FlashAttnMLABackend allows none). Safe: DSPARK_ADAPTIVE=0" \
-        "(fixed K)"
-fi
 read -r -a WD_ARGS <<<"${WATCHDOG_ARGS:-}"
 if command -v ling-watchdog >/dev/null 2>&1; then WATCHDOG=(ling-watchdog); else WATCHDOG=("$PYTHON" -m ling_watchdog); fi
 

@@ -212,8 +212,8 @@ def cuda_capability() -> tuple[int, int] | None:
 # every attention backend of the target for it once the KV cache is set up, after the weights are loaded (0.34
 # `get_varlen_cudagraph_unsupported_backend`, v1/worker/gpu/attn_utils.py). Of 0.34's MLA backends only FlashInfer
 # MLA (ALWAYS; `supports_compute_capability`: major 10) passes; FlashAttention MLA, Triton MLA and FlashMLA are
-# UNIFORM_BATCH with no varying-length bound ("FlashAttnMLABackend allows none", seen on an H100). serve-int4.sh
-# holds the same majors (tests/watchdog/test_serve_scripts.py compares them).
+# UNIFORM_BATCH with no varying-length bound ("FlashAttnMLABackend allows none", seen on an H100). The watchdog's
+# preflight holds a copy (tests/watchdog/test_preflight.py compares them).
 ADAPTIVE_VERIFICATION_MLA_MAJORS = (10,)
 
 

@@ -258,6 +258,37 @@ def check_max_seqs(args: ServeArgs, cfg: Config, dev: Device) -> Verdict:
                    f"more are untested. Safe: --max-num-seqs {cfg.max_seqs_small_smem}.", values)
 
 
+# vLLM 0.34 serves adaptive verification (DSpark) for an MLA target only with FlashInfer MLA, compute capability
+# 10.x: a copy of vllm_ling.compat.ADAPTIVE_VERIFICATION_MLA_MAJORS, which the watchdog may not import
+# (tests/watchdog/test_preflight.py holds the two equal). vLLM checks it after loading the weights.
+ADAPTIVE_VERIFICATION_MLA_MAJORS = (10,)
+NO_ADAPTIVE = ('drop "enable_adaptive_verification" from --speculative-config (serve-int4.sh: DSPARK_ADAPTIVE=0, '
+               'the fixed width K)')
+
+
+def check_adaptive(args: ServeArgs, dev: Device) -> Verdict:
+    """Adaptive verification width where vLLM would refuse it only after minutes of loading: without full CUDA
+    graphs (its config check), or on a GPU none of whose MLA backends replays decode graphs of varying query length
+    (docs/dspark.md §Adaptive width; 'FlashAttnMLABackend allows none' on an H100)."""
+    rule = "adaptive_verification"
+    if not args.speculative.get("enable_adaptive_verification"):
+        return _ok(rule, "fixed verification width" if args.speculative else "no speculative decoding")
+    values = dict(capability=dev.capability, enforce_eager=args.enforce_eager)
+    if args.enforce_eager:
+        return _refuse(rule, "vLLM's adaptive verification requires full CUDA graphs (FULL, FULL_DECODE_ONLY or "
+                       f"FULL_AND_PIECEWISE), which --enforce-eager turns off. Safe: drop --enforce-eager, or "
+                       f"{NO_ADAPTIVE}", values)
+    if dev.kind == "cpu" or (dev.capability and dev.capability[0] in ADAPTIVE_VERIFICATION_MLA_MAJORS):
+        return _ok(rule, "adaptive verification width" + (f" on compute capability {dev.capability}"
+                                                          if dev.capability else ""), **values)
+    cc = "unknown" if dev.capability is None else ".".join(map(str, dev.capability))
+    return _refuse(rule, f"adaptive verification on a GPU of compute capability {cc}: vLLM replays decode CUDA "
+                   f"graphs whose query length varies per request, which of vLLM 0.34's MLA attention backends only "
+                   f"FlashInfer MLA (compute capability {ADAPTIVE_VERIFICATION_MLA_MAJORS[0]}.x) can; here vLLM "
+                   f"refuses it after loading the weights (FlashAttnMLABackend allows none). Safe: {NO_ADAPTIVE}",
+                   values)
+
+
 def check_eager(args: ServeArgs, dev: Device) -> Verdict:
     rule = "enforce_eager"
     if not args.enforce_eager or dev.kind == "cpu":
@@ -629,7 +660,8 @@ def check(args: ServeArgs, cfg: Config, dev: Device, host: Host, env: Mapping[st
         if any(v.verdict == "refuse" for v in verdicts):
             return verdicts  # the rules below would judge numbers that cannot start at all
         return [*verdicts, check_util(args, cfg, dev, ctx), check_chunked_prefill(args, cfg, ctx),
-                check_spec_tokens(args, cfg, dev), check_max_seqs(args, cfg, dev), check_eager(args, dev),
+                check_spec_tokens(args, cfg, dev), check_adaptive(args, dev), check_max_seqs(args, cfg, dev),
+                check_eager(args, dev),
                 check_memory(args, cfg, dev, host, ctx, env)]
     except ValueError as e:
         return [_refuse("serve_args", f"{e}", {})]

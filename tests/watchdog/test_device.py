@@ -6,12 +6,12 @@ from ling_common.device import detect, parse_query
 
 def test_gb10_is_unified_with_101376_bytes_of_shared_memory():
     d = parse_query("NVIDIA GB10, [N/A], 12.1")
-    assert (d.kind, d.total_bytes, d.smem_bytes) == ("unified", None, 101_376)
+    assert (d.kind, d.total_bytes, d.smem_bytes, d.capability) == ("unified", None, 101_376, (12, 1))
 
 
 def test_h200_is_discrete_with_its_own_memory():
     d = parse_query("NVIDIA H200, 143771, 9.0")
-    assert (d.kind, d.total_bytes, d.smem_bytes) == ("discrete", 143771 << 20, 232_448)
+    assert (d.kind, d.total_bytes, d.smem_bytes, d.capability) == ("discrete", 143771 << 20, 232_448, (9, 0))
 
 
 def test_no_nvidia_smi_means_cpu():

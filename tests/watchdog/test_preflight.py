@@ -14,8 +14,8 @@ from ling_watchdog.serve_args import ServeArgs
 
 pytestmark = pytest.mark.usefixtures("vllm_parser")  # vLLM's parser, in-process
 
-GB10 = Device("unified", "NVIDIA GB10", None, 101_376)
-H200 = Device("discrete", "NVIDIA H200", 141 * GiB, 232_448)
+GB10 = Device("unified", "NVIDIA GB10", None, 101_376, capability=(12, 1))
+H200 = Device("discrete", "NVIDIA H200", 141 * GiB, 232_448, capability=(9, 0))
 CPU = Device("cpu")
 SPARK = Host(available=int(115 * GiB), total=int(119.6 * GiB))  # a freshly booted DGX Spark
 RECIPE = ("vllm serve inclusionAI/Ling-3.0-flash-int4 --max-model-len 131072 --gpu-memory-utilization 0.72 "
@@ -35,7 +35,7 @@ def verdicts(cmd, dev=GB10, host=SPARK, env=None, bind=free, **cfg):
 def test_the_shipped_recipe_passes_every_rule_on_a_spark():
     assert {r: v.verdict for r, v in verdicts(RECIPE + " --max-num-seqs 2").items()} == dict.fromkeys(
         ["model", "port", "sizes", "parallel", "kv_cache_size", "util_ceiling", "chunked_prefill",
-         "spec_tokens_smem", "max_seqs_smem", "enforce_eager", "memory_fit"], "ok")
+         "spec_tokens_smem", "adaptive_verification", "max_seqs_smem", "enforce_eager", "memory_fit"], "ok")
 
 
 def test_util_above_072_at_long_context_is_refused_with_the_w4_reason():
@@ -154,6 +154,41 @@ def test_a_verify_wider_than_the_emulated_one_is_refused_on_a_101376_byte_smem_g
     assert 'Safe: "num_speculative_tokens":8 in --speculative-config.' in v.message and v.values["limit"] == 8
     assert verdicts(k9, dev=H200)["spec_tokens_smem"].verdict == "ok"
     assert verdicts(k9, dev=CPU, gpu_smem_bytes=101_376)["spec_tokens_smem"].verdict == "refuse"
+
+
+ADAPTIVE = RECIPE.replace('"num_speculative_tokens":1}', '"num_speculative_tokens":1,"enable_adaptive_verification":true}')
+
+
+@pytest.mark.parametrize("dev", [GB10, H200, Device("discrete", "NVIDIA RTX PRO 6000", 96 * GiB, 101_376,
+                                                    capability=(12, 0)), Device("unified", "?", None, None)])
+def test_adaptive_verification_is_refused_where_no_mla_backend_of_vllm_replays_it(dev):
+    """vLLM 0.34 refused it on an H100 after loading ("FlashAttnMLABackend allows none"): only FlashInfer MLA,
+    compute capability 10.x, replays decode graphs of varying query length. An unknown capability is refused too."""
+    v = verdicts(ADAPTIVE, dev=dev)["adaptive_verification"]
+    cc = "unknown" if dev.capability is None else ".".join(map(str, dev.capability))
+    assert v.verdict == "refuse" and f"compute capability {cc}:" in v.message
+    assert "only FlashInfer MLA (compute capability 10.x)" in v.message and "DSPARK_ADAPTIVE=0" in v.message
+    assert v.values == {"capability": dev.capability, "enforce_eager": False}
+
+
+def test_adaptive_verification_passes_on_compute_capability_10_and_never_beside_enforce_eager():
+    b200 = Device("discrete", "NVIDIA B200", 180 * GiB, 232_448, capability=(10, 0))
+    assert verdicts(ADAPTIVE, dev=b200)["adaptive_verification"].verdict == "ok"
+    v = verdicts(ADAPTIVE + " --enforce-eager", dev=b200)["adaptive_verification"]
+    assert v.verdict == "refuse" and "requires full CUDA graphs" in v.message and "drop --enforce-eager" in v.message
+    assert verdicts(RECIPE)["adaptive_verification"].message.endswith("fixed verification width")
+
+
+def test_the_preflights_adaptive_rule_is_the_plugins():
+    """The watchdog may not import the plugin: its copy of the capability rule is held to compat's here."""
+    import re
+    from pathlib import Path
+
+    from ling_watchdog.preflight import ADAPTIVE_VERIFICATION_MLA_MAJORS
+
+    compat = (Path(__file__).parents[2] / "vllm_ling" / "compat.py").read_text()
+    majors = re.search(r"^ADAPTIVE_VERIFICATION_MLA_MAJORS = \((\d+(?:, \d+)*),?\)$", compat, re.M)[1]
+    assert ADAPTIVE_VERIFICATION_MLA_MAJORS == tuple(int(m) for m in majors.split(", "))
 
 
 def test_enforce_eager_is_a_warning_not_a_refusal():

@@ -415,40 +415,22 @@ def test_dspark_adaptive_asks_vllm_for_its_adaptive_verification_width():
     assert cmd[:i] + cmd[i + 2:] == plain[:i] + plain[i + 2:]
 
 
-def _gpu_of_capability(tmp_path, cap: str) -> str:
-    """A PATH whose nvidia-smi answers the compute-capability query as a GPU of `cap` does."""
-    bin_dir = tmp_path / f"bin{cap}"
-    bin_dir.mkdir()
-    smi = bin_dir / "nvidia-smi"
-    smi.write_text(f'#!/bin/sh\ncase "$*" in *compute_cap*) echo {cap} ;; *) echo "GPU 0: NVIDIA" ;; esac\n')
-    smi.chmod(0o755)
-    return f"{bin_dir}:{os.environ['PATH']}"
+def test_dspark_adaptive_under_the_recipe_is_judged_by_the_preflight():
+    """The recipe passes DSPARK_ADAPTIVE=1 on; the watchdog's preflight refuses it before the launch where vLLM
+    would only after loading (tests/watchdog/test_preflight.py): on a Spark, and beside --enforce-eager."""
+    spark = Device("unified", "NVIDIA GB10", None, 101_376, capability=(12, 1))
+    b200 = Device("discrete", "NVIDIA B200", 180 << 30, 232_448, capability=(10, 0))
 
+    def verdict(dev, **env):
+        a = ServeArgs.parse(dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark", DSPARK_ADAPTIVE="1", **env)[1])
+        return next(v for v in check(a, load_config(), dev, Host(int(115 * GiB), int(119.6 * GiB)),
+                                     bind=lambda host, port: None) if v.rule == "adaptive_verification")
 
-def test_dspark_adaptive_is_refused_before_loading_where_vllm_has_no_mla_backend_for_it(tmp_path):
-    """vLLM 0.34 refuses adaptive verification on an H100 only at KV-cache set-up, after the weights:
-    "FlashAttnMLABackend allows none" (seen on the GPU); of its MLA backends only FlashInfer MLA, compute capability
-    10.x, replays decode graphs of varying query length. The recipe says so at once on a GB10 (12.1) or a Hopper
-    (9.0), and lets 10.0 and fixed K through."""
-    gpus = {cap: _gpu_of_capability(tmp_path, cap) for cap in ("12.1", "9.0", "10.0")}
-    for cap in ("12.1", "9.0"):
-        r = _dry(DEVICE="cuda", SPEC="dspark", DSPARK_ADAPTIVE="1", PATH=gpus[cap])
-        assert r.returncode == 2 and f"DSPARK_ADAPTIVE=1 on a GPU of compute capability {cap}" in r.stderr
-        assert "only FlashInfer MLA (compute capability 10.x)" in r.stderr and "Safe: DSPARK_ADAPTIVE=0" in r.stderr
-    assert _dry(DEVICE="cuda", SPEC="dspark", DSPARK_ADAPTIVE="1", PATH=gpus["10.0"]).returncode == 0
-    r = _dry(DEVICE="cuda", SPEC="dspark", PATH=gpus["12.1"])
-    assert r.returncode == 0 and "enable_adaptive_verification" not in r.stdout, r.stderr
-
-
-def test_the_recipes_adaptive_rule_is_the_plugins():
-    """serve-int4.sh cannot import the plugin (vLLM's import costs seconds): its capability rule is held to
-    compat.ADAPTIVE_VERIFICATION_MLA_MAJORS here."""
-    import re
-
-    compat = (Path(__file__).parents[2] / "vllm_ling" / "compat.py").read_text()
-    majors = re.search(r"^ADAPTIVE_VERIFICATION_MLA_MAJORS = \((\d+),\)$", compat, re.M)[1]
-    script = (SERVE / "serve-int4.sh").read_text()
-    assert f'${{CAP%%.*}} == {majors} ]]' in script and f"(compute capability {majors}.x)" in script
+    v = verdict(spark)
+    assert v.verdict == "refuse" and "compute capability 12.1" in v.message and "DSPARK_ADAPTIVE=0" in v.message
+    assert verdict(b200).verdict == "ok"
+    eager = verdict(b200, EXTRA_ARGS="--max-num-seqs 4 --enforce-eager")
+    assert eager.verdict == "refuse" and "requires full CUDA graphs" in eager.message
 
 
 def test_a_local_drafter_folder_with_its_config_is_passed_as_a_path(tmp_path):
@@ -495,10 +477,6 @@ def test_a_local_drafter_folder_with_its_config_is_passed_as_a_path(tmp_path):
                                                 "(vLLM's adaptive width). Safe: DSPARK_ADAPTIVE=0"),
     (dict(SPEC="mtp", DSPARK_ADAPTIVE="1"), "DSPARK_ADAPTIVE=1 is DSpark's adaptive verification width, and SPEC=mtp "
                                             "drafts with no DSpark drafter. Safe: SPEC=dspark, or DSPARK_ADAPTIVE=0"),
-    # vLLM 0.34's VllmConfig refuses it too (seen on a GPU), in a traceback after the watchdog has started
-    (dict(SPEC="dspark", DSPARK_ADAPTIVE="1", EXTRA_ARGS="--max-num-seqs 4 --enforce-eager"),
-     "DSPARK_ADAPTIVE=1 with EXTRA_ARGS --enforce-eager: vLLM's adaptive verification requires full CUDA graphs "
-     "(FULL, FULL_DECODE_ONLY or FULL_AND_PIECEWISE). Safe: drop --enforce-eager, or DSPARK_ADAPTIVE=0"),
 ])
 def test_a_spec_setting_that_cannot_serve_is_refused_with_the_rule_the_values_and_a_safe_one(env, says):
     r = script("serve-int4.sh", **{"DEVICE": "cuda", **env})
