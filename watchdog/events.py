@@ -312,5 +312,7 @@ def format_summary(s: Summary) -> str:
         lines.append(f"{s.traffic['message']} (to {s.traffic['ts']})")
     if s.final:
         lines.append(f"final: {s.final['message']}")
-    lines.append(f"last event: {s.last_event['ts']} {s.last_event['event']}: {s.last_event['message']}")
+    event, message = s.last_event["event"], s.last_event["message"]
+    said = message if message.startswith(f"{event}: ") else f"{event}: {message}"  # a message naming its event
+    lines.append(f"last event: {s.last_event['ts']} {said}")
     return "\n".join(lines)

@@ -69,6 +69,7 @@ def test_status_shows_the_latest_traffic_line_of_the_latest_launch_only():
     records = [rec("start", 0, pid=1), rec("launch", 1), rec("traffic", 601, message="traffic: 10 tokens in 10.0 min"),
                rec("traffic", 1201, message=first)]
     assert f"{first} (to T1201)" in format_summary(summarise(records))
+    assert f"last event: T1201 {first}" in format_summary(summarise(records))  # its event named once
     relaunched = summarise(records + [rec("launch", 1300)])
     assert relaunched.traffic is None and "traffic" not in format_summary(relaunched)  # the old server's counters
 
