@@ -20,6 +20,7 @@ DRAFTS = "vllm:spec_decode_num_drafts_total"
 DRAFT_TOKENS = "vllm:spec_decode_num_draft_tokens_total"
 ACCEPTED = "vllm:spec_decode_num_accepted_tokens_total"
 PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+REQUESTS = "vllm:request_success_total"  # finished requests, one sample per finish reason (0.32-0.34)
 PREFIX_QUERIES = "vllm:prefix_cache_queries_total"  # prompt tokens looked up in the prefix cache (0.32-0.34)
 PREFIX_HITS = "vllm:prefix_cache_hits_total"  # ... and the ones found cached
 
@@ -135,15 +136,18 @@ class Counters:
     tokens: float  # prompt + generated
     cache: PrefixCache | None
     spec: SpecCounters | None
+    requests: float | None = None  # finished, whatever the reason (None: not exported)
 
     def __sub__(self, before: Counters) -> Counters:
         return Counters(self.tokens - before.tokens,
                         self.cache - before.cache if self.cache and before.cache else self.cache,
-                        self.spec - before.spec if self.spec and before.spec else self.spec)
+                        self.spec - before.spec if self.spec and before.spec else self.spec,
+                        None if self.requests is None or before.requests is None else self.requests - before.requests)
 
 
 def counters(text: str) -> Counters:
-    return Counters(tokens_total(text), prefix_cache(text), spec_counters(text))
+    requests = [s.value for s in samples(text) if s.name == REQUESTS]
+    return Counters(tokens_total(text), prefix_cache(text), spec_counters(text), sum(requests) if requests else None)
 
 
 def read_metrics(url: str, headers: Mapping[str, str] | None = None, timeout: float = 5.0) -> str:

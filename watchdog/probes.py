@@ -11,8 +11,9 @@ is an answer, not a wedge: the server is up and the watchdog lacks the key, whic
 it is reported as such and never counted towards the wedge threshold (docs/ops-walls.md).
 
 Every traffic_log_s while serving, the /metrics counters the liveness probe reads anyway also give a traffic line:
-tokens processed, the prefix cache's hit rate and the drafts' acceptance over that window (what an agent's turns
-and the speculation are getting now, not at start-up; the probes' own 1-token requests are in it).
+requests finished (the probes' own counted apart), tokens processed, the prefix cache's hit rate and the drafts'
+acceptance over that window (what an agent's turns and the speculation are getting now, not at start-up; the
+probes' few tokens are in the token and cache counts).
 """
 from __future__ import annotations
 
@@ -50,9 +51,13 @@ class Traffic:
     t: float
     seconds: float
     delta: Counters
+    probes: int = 0  # the watchdog's own completions in the window
 
     def message(self) -> str:
-        d, parts = self.delta, [f"{self.delta.tokens:,.0f} tokens in {self.seconds / 60:.1f} min"]
+        d = self.delta
+        served = self.fields()["requests"]
+        asked = "" if served is None else f"{served:,} requests (+{self.probes} probes), "
+        parts = [f"{asked}{d.tokens:,.0f} tokens in {self.seconds / 60:.1f} min"]
         if d.cache is not None:
             rate = d.cache.hit_rate
             parts.append(f"prefix cache {'-' if rate is None else f'{rate:.1%}'} of {d.cache.queries:,} prompt "
@@ -65,7 +70,9 @@ class Traffic:
 
     def fields(self) -> dict:
         d = self.delta
-        return {"seconds": round(self.seconds, 1), "tokens": round(d.tokens),
+        return {"seconds": round(self.seconds, 1), "probes": self.probes,
+                "requests": None if d.requests is None else max(round(d.requests) - self.probes, 0),
+                "tokens": round(d.tokens),
                 "prefix_cache": d.cache.to_json() if d.cache else None,
                 "spec_decode": d.spec.to_json() if d.spec else None}
 
@@ -89,7 +96,8 @@ class Prober(threading.Thread):
         self._http.headers.update(auth_headers(api_key))
         self._served: str | None = None
         self._tokens_seen: float | None = None
-        self._window: tuple[float, Counters] | None = None  # the traffic window's start and its counters
+        self._window: tuple[float, Counters, int] | None = None  # the traffic window's start, counters, probes
+        self._probes = 0  # 1-token completions sent
 
     def stop(self) -> None:
         self._halt.set()
@@ -139,6 +147,7 @@ class Prober(threading.Thread):
 
     def _complete(self, kind: str, timeout: float) -> ProbeResult:
         t0 = self._clock()
+        self._probes += 1
         try:
             body = {"model": self._model(), "prompt": "ping", "max_tokens": 1, "temperature": 0}
             r = self._http.post(self.url + "/v1/completions", json=body, timeout=timeout)
@@ -175,8 +184,9 @@ class Prober(threading.Thread):
         if self._window is not None and t - self._window[0] < self.cfg.traffic_log_s:
             return
         if self._window is not None:
-            self.inbox.put(Traffic(t, t - self._window[0], now - self._window[1]))
-        self._window = (t, now)
+            start, before, probes = self._window
+            self.inbox.put(Traffic(t, t - start, now - before, self._probes - probes))
+        self._window = (t, now, self._probes)
 
     def _liveness(self) -> ProbeResult:
         health = self._health("live")

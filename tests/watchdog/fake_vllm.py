@@ -169,6 +169,7 @@ class State:
     generated = 0.0
     prompt = 0.0
     requests = 0
+    finished = 0  # vLLM counts a request once it finishes (vllm:request_success_total)
 
 
 def engine_stopped() -> bool:
@@ -216,7 +217,9 @@ def handler_for(args: argparse.Namespace, faulty: bool):
                                 # every prompt token looked up, none found: vLLM hashes whole blocks, and the
                                 # fake's prompts ("ping") are shorter than one
                                 f"vllm:prefix_cache_queries_total{{{m}}} {State.prompt}\n"
-                                f"vllm:prefix_cache_hits_total{{{m}}} 0\n", "text/plain")
+                                f"vllm:prefix_cache_hits_total{{{m}}} 0\n"
+                                f'vllm:request_success_total{{{m},finished_reason="length"}} {State.finished}\n',
+                                "text/plain")
             else:
                 self._send(404, "{}")
 
@@ -247,6 +250,7 @@ def handler_for(args: argparse.Namespace, faulty: bool):
                 with State.lock:
                     State.generated += 1
                     State.prompt += 2
+                    State.finished += 1
                 State.answered.set()
                 choices = [{"index": i, "text": " pong", "finish_reason": "length"} for i in range(len(prompts))]
                 self._send(200, json.dumps({"id": "cmpl-fake", "object": "text_completion", "model": args.model,

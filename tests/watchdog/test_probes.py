@@ -81,10 +81,13 @@ def test_health_503_says_the_engine_is_dead(server):
     assert not prober(url, KEY)._health("live").dead
 
 
-def _metrics(tokens: int, queries: int, hits: int, drafts: int, drafted: int, accepted: int) -> str:
-    """vLLM's counter names (0.32-0.34), as two engines would export them: every sample is summed."""
+def _metrics(tokens: int, queries: int, hits: int, drafts: int, drafted: int, accepted: int, finished: int = 0) -> str:
+    """vLLM's counter names (0.32-0.34), as two engines would export them: every sample is summed; finished
+    requests one sample per finish reason."""
     m = 'model_name="m",engine="{}"'
     return "".join(
+        f'vllm:request_success_total{{{m.format(e)},finished_reason="{why}"}} {finished / 4}\n'
+        for e in (0, 1) for why in ("stop", "length")) + "".join(
         f"vllm:prompt_tokens_total{{{m.format(e)}}} {tokens / 2}\n"
         f"vllm:prefix_cache_queries_total{{{m.format(e)}}} {queries / 2}\n"
         f"vllm:prefix_cache_hits_total{{{m.format(e)}}} {hits / 2}\n"
@@ -101,19 +104,21 @@ def test_a_traffic_line_each_window_from_the_counters_the_liveness_probe_reads(s
     inbox: queue.Queue = queue.Queue()
     p = Prober(url, load_config(overrides=dict(health_timeout_s=2, traffic_log_s=600)), inbox, "m",
                clock=lambda: clock[0], api_key=KEY)
-    state["metrics"] = _metrics(1000, 800, 100, 10, 10, 9)
+    state["metrics"] = _metrics(1000, 800, 100, 10, 10, 9, finished=4)
     assert p._liveness().ok and inbox.empty()
-    clock[0], state["metrics"] = 300.0, _metrics(5000, 4000, 3000, 50, 50, 40)
+    clock[0], state["metrics"] = 300.0, _metrics(5000, 4000, 3000, 50, 50, 40, finished=8)
     assert p._liveness().ok and inbox.empty()  # inside the window
-    clock[0], state["metrics"] = 660.0, _metrics(9000, 8800, 6100, 110, 110, 100)
+    clock[0], state["metrics"] = 660.0, _metrics(9000, 8800, 6100, 110, 110, 100, finished=16)
     assert p._liveness().ok
     t = inbox.get_nowait()
     assert isinstance(t, Traffic) and t.seconds == 660.0 and inbox.empty()
-    assert (t.delta.tokens, t.delta.cache.queries, t.delta.cache.hits) == (8000, 8000, 6000)
-    assert t.message() == ("traffic: 8,000 tokens in 11.0 min; prefix cache 75.0% of 8,000 prompt tokens hit; "
-                           "drafts 91.0% accepted, mean accepted length 1.91")
+    assert (t.delta.tokens, t.delta.cache.queries, t.delta.cache.hits, t.delta.requests) == (8000, 8000, 6000, 12)
+    # the window's two probes (the liveness completions after its first read and inside it) are counted apart
+    assert t.probes == 2 and t.fields()["requests"] == 10
+    assert t.message() == ("traffic: 10 requests (+2 probes), 8,000 tokens in 11.0 min; prefix cache 75.0% of 8,000 "
+                           "prompt tokens hit; drafts 91.0% accepted, mean accepted length 1.91")
     assert t.fields()["prefix_cache"]["hit_rate"] == 0.75 and t.fields()["spec_decode"]["num_drafts"] == 100
-    clock[0], state["metrics"] = 1200.0, _metrics(9500, 9300, 6100, 110, 110, 100)
+    clock[0], state["metrics"] = 1200.0, _metrics(9500, 9300, 6100, 110, 110, 100, finished=20)
     assert p._liveness().ok and inbox.empty()  # the next window began at 660 s
     clock[0] = 1300.0
     assert p._liveness().ok and inbox.get_nowait().seconds == 640.0
@@ -129,7 +134,7 @@ def test_a_traffic_line_names_only_what_the_server_exports():
     from ling_common.metrics import counters
 
     bare = counters('vllm:prompt_tokens_total{model_name="m"} 120\n')
-    assert Traffic(60.0, 60.0, bare).message() == "traffic: 120 tokens in 1.0 min"
+    assert bare.requests is None and Traffic(60.0, 60.0, bare, 4).message() == "traffic: 120 tokens in 1.0 min"
     idle = counters(_metrics(0, 0, 0, 0, 0, 0))
-    assert Traffic(60.0, 60.0, idle).message() == ("traffic: 0 tokens in 1.0 min; prefix cache - of 0 prompt tokens "
-                                                   "hit; drafts - accepted")
+    assert Traffic(60.0, 60.0, idle, 4).message() == ("traffic: 0 requests (+4 probes), 0 tokens in 1.0 min; prefix "
+                                                      "cache - of 0 prompt tokens hit; drafts - accepted")

@@ -1,6 +1,6 @@
 """The watchdog's traffic line against the real recipe on the CPU engine: requests sharing a 700-token prefix show up
-in the next window as prefix-cache hits, read from vLLM's own /metrics counters (the fake server only mimics their
-names), and `ling-watchdog status` shows that line."""
+in the next window as prefix-cache hits and as requests (the watchdog's own probes counted apart), read from vLLM's
+own /metrics counters (the fake server only mimics their names), and `ling-watchdog status` shows that line."""
 from __future__ import annotations
 
 import os
@@ -66,6 +66,7 @@ def test_requests_sharing_a_prefix_show_as_hits_in_the_next_traffic_line(tmp_pat
         # every request after the first finds the shared prefix cached, in whole blocks (vLLM recomputes the rest)
         assert sent <= queries < sent + 100 and (REQUESTS - 1) * PREFIX // 2 < hits <= (REQUESTS - 1) * PREFIX, after
         assert any("prefix cache" in e["message"] and e["prefix_cache"]["hits"] > 0 for e in lines)
+        assert sum(e["requests"] for e in after) == REQUESTS, after  # the probes' own counted apart
         status = subprocess.run([sys.executable, "-m", "ling_watchdog", "status", "--log-dir", str(log_dir)],
                                 capture_output=True, text=True, check=True).stdout
         assert any(line.startswith("traffic: ") for line in status.splitlines()), status

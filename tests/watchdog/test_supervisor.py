@@ -193,6 +193,7 @@ def test_a_traffic_line_is_logged_each_window_and_status_shows_the_latest(watchd
     run.wait_phase("serving")
     first = run.wait_for(lambda r: r["event"] == "traffic", timeout=15)
     assert first["tokens"] > 0 and first["seconds"] >= 1.0 and first["spec_decode"] is None
+    assert first["probes"] > 0 and first["requests"] == 0  # nobody but the watchdog asked anything
     cache = first["prefix_cache"]
     assert cache["queries"] > 0 and cache["hits"] == 0 and cache["hit_rate"] == 0.0
     assert first["message"].startswith("traffic: ") and "prefix cache 0.0% of" in first["message"]
