@@ -111,6 +111,7 @@ class Prober(threading.Thread):
                     break
             if not self._halt.is_set():
                 self.inbox.put(self._complete("first", self.cfg.warmup_grace_s))
+                self._traffic(self._counters())  # the first traffic window opens once the server has answered
             while not self._halt.wait(self.cfg.probe_interval_s):
                 self.inbox.put(self._liveness())
         except Exception as e:  # a prober that dies silently would hide a wedge

@@ -138,3 +138,22 @@ def test_a_traffic_line_names_only_what_the_server_exports():
     idle = counters(_metrics(0, 0, 0, 0, 0, 0))
     assert Traffic(60.0, 60.0, idle, 4).message() == ("traffic: 0 requests (+4 probes), 0 tokens in 1.0 min; prefix "
                                                       "cache - of 0 prompt tokens hit; drafts - accepted")
+
+
+def test_the_first_traffic_window_opens_once_the_server_has_answered(server):
+    """Not at the first liveness probe, one probe interval later: what an agent sends in between is counted."""
+    import time
+
+    url, state = server
+    state["metrics"] = _metrics(100, 80, 0, 0, 0, 0, finished=1)
+    p = Prober(url, load_config(overrides=dict(health_timeout_s=2, traffic_log_s=600, probe_interval_s=3600)),
+               queue.Queue(), "m", api_key=KEY)
+    p.start()
+    try:
+        deadline = time.monotonic() + 10
+        while p._window is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert p._window is not None and p._window[1].tokens == 100 and p._window[2] == 1  # after the first probe
+    finally:
+        p.stop()
+        p.join(5)
