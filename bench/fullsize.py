@@ -61,6 +61,7 @@ import time
 from pathlib import Path
 
 from ling_bench.projection import DSPARK
+from ling_common.device import ADAPTIVE_VERIFICATION_MLA_MAJORS
 from ling_tuning.engine_compare import BACKENDS as MOE_BACKENDS  # vLLM >= 0.28's --moe-backend for INT4 experts
 from ling_tuning.step_kernels import kernels_per_step, timed
 from vllm_ling import compat, envs
@@ -195,12 +196,15 @@ def check_spec(mode: str, k: int | None = None, adaptive: bool = False, lengths:
 
 def check_runtime(mode: str, adaptive: bool = False) -> None:
     """Refuse DSpark where this vLLM cannot run it (`compat.dspark_runtime_missing`: no runtime, or the CPU engine),
-    and adaptive width where no MLA backend serves it (`compat.adaptive_verification_problem`), before minutes of
-    start-up end in an error after the weights. Raises ValueError."""
+    and adaptive width where no MLA backend serves it (ling_common.device.ADAPTIVE_VERIFICATION_MLA_MAJORS), before
+    minutes of start-up end in an error after the weights. Raises ValueError."""
     if mode == "dspark" and (missing := compat.dspark_runtime_missing()):
         raise ValueError(f"--mode dspark: {missing}")
-    if adaptive and (problem := compat.adaptive_verification_problem(compat.cuda_capability())):
-        raise ValueError(f"--adaptive: {problem}")
+    if adaptive and ((capability := compat.cuda_capability()) is None
+                     or capability[0] not in ADAPTIVE_VERIFICATION_MLA_MAJORS):
+        raise ValueError(f"--adaptive: vLLM's adaptive verification needs an MLA attention backend that replays "
+                         f"decode CUDA graphs of varying query length, which vLLM has only on compute capability "
+                         f"{ADAPTIVE_VERIFICATION_MLA_MAJORS[0]}.x (FlashInfer MLA); this is {capability}")
 
 
 def check_context(prefill: list[int], decode: int, limit: int | None) -> None:

@@ -17,6 +17,13 @@ from ling_common.smem import SMEM_PER_BLOCK
 UNIFIED = {(8, 7), (12, 1)}  # Jetson Orin, GB10 (DGX Spark): the GPU's memory is host RAM
 UNIFIED_NAMES = ("GB10",)  # by name too, whatever capability or memory total a driver reports for it
 QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,compute_cap", "--format=csv,noheader,nounits"]
+# Adaptive verification (DSpark) replays decode CUDA graphs whose query length varies per request, and vLLM checks
+# every attention backend of the target for it once the KV cache is set up, after the weights are loaded (0.34
+# `get_varlen_cudagraph_unsupported_backend`, v1/worker/gpu/attn_utils.py). Of 0.34's MLA backends only FlashInfer
+# MLA (ALWAYS; `supports_compute_capability`: major 10) passes; FlashAttention MLA, Triton MLA and FlashMLA are
+# UNIFORM_BATCH with no varying-length bound ("FlashAttnMLABackend allows none", seen on an H100). Read by the
+# watchdog's preflight and the full-size bench.
+ADAPTIVE_VERIFICATION_MLA_MAJORS = (10,)
 
 
 @dataclass(frozen=True, slots=True)

@@ -208,24 +208,6 @@ def cuda_capability() -> tuple[int, int] | None:
     return None if capability is None else (capability.major, capability.minor)
 
 
-# Adaptive verification (DSpark) replays decode CUDA graphs whose query length varies per request, and vLLM checks
-# every attention backend of the target for it once the KV cache is set up, after the weights are loaded (0.34
-# `get_varlen_cudagraph_unsupported_backend`, v1/worker/gpu/attn_utils.py). Of 0.34's MLA backends only FlashInfer
-# MLA (ALWAYS; `supports_compute_capability`: major 10) passes; FlashAttention MLA, Triton MLA and FlashMLA are
-# UNIFORM_BATCH with no varying-length bound ("FlashAttnMLABackend allows none", seen on an H100). The watchdog's
-# preflight holds a copy (tests/watchdog/test_preflight.py compares them).
-ADAPTIVE_VERIFICATION_MLA_MAJORS = (10,)
-
-
-def adaptive_verification_problem(capability: tuple[int, int] | None) -> str | None:
-    """Why vLLM cannot serve adaptive verification for our MLA target on a GPU of `capability`, or None."""
-    if capability is not None and capability[0] in ADAPTIVE_VERIFICATION_MLA_MAJORS:
-        return None
-    return (f"vLLM's adaptive verification needs an MLA attention backend that replays decode CUDA graphs of varying "
-            f"query length, which vLLM has only on compute capability {ADAPTIVE_VERIFICATION_MLA_MAJORS[0]}.x "
-            f"(FlashInfer MLA); this is {capability}")
-
-
 def workspace_manager() -> Any | None:
     """vLLM's per-worker scratch buffer (`vllm.v1.worker.workspace`, the same in 0.32-0.34: one grow-only buffer that
     every layer's `get_simultaneous` views, locked after warm-up), or None outside a GPU worker or on a release

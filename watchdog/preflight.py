@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ling_watchdog.config import Config
-from ling_common.device import Device
+from ling_common.device import ADAPTIVE_VERIFICATION_MLA_MAJORS, Device
 from ling_watchdog.memory import GiB, gib
 from ling_watchdog.ports import bind_error, free_port
 from ling_watchdog.serve_args import ServeArgs
@@ -258,10 +258,6 @@ def check_max_seqs(args: ServeArgs, cfg: Config, dev: Device) -> Verdict:
                    f"more are untested. Safe: --max-num-seqs {cfg.max_seqs_small_smem}.", values)
 
 
-# vLLM 0.34 serves adaptive verification (DSpark) for an MLA target only with FlashInfer MLA, compute capability
-# 10.x: a copy of vllm_ling.compat.ADAPTIVE_VERIFICATION_MLA_MAJORS, which the watchdog may not import
-# (tests/watchdog/test_preflight.py holds the two equal). vLLM checks it after loading the weights.
-ADAPTIVE_VERIFICATION_MLA_MAJORS = (10,)
 NO_ADAPTIVE = ('drop "enable_adaptive_verification" from --speculative-config (serve-int4.sh: DSPARK_ADAPTIVE=0, '
                'the fixed width K)')
 
