@@ -207,6 +207,9 @@ def check_runtime(mode: str, adaptive: bool = False) -> None:
                          f"{ADAPTIVE_VERIFICATION_MLA_MAJORS[0]}.x (FlashInfer MLA); this is {capability}")
 
 
+CONTEXT_SLACK = 64  # tokens of max_model_len past the longest prompt and its decode
+
+
 def check_context(prefill: list[int], decode: int, limit: int | None) -> None:
     """Refuse a --prefill prompt whose decode would run past the model's context (`max_position_embeddings`): vLLM
     would refuse the engine's max_model_len only after imports. Raises ValueError."""
@@ -215,9 +218,6 @@ def check_context(prefill: list[int], decode: int, limit: int | None) -> None:
         raise ValueError(f"--prefill {max(prefill)} with --decode {decode} needs {longest} tokens of context, over the "
                          f"model's {limit} (max_position_embeddings): use --prefill {limit - decode - CONTEXT_SLACK} "
                          f"or less")
-
-
-CONTEXT_SLACK = 64  # tokens of max_model_len past the longest prompt and its decode
 
 
 def _max_context(model: str) -> int | None:

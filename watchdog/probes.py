@@ -53,9 +53,13 @@ class Traffic:
     delta: Counters
     probes: int = 0  # the watchdog's own completions in the window
 
+    @property
+    def requests(self) -> int | None:
+        """Requests finished in the window besides the probes (None where the server does not count them)."""
+        return None if self.delta.requests is None else max(round(self.delta.requests) - self.probes, 0)
+
     def message(self) -> str:
-        d = self.delta
-        served = self.fields()["requests"]
+        d, served = self.delta, self.requests
         asked = "" if served is None else f"{served:,} requests (+{self.probes} probes), "
         parts = [f"{asked}{d.tokens:,.0f} tokens in {self.seconds / 60:.1f} min"]
         if d.cache is not None:
@@ -70,8 +74,7 @@ class Traffic:
 
     def fields(self) -> dict:
         d = self.delta
-        return {"seconds": round(self.seconds, 1), "probes": self.probes,
-                "requests": None if d.requests is None else max(round(d.requests) - self.probes, 0),
+        return {"seconds": round(self.seconds, 1), "probes": self.probes, "requests": self.requests,
                 "tokens": round(d.tokens),
                 "prefix_cache": d.cache.to_json() if d.cache else None,
                 "spec_decode": d.spec.to_json() if d.spec else None}

@@ -348,7 +348,7 @@ def _prefill_kernel_expected(name: str) -> str:
     raw_gate = CONFIGS[name][1].get("VLLM_LING_KDA_GATE", "kernel") == "kernel"
     gaps = flashkda.contract_gaps(compat.cuda_capability(), torch.bfloat16, flashkda.HEAD_DIM, -5.0, torch.float32,
                                   compat.flashkda_ops() is not None, raw_gate)
-    return flashkda.FLASHKDA if not gaps else flashkda.TRITON
+    return flashkda.choose("auto", on_cpu=False, gaps=gaps).kernel
 
 
 @pytest.mark.parametrize("name", [n for n in CONFIGS if _implementation(n) == "vllm-ling"])
@@ -356,14 +356,14 @@ def test_the_kda_prefill_kernel_is_said_and_is_the_one_the_rule_picks(runs, name
     """The start-up line `KDA prefill on KERNEL (why)`, read as the self-check reads it, names the kernel
     vllm_ling.flashkda picks for this GPU: the oracle agreement above was measured with that kernel prefilling."""
     from ling_tools.selfcheck import flashkda_verdict
-    from vllm_ling import startup_log
+    from vllm_ling import flashkda
 
     log = "\n".join(runs[name].engine["log_lines"])
     verdict = flashkda_verdict(log, "auto", on_cpu=False)
     want = _prefill_kernel_expected(name)
     record(f"model_{name}_kda_prefill", {"flashkda": verdict.on, "why": verdict.why, "expected": want})
     assert "no vllm-ling KDA prefill line" not in verdict.why, verdict
-    assert verdict.on == (want == startup_log.KDA_PREFILL_KERNELS[0]), (want, verdict)
+    assert verdict.on == (want == flashkda.FLASHKDA), (want, verdict)
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
