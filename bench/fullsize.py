@@ -61,7 +61,7 @@ import time
 from pathlib import Path
 
 from ling_bench.projection import DSPARK
-from ling_common.device import ADAPTIVE_VERIFICATION_MLA_MAJORS
+from ling_common.device import ADAPTIVE_VERIFICATION_FROM_VLLM, ADAPTIVE_VERIFICATION_MLA_MAJORS
 from ling_tuning.engine_compare import BACKENDS as MOE_BACKENDS  # vLLM >= 0.28's --moe-backend for INT4 experts
 from ling_tuning.step_kernels import kernels_per_step, timed
 from vllm_ling import compat, envs
@@ -196,10 +196,14 @@ def check_spec(mode: str, k: int | None = None, adaptive: bool = False, lengths:
 
 def check_runtime(mode: str, adaptive: bool = False) -> None:
     """Refuse DSpark where this vLLM cannot run it (`compat.dspark_runtime_missing`: no runtime, or the CPU engine),
-    and adaptive width where no MLA backend serves it (ling_common.device.ADAPTIVE_VERIFICATION_MLA_MAJORS), before
+    and adaptive width before vLLM 0.34 or where no MLA backend serves it (ling_common.device), before
     minutes of start-up end in an error after the weights. Raises ValueError."""
     if mode == "dspark" and (missing := compat.dspark_runtime_missing()):
         raise ValueError(f"--mode dspark: {missing}")
+    if adaptive and (release := compat.vllm_version().release[:2]) < ADAPTIVE_VERIFICATION_FROM_VLLM:
+        raise ValueError(f"--adaptive: vLLM {compat.vllm_version()}'s GDN attention backend (Ling's KDA layers) does "
+                         f"not take the device-side query lengths adaptive verification trims; vLLM "
+                         f"{'.'.join(map(str, ADAPTIVE_VERIFICATION_FROM_VLLM))} does")
     if adaptive and ((capability := compat.cuda_capability()) is None
                      or capability[0] not in ADAPTIVE_VERIFICATION_MLA_MAJORS):
         raise ValueError(f"--adaptive: vLLM's adaptive verification needs an MLA attention backend that replays "

