@@ -32,7 +32,8 @@ phase reports decode tok/s, the round (one engine step: the draft and the target
 the tokens a round yields (accepted + 1, from vLLM's spec-decode counters) with the share accepted at each position;
 `refill_rates_match_engine` says whether the refill's rates for the first L equal those vLLM built for it; the
 drafter's weights are `drafter_weight_gib`. A round's cost over a plain step is its ms over a `--mode graphs` run's
-`decode_step_ms`.
+`decode_step_ms`. On a GPU, `round_split` times the round's two phases apart with vLLM's own step timing: the target's
+forward over k + 1 tokens and the drafter's propose, by CUDA events over dummy rounds (`round_split`).
 
 Lanes: `--lanes 1,2,4,8` also decodes that many requests together after the batch-1 phases (the engine admits
 max(lanes) sequences), each lane count's step in ms, per-request and aggregate tok/s (a round's tokens counted, so
@@ -487,6 +488,47 @@ def _spec_phase(ones: list[tuple[float, dict]], manys: list[tuple[float, dict]],
             "counters": counters}
 
 
+ROUND_SPLIT_REPLAYS = 20  # dummy rounds timed for the draft / verify split (median of each)
+
+
+def round_split(llm, context_len: int, replays: int = ROUND_SPLIT_REPLAYS) -> dict:
+    """A speculative round's two GPU phases apart, by vLLM's own step timing (`model_runner.step_timing`, the
+    StepTimingCollector adaptive verification prices its cost curves with, in 0.32-0.34): one dummy step of one
+    request at the runner's decode width (1 + k tokens) over `context_len` tokens of context, `replays` times,
+    each timed by CUDA events on the stream from the target's forward start to its end (`verify_forward_ms`: the
+    target over 1 + k tokens, without the LM head and sampling) and around the drafter's propose (`draft_ms`:
+    every draft pass, the Markov head or MTP layer included). A round less the two is the LM head, the rejection
+    sampler and the host's gaps. Medians; `full_cudagraph` says whether the forward replayed a full graph, as a
+    real decode round does. A diagnostic: an error is returned, never raised."""
+    def measure(worker) -> list[tuple[float, float, bool, int]]:
+        import torch
+
+        runner = worker.model_runner
+        if getattr(runner, "speculator", None) is None or not hasattr(runner, "step_timing"):
+            raise RuntimeError("this engine's runner has no speculator or no step timing")
+        width = runner.decode_query_len
+        with torch.inference_mode(), runner.step_timing.collect() as samples:
+            for _ in range(replays):
+                runner._dummy_run(width, uniform_decode=True, context_len=context_len, skip_eplb=True)
+        return [(t.forward_ms, t.drafter_ms, t.full_cudagraph, t.num_target_tokens) for t in samples]
+
+    try:
+        samples = llm.collective_rpc(measure)[0]
+    except Exception as e:  # noqa: BLE001
+        return {"error": f"{type(e).__name__}: {e}"[:500]}
+    return summarize_split(samples, context_len)
+
+
+def summarize_split(samples: list[tuple[float, float, bool, int]], context_len: int) -> dict:
+    """Medians of (forward ms, draft ms) samples, with how many replayed a full CUDA graph."""
+    if not samples:
+        return {"error": "no step was timed (the runner recorded no drafter phase)"}
+    return {"verify_forward_ms": statistics.median(s[0] for s in samples),
+            "draft_ms": statistics.median(s[1] for s in samples),
+            "verify_tokens": samples[0][3], "context_len": context_len, "replays": len(samples),
+            "full_cudagraph": sum(bool(s[2]) for s in samples)}
+
+
 def _set_synthetic_length(llm, length: float, k: int = 1) -> list[float]:
     """Refill the rejection sampler's synthetic rates in place for mean accepted length `length` at k drafts, and
     return them. vLLM (0.32-0.34) keeps them as a device tensor of k conditional per-position rates that its
@@ -644,6 +686,10 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
             if kernels:  # is a slower verify step at another acceptance more GPU work, or more time between it?
                 phases[-1]["kernels"] = _kernel_totals(llm, short, decode)
         result["by_acceptance"] = phases
+        if torch.cuda.is_available():  # last: its dummy steps write scratch state no timed request reads after
+            result["round_split"] = split = round_split(llm, len(short) + decode // 2)
+            _progress(t0, "round split: " + (split.get("error") or f"verify forward {split['verify_forward_ms']:.2f} "
+                                             f"ms, draft {split['draft_ms']:.2f} ms"))
     if torch.cuda.is_available():
         result["peak_gpu_gib"] = torch.cuda.max_memory_reserved() / 2**30
     try:  # a diagnostic: it must never cost the run its timings

@@ -430,3 +430,23 @@ def test_a_prompt_past_the_models_context_is_refused_with_the_longest_that_fits(
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path), "--prefill", "131072,262144", "--decode", "128"])
     assert e.value.code == 2 and "use --prefill 261952 or less" in capsys.readouterr().err
+
+
+def test_the_round_split_takes_medians_and_returns_errors_instead_of_raising():
+    """vLLM's StepTimingSample fields (forward_ms, drafter_ms, full_cudagraph, num_target_tokens) become medians; an
+    engine that cannot be split (the CPU engine's runner, a plain engine) gives an error, never costs the run."""
+    from ling_bench.fullsize import round_split, summarize_split
+
+    got = summarize_split([(5.0, 1.0, True, 9), (7.0, 3.0, True, 9), (6.0, 2.0, False, 9)], 96)
+    assert got == {"verify_forward_ms": 6.0, "draft_ms": 2.0, "verify_tokens": 9, "context_len": 96, "replays": 3,
+                   "full_cudagraph": 2}
+    assert "no step was timed" in summarize_split([], 96)["error"]
+
+    class NoSplit:
+        def collective_rpc(self, fn):
+            class Runner:
+                speculator = None
+            return [fn(type("Worker", (), {"model_runner": Runner()})())]
+
+    assert round_split(NoSplit(), 96) == {"error": "RuntimeError: this engine's runner has no speculator or no step "
+                                                   "timing"}
