@@ -48,8 +48,8 @@
 #               under each config class (CONFIG_K selects cases)                                  (~8)
 #   dspark      DSpark with tiny drafters (random, agreeing), K = 1..8 (DSPARK_KS=1,8 for a subset): lossless
 #               against the oracle, acceptance (two K a call: K = 1, 8 took 177 s warm); DSPARK_FP8=1: the drafter's
-#               own weights in FP8, DSPARK_TARGET=int4: the INT4 target, DSPARK_ADAPTIVE=1: adaptive width (vLLM 0.34
-#               refuses it below compute capability 10)
+#               own weights in FP8, DSPARK_TARGET=int4|fp8: the INT4 target or the FP8 one (its LM head shared),
+#               DSPARK_ADAPTIVE=1: adaptive width (vLLM 0.34 refuses it below compute capability 10)
 #   spec_concurrency  six requests of different lengths together vs each alone, MTP k=1 and DSpark K=4 (agreeing
 #               and random drafter): a drafter's batch reorder must not corrupt recurrent state (three engines, ~4)
 #   spec_smem   every Triton kernel held to GB10's 101,376 B at launch (emulated): MTP k=3, 8 lanes, DSpark K=8 (~5)

@@ -28,7 +28,7 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("vllm")
-from criteria import (BF16_FLIP_MAX_MARGIN, DECIDED_AGREEMENT, acceptance_slack,  # noqa: E402
+from criteria import (BF16_FLIP_MAX_MARGIN, DECIDED_AGREEMENT, FP8_LOSSLESS_SLACK, acceptance_slack,  # noqa: E402
                       decided_disagreements)
 from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without CUDA)
 # on sys.path via gpu_helpers
@@ -52,7 +52,6 @@ VARIANTS = list(CHECKPOINTS)
 # gave 85.3% (FP8) vs 95.3%, 250 drafts 93.1% vs 87.8% (FINDINGS.md §9). The trap it guards (a draft reading FP8
 # bytes as BF16) is accepted ~0%. (criteria.acceptance_slack)
 
-FP8_LOSSLESS_SLACK = 0.01  # FP8: MTP's decided agreement with the FP8 reference at most 1 point below plain's
 # FP8 flips decided positions too (the FP8 engine agreed with the FP8 reference on ~88% of them on random weights,
 # test_model_gpu.py): for one copy's ~30-100 decided tokens the FP8 bar is one a sequence reading another's
 # state (its tokens garbage, agreement near 0) cannot reach
