@@ -123,6 +123,7 @@ def test_spec_phase_counts_verify_steps_per_request():
     assert phase["decode_step_ms"] == pytest.approx(400 / 128) and phase["decode_tok_s"] == pytest.approx(320)
     assert phase["verify_step_ms"] == pytest.approx(400 / 66) and phase["verify_steps_per_request"] == 66
     assert phase["accepted_per_draft"] == pytest.approx(62 / 67) and phase["counters"][drafts] == 201
+    assert phase["request_s"] == {"1": [0.010] * 3, "129": [0.409, 0.410, 0.415]}  # each request's time, for the noise
 
 
 def test_spec_phase_without_drafts_has_no_verify_step():
