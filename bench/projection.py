@@ -19,10 +19,15 @@ router fp32, KDA conv fp32, everything else BF16. `fp8` is `--quantization ling_
 every BF16 matrix read as FP8 (1 byte) plus one fp32 scale per output channel, except MLA kv_b_proj (vLLM's
 MLA absorbs it into W_UK/W_UV) and the draft's eh_proj, which stay BF16 (`vllm_ling.fp8.KEEP_BF16`);
 experts, router and conv are as in `bf16`. Under `fp8` the DSpark drafter's own matrices (Markov head
-included) are counted in FP8 too, which vllm-ling does not serve yet (docs/dspark.md §Left).
+included) are counted in FP8 too, as its own `quantization: ling_fp8` serves them (docs/dspark.md §Draft FP8). The
+default block scheme's scales (one fp32 per 128 x 128 block) are smaller than the per-channel ones counted here.
 
     python -m ling_bench.projection [--method plain|mtp|dspark|all] [--k 1,2,3] [--block 4,6,8]
-        [--acceptance 0.94,0.70] [--acceptance-length 3.5,3.7,5.3,6.5] [--context 4096] [--json OUT]
+        [--acceptance 0.94,0.70] [--acceptance-length 3.5,3.7,5.3,6.5] [--context 4096] [--lanes 1,2,4,8]
+        [--json OUT]
+
+`--lanes` adds sequences decoding together (`lane_rows`): one step reads every matrix once for all of them, so
+lanes share the dense bytes and each adds its routed experts, KDA state and MLA KV.
 """
 
 from __future__ import annotations
@@ -80,11 +85,12 @@ def _weights(c: dict, layer: int, prefix: str, tokens: int, fp8: bool) -> float:
 
 
 def decode_step_bytes(c: dict, context: int, tokens: int = 1, mtp: bool = False, fp8: bool = False,
-                      draft_vocab: int | None = None, draft_steps: int = 1) -> StepBytes:
-    """Bytes one forward step over `tokens` new tokens of one sequence reads; with `mtp`, plus `draft_steps`
-    passes of the draft layer(s) on one token each: eh_proj, MLA, MoE, their own KV cache and the shared
-    lm_head again, or only its `draft_vocab` rows (and their scales) with a draft vocabulary
-    (vllm_ling/draft/vocab.py)."""
+                      draft_vocab: int | None = None, draft_steps: int = 1, seqs: int = 1) -> StepBytes:
+    """Bytes one forward step over `tokens` new tokens of each of `seqs` sequences reads (every matrix once,
+    the routed experts the seqs x tokens tokens touch, each sequence's KDA state and MLA KV at `context`); with
+    `mtp`, plus `draft_steps` passes of the draft layer(s) on one token a sequence: eh_proj, MLA, MoE, their own
+    KV cache and the shared lm_head again, or only its `draft_vocab` rows (and their scales) with a draft
+    vocabulary (vllm_ling/draft/vocab.py)."""
     n, heads, d = c["num_hidden_layers"], c["num_attention_heads"], kda_head_dim(c)
     kv_row = (c["kv_lora_rank"] + c["qk_rope_head_dim"]) * BF16  # one token's MLA latent + k_pe
     mla = [i for i in range(n) if is_mla_layer(c, i)]
@@ -92,18 +98,19 @@ def decode_step_bytes(c: dict, context: int, tokens: int = 1, mtp: bool = False,
     moe = [i for i in range(n) if is_moe_layer(c, i)]
     dense = [i for i in range(n) if not is_moe_layer(c, i)]
     lm_head = matrix_bytes("lm_head.weight", tensor_specs(c)["lm_head.weight"], fp8)
+    batch = tokens * seqs
     parts = {
-        "KDA weights": sum(_weights(c, i, "attention.", tokens, fp8) for i in kda),
-        "KDA state (read + write)": len(kda) * 2 * heads * d * d * FP32,
-        "MLA weights": sum(_weights(c, i, "attention.", tokens, fp8) for i in mla),
-        "MLA KV cache": len(mla) * context * kv_row,
-        "dense MLPs": sum(_weights(c, i, "mlp.", tokens, fp8) for i in dense),
-        "MoE (router, shared, routed INT4)": sum(_weights(c, i, "mlp.", tokens, fp8) for i in moe),
+        "KDA weights": sum(_weights(c, i, "attention.", batch, fp8) for i in kda),
+        "KDA state (read + write)": seqs * len(kda) * 2 * heads * d * d * FP32,
+        "MLA weights": sum(_weights(c, i, "attention.", batch, fp8) for i in mla),
+        "MLA KV cache": seqs * len(mla) * context * kv_row,
+        "dense MLPs": sum(_weights(c, i, "mlp.", batch, fp8) for i in dense),
+        "MoE (router, shared, routed INT4)": sum(_weights(c, i, "mlp.", batch, fp8) for i in moe),
         "lm_head": lm_head,
     }
     if mtp:
         draft_head = lm_head * min(draft_vocab or c["vocab_size"], c["vocab_size"]) / c["vocab_size"]
-        parts["MTP draft"] = draft_steps * sum(_weights(c, i, "", 1, fp8) + draft_head + context * kv_row
+        parts["MTP draft"] = draft_steps * sum(_weights(c, i, "", seqs, fp8) + draft_head + seqs * context * kv_row
                                                for i in range(n, n + num_mtp_layers(c)))
     return StepBytes(parts)
 
@@ -125,12 +132,14 @@ def acceptance_for_length(length: float, k: int) -> float:
     return (lo + hi) / 2
 
 
-def mtp_round_bytes(c: dict, context: int, k: int, fp8: bool = False, draft_vocab: int | None = None) -> StepBytes:
+def mtp_round_bytes(c: dict, context: int, k: int, fp8: bool = False, draft_vocab: int | None = None,
+                    seqs: int = 1) -> StepBytes:
     """One MTP round: k sequential draft steps (each the draft layer on one token, its KV and the LM head)
     and one verify of k + 1 tokens through the target. k = 1 is the verify step `project` counts. The first
     draft step of a round runs on the tokens the last verify accepted; counting it on one token, as k = 1
     always has, leaves out a few experts."""
-    return decode_step_bytes(c, context, tokens=k + 1, mtp=True, fp8=fp8, draft_vocab=draft_vocab, draft_steps=k)
+    return decode_step_bytes(c, context, tokens=k + 1, mtp=True, fp8=fp8, draft_vocab=draft_vocab, draft_steps=k,
+                             seqs=seqs)
 
 
 # inclusionAI/Ling-3.0-flash-dspark (model card): 5 dense full-attention layers, 32 query / 32 KV heads, block
@@ -244,6 +253,28 @@ def round_rows(c: dict, context: int, bandwidth_gbs: float, efficiency: float, m
     return rows
 
 
+def lane_rows(c: dict, context: int, bandwidth_gbs: float, efficiency: float, lanes: list[int],
+              acceptance: float) -> list[dict]:
+    """`n` sequences decoding together, each at `context`, both formats: plain steps and MTP k = 1 rounds at
+    per-position rate `acceptance`. A step reads every matrix once for the batch, so lanes share the dense
+    bytes and add their routed experts (uniform routing over n x tokens), KDA states and MLA KV: per-request
+    tok/s = AL x bandwidth x efficiency / bytes per step, aggregate = n x that. (vLLM's scheduler may also
+    run a lane's prefill chunk in the same step; not counted here.)"""
+    bw = bandwidth_gbs * 1e9 * efficiency
+    rows = []
+    for fmt in FORMATS:
+        fp8 = fmt == "fp8"
+        for method, k, al in (("plain", 0, 1.0), ("mtp", 1, mean_accepted_length(acceptance, 1))):
+            for n in lanes:
+                step = (decode_step_bytes(c, context, fp8=fp8, seqs=n) if k == 0
+                        else mtp_round_bytes(c, context, k, fp8, seqs=n))
+                per_request = al * bw / step.total
+                rows.append({"method": method, "k": k, "format": fmt, "lanes": n, "al": al,
+                             "acceptance": acceptance if k else None, "gb_per_step": step.total / 1e9,
+                             "per_request_tok_s": per_request, "aggregate_tok_s": n * per_request})
+    return rows
+
+
 def project(c: dict, context: int, bandwidth_gbs: float, efficiency: float, acceptance: float,
             fp8: bool = False, draft_vocab: int | None = None) -> dict:
     plain = decode_step_bytes(c, context, fp8=fp8)
@@ -280,9 +311,10 @@ def _ints(text: str) -> list[int]:
 
 
 def report(c: dict, context: int, bandwidth_gbs: float, efficiency: float, acceptances: list[float],
-           draft_vocab: int | None = None, rows: list[dict] | None = None) -> str:
+           draft_vocab: int | None = None, rows: list[dict] | None = None, lanes: list[dict] | None = None) -> str:
     """The table: a plain step's GB by part, both step totals and tok/s, one column per weight format; then,
-    given `rows` (`round_rows`), one line per round: GB, bytes over a plain step's, tok/s."""
+    given `rows` (`round_rows`), one line per round: GB, bytes over a plain step's, tok/s; given `lanes`
+    (`lane_rows`), one line per method and lane count: GB a step, per-request and aggregate tok/s."""
     runs = {f: [project(c, context, bandwidth_gbs, efficiency, a, fp8=f == "fp8", draft_vocab=draft_vocab)
                 for a in acceptances] for f in FORMATS}
     first = {f: r[0] for f, r in runs.items()}
@@ -313,6 +345,16 @@ def report(c: dict, context: int, bandwidth_gbs: float, efficiency: float, accep
             lines.append(f"  {b['method']:<7}{b['k']:>3}{a:>7}{al:>7}" + "".join(f"{x:>11}" for x in [
                 f"{b['gb_per_round']:.2f}", f"{f['gb_per_round']:.2f}", f"{b['round_over_plain_bytes']:.2f}",
                 f"{f['round_over_plain_bytes']:.2f}", f"{b['tok_s']:.1f}", f"{f['tok_s']:.1f}"]))
+    if lanes:
+        lines += ["", "Lanes (sequences decoding together, each at the context above), PROJECTED GB10 tok/s:",
+                  f"  {'method':<7}{'lanes':>6}" + "".join(f"{x:>14}" for x in [
+                      "GB bf16", "GB fp8", "per req bf16", "per req fp8", "all bf16", "all fp8"])]
+        fp8 = [r for r in lanes if r["format"] == "fp8"]
+        for b, f in zip([r for r in lanes if r["format"] == "bf16"], fp8):
+            name = b["method"] + (f" k={b['k']}" if b["k"] else "")
+            lines.append(f"  {name:<7}{b['lanes']:>6}" + "".join(f"{x:>14}" for x in [
+                f"{b['gb_per_step']:.2f}", f"{f['gb_per_step']:.2f}", f"{b['per_request_tok_s']:.1f}",
+                f"{f['per_request_tok_s']:.1f}", f"{b['aggregate_tok_s']:.1f}", f"{f['aggregate_tok_s']:.1f}"]))
     return "\n".join(lines)
 
 
@@ -338,13 +380,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-vocab", type=int, metavar="N",
                     help="drafts read only N rows of the LM head (and DSpark's markov_w2): a draft vocabulary; "
                          "the acceptance you give is assumed to hold with it")
+    ap.add_argument("--lanes", type=_ints, metavar="N,N",
+                    help="also project N sequences decoding together (plain and MTP k=1 at the first --acceptance), "
+                         "e.g. 1,2,4,8")
     ap.add_argument("--json", type=Path, metavar="OUT", help="write every round's figures here")
     a = ap.parse_args(argv)
     c = json.loads(a.config.read_text())
     methods = ["plain", "mtp", "dspark"] if a.method == "all" else [a.method]
     rows = round_rows(c, a.context, a.bandwidth_gbs, a.efficiency, methods, a.k, a.block, a.acceptance,
                       a.acceptance_length, a.draft_vocab)
-    print(report(c, a.context, a.bandwidth_gbs, a.efficiency, a.acceptance, a.draft_vocab, rows))
+    lanes = lane_rows(c, a.context, a.bandwidth_gbs, a.efficiency, a.lanes, a.acceptance[0]) if a.lanes else None
+    print(report(c, a.context, a.bandwidth_gbs, a.efficiency, a.acceptance, a.draft_vocab, rows, lanes))
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps({
@@ -352,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
             "context": a.context, "bandwidth_gbs": a.bandwidth_gbs, "efficiency": a.efficiency,
             "draft_vocab": a.draft_vocab,
             "plain_step_gb": {f: decode_step_bytes(c, a.context, fp8=f == "fp8").total / 1e9 for f in FORMATS},
-            "rows": rows}, indent=1) + "\n")
+            "rows": rows, **({"lanes": lanes} if lanes else {})}, indent=1) + "\n")
     return 0
 
 

@@ -10,7 +10,7 @@ import json
 
 from ling_bench.projection import (DSPARK_FILE_PARAMS, StepBytes, acceptance_for_length, decode_step_bytes,
                                    dspark_params, dspark_round_bytes, experts_touched, main, matrix_bytes,
-                                   mean_accepted_length, mtp_round_bytes, project, round_rows)
+                                   lane_rows, mean_accepted_length, mtp_round_bytes, project, round_rows)
 from vllm_ling.configs import flash_config
 from ling_tools.tensors import TensorSpec
 
@@ -203,3 +203,45 @@ def test_cli_json_holds_every_row(tmp_path, capsys):
         assert r["gb_per_round"] == pytest.approx(r["draft_gb"] + r["verify_gb"])
         assert r["tok_s"] == pytest.approx(r["al"] * 273e9 * 0.7 / (r["gb_per_round"] * 1e9))
     assert main(["--method", "plain"]) == 0 and "dspark" not in capsys.readouterr().out
+
+
+def test_lanes_share_the_dense_bytes_and_add_their_own_state_kv_and_experts():
+    """Two sequences at 4096: one more copy of the 35 KDA states (32 x 128 x 128 fp32, read and written) and of the
+    MLA KV, the experts two tokens touch, every other matrix once; one sequence is the batch-1 step exactly."""
+    one, two = decode_step_bytes(CONFIG, 4096), decode_step_bytes(CONFIG, 4096, seqs=2)
+    assert decode_step_bytes(CONFIG, 4096, seqs=1).total == one.total
+    state = "KDA state (read + write)"
+    assert two.parts[state] == 2 * one.parts[state] == 2 * 35 * 2 * HEADS * 128 * 128 * 4
+    assert two.parts["MLA KV cache"] == 2 * one.parts["MLA KV cache"]
+    assert two.parts["lm_head"] == one.parts["lm_head"] and two.parts["KDA weights"] == one.parts["KDA weights"]
+    e, top_k = CONFIG["num_experts"], CONFIG["num_experts_per_tok"]
+    routed_share = experts_touched(e, top_k, 2) / experts_touched(e, top_k, 1)
+    assert one.parts["MoE (router, shared, routed INT4)"] < two.parts["MoE (router, shared, routed INT4)"] \
+        < routed_share * one.parts["MoE (router, shared, routed INT4)"]  # shared experts and router are not doubled
+    assert mtp_round_bytes(CONFIG, 4096, 1, seqs=2).total > mtp_round_bytes(CONFIG, 4096, 1).total
+
+
+def test_lane_rows_trade_per_request_speed_for_aggregate():
+    rows = lane_rows(CONFIG, 4096, 273.0, 0.7, [1, 2, 4, 8], 0.94)
+    plain_fp8 = {r["lanes"]: r for r in rows if r["method"] == "plain" and r["format"] == "fp8"}
+    single = round_rows(CONFIG, 4096, 273.0, 0.7, ["plain"], [1], [8], [0.94], [3.5])
+    assert plain_fp8[1]["per_request_tok_s"] == pytest.approx(next(r["tok_s"] for r in single if r["format"] == "fp8"))
+    for method in ("plain", "mtp"):
+        for fmt in ("bf16", "fp8"):
+            got = [r for r in rows if r["method"] == method and r["format"] == fmt]
+            assert [r["lanes"] for r in got] == [1, 2, 4, 8]
+            assert all(a["per_request_tok_s"] > b["per_request_tok_s"] for a, b in zip(got, got[1:]))
+            assert all(a["aggregate_tok_s"] < b["aggregate_tok_s"] for a, b in zip(got, got[1:]))
+            assert all(r["aggregate_tok_s"] == pytest.approx(r["lanes"] * r["per_request_tok_s"]) for r in got)
+    mtp = next(r for r in rows if r["method"] == "mtp" and r["lanes"] == 1 and r["format"] == "fp8")
+    assert mtp["al"] == pytest.approx(1.94) and mtp["per_request_tok_s"] == pytest.approx(
+        1.94 * 273e9 * 0.7 / mtp_round_bytes(CONFIG, 4096, 1, fp8=True).total)
+
+
+def test_the_cli_projects_lanes_when_asked(capsys, tmp_path):
+    assert main(["--method", "plain", "--lanes", "1,2", "--json", str(tmp_path / "p.json")]) == 0
+    out = capsys.readouterr().out
+    assert "Lanes (sequences decoding together" in out and "mtp k=1" in out
+    assert [r["lanes"] for r in json.loads((tmp_path / "p.json").read_text())["lanes"]] == [1, 2, 1, 2] * 2
+    main(["--method", "plain"])
+    assert "Lanes" not in capsys.readouterr().out
