@@ -13,7 +13,7 @@ short prompt and after each --prefill prompt (long-context decode: does it hold 
 memory, and the bytes a decode step reads (counted from config.json by `ling_bench.projection`) against
 this GPU's device-to-device copy bandwidth measured in the same run, the weight memory vLLM reports ("Model
 loading took"), the cudagraph mode, and with --kernels the CUDA kernels and GPU time per decode step (torch
-profiler, graph-replayed kernels included).
+profiler, graph-replayed kernels included; per generated token, and `per_round` in speculative modes).
 
 Speculative decoding, `--k N` draft tokens a round: `mtp` (the checkpoint's MTP layer, k = 1..3, default 1) and
 `dspark` (Ling's DSpark drafter, K = 1..8, default 8, the drafter's block; `--adaptive` for vLLM's confidence-driven
@@ -668,6 +668,8 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     if kernels:
         try:  # the profile must not cost the run the timings above
             result["kernels"] = kernels_per_step(llm, short, decode)
+            if phases:
+                result["kernels"]["per_round"] = per_round(result["kernels"], phases[0]["tokens_per_round"])
             _progress(t0, f"kernels: {result['kernels']['kernels_per_step']:.0f} per step")
         except Exception as e:  # noqa: BLE001
             result["kernels"] = {"error": f"{type(e).__name__}: {e}"[:500]}
@@ -691,7 +693,9 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
             _progress(t0, f"synthetic acceptance {length}: {phases[-1]['decode_tok_s']:.1f} tok/s, "
                           f"{phases[-1]['tokens_per_round'] or 0:.2f} tokens a round")
             if kernels:  # is a slower verify step at another acceptance more GPU work, or more time between it?
-                phases[-1]["kernels"] = _kernel_totals(llm, short, decode)
+                phases[-1]["kernels"] = totals = _kernel_totals(llm, short, decode)
+                if "error" not in totals:
+                    totals["per_round"] = per_round(totals, phases[-1]["tokens_per_round"])
         result["by_acceptance"] = phases
         if torch.cuda.is_available():  # last: its dummy steps write scratch state no timed request reads after
             result["round_split"] = split = round_split(llm, len(short) + decode // 2)
@@ -735,13 +739,24 @@ def _lanes_phase(llm, n: int, vocab: int, decode: int, repeats: int) -> dict:
             "aggregate_tok_s": n * decode / seconds}
 
 
+KERNEL_TOTALS = ("kernels_per_step", "gpu_us_per_step", "gpu_busy_us_per_step")
+
+
+def per_round(totals: dict, tokens_per_round: float | None) -> dict | None:
+    """A speculative engine's kernel totals per round: `kernels_per_step` counts per generated token (the extra
+    of `decode` more tokens over a 1-token request, divided by `decode`), and a round yields `tokens_per_round`."""
+    if not tokens_per_round:
+        return None
+    return {name.replace("_per_step", "_per_round"): totals[name] * tokens_per_round for name in KERNEL_TOTALS}
+
+
 def _kernel_totals(llm, prompt: list[int], decode: int) -> dict:
     """`kernels_per_step`'s totals without its kernel list, or the error (a diagnostic never costs the run)."""
     try:
         got = kernels_per_step(llm, prompt, decode)
     except Exception as e:  # noqa: BLE001
         return {"error": f"{type(e).__name__}: {e}"[:500]}
-    return {k: got[k] for k in ("kernels_per_step", "gpu_us_per_step", "gpu_busy_us_per_step")}
+    return {k: got[k] for k in KERNEL_TOTALS}
 
 
 def _decode_step(llm, prompt: list[int], decode: int, repeats: int, one: float | None = None) -> float:

@@ -450,3 +450,13 @@ def test_the_round_split_takes_medians_and_returns_errors_instead_of_raising():
 
     assert round_split(NoSplit(), 96) == {"error": "RuntimeError: this engine's runner has no speculator or no step "
                                                    "timing"}
+
+
+def test_kernel_totals_per_round_scale_the_per_token_profile_by_the_tokens_a_round_yields():
+    """kernels_per_step divides by generated tokens; a DSpark round at AL 6.5 yields 6.5 of them."""
+    from ling_bench.fullsize import per_round
+
+    totals = {"kernels_per_step": 200.0, "gpu_us_per_step": 900.0, "gpu_busy_us_per_step": 850.0, "top": []}
+    assert per_round(totals, 6.5) == {"kernels_per_round": 1300.0, "gpu_us_per_round": 5850.0,
+                                      "gpu_busy_us_per_round": 5525.0}
+    assert per_round(totals, None) is None  # no drafts counted: no rounds
