@@ -28,7 +28,9 @@
 #               Speculative rounds at synthetic acceptance, several lengths on one engine (L <= k + 1), e.g.
 #               fs:mtp3:--mode+mtp+--k+3+--prefill=+--acceptance-length+3.5,2.5 or
 #               fs:dspark8:--mode+dspark+--k+8+--prefill=+--acceptance-length+6.5,5.3,3.5 (--adaptive: compute
-#               capability 10.x only, refused before the engine elsewhere)
+#               capability 10.x and vLLM 0.34 only, refused before the engine elsewhere). With --fp8+w8a8 on a
+#               fresh 0.34 H200: dspark8 457 s with the bundle's assembly, then plain 218 s, mtp1 282 s (the
+#               short-prompt phases now take 7 requests each, a few seconds more)
 #               Lanes under GB10's shared memory (emulated for Triton kernels), e.g.
 #               fs:lanes:--fp8+w8a8+--prefill=+--lanes+1,2,4,8+--smem-limit+101376 (+--mode+mtp)
 #               Long context, prefill and decode after 128K and 256K (the model's 262,144 less the decode):
