@@ -33,7 +33,7 @@ the tokens a round yields (accepted + 1, from vLLM's spec-decode counters) with 
 `refill_rates_match_engine` says whether the refill's rates for the first L equal those vLLM built for it; the
 drafter's weights are `drafter_weight_gib`. A round's cost over a plain step is its ms over a `--mode graphs` run's
 `decode_step_ms`. On a GPU, `round_split` times the round's two phases apart with vLLM's own step timing: the target's
-forward over k + 1 tokens and the drafter's propose, by CUDA events over dummy rounds (`round_split`).
+forward over k + 1 tokens and the drafter's propose, by CUDA events over dummy rounds.
 
 Lanes: `--lanes 1,2,4,8` also decodes that many requests together after the batch-1 phases (the engine admits
 max(lanes) sequences), each lane count's step in ms, per-request and aggregate tok/s (a round's tokens counted, so
@@ -201,7 +201,7 @@ def check_runtime(mode: str, adaptive: bool = False) -> None:
     minutes of start-up end in an error after the weights. Raises ValueError."""
     if mode == "dspark" and (missing := compat.dspark_runtime_missing()):
         raise ValueError(f"--mode dspark: {missing}")
-    if adaptive and (release := compat.vllm_version().release[:2]) < ADAPTIVE_VERIFICATION_FROM_VLLM:
+    if adaptive and compat.vllm_version().release[:2] < ADAPTIVE_VERIFICATION_FROM_VLLM:
         raise ValueError(f"--adaptive: vLLM {compat.vllm_version()}'s GDN attention backend (Ling's KDA layers) does "
                          f"not take the device-side query lengths adaptive verification trims; vLLM "
                          f"{'.'.join(map(str, ADAPTIVE_VERIFICATION_FROM_VLLM))} does")
