@@ -26,6 +26,8 @@ default block scheme's scales (one fp32 per 128 x 128 block) are smaller than th
         [--acceptance 0.94,0.70] [--acceptance-length 3.5,3.7,5.3,6.5] [--context 4096] [--lanes 1,2,4,8]
         [--json OUT]
 
+DSpark rows also carry `al_one_rate` / `tok_s_one_rate`: a K-wide block keeping the drafts the card's K = 8 length
+came from, at one per-position rate (`narrow_block_length`), a lower estimate beside the capped upper bound.
 `--lanes` adds sequences decoding together (`lane_rows`): one step reads every matrix once for all of them, so
 lanes share the dense bytes and each adds its routed experts, KDA state and MLA KV.
 """
@@ -218,6 +220,14 @@ def dspark_params(c: dict) -> int:
     return sum(s.numel for s in dspark_specs(c).values())
 
 
+def narrow_block_length(length: float, k: int, block: int = DSPARK["dspark_block_size"]) -> float:
+    """The mean accepted length a K-wide block would get from drafts that a `block`-wide one (the drafter's own,
+    where its card measured `length`) accepts at one per-position rate a: AL_K = 1 + a + ... + a^K with a from
+    AL_block = length. A model, not a measurement: a real drafter's rate falls along the block, so the first
+    positions, which a narrow block keeps, are accepted more often than a, and this is a lower estimate."""
+    return mean_accepted_length(acceptance_for_length(length, block), k)
+
+
 def round_rows(c: dict, context: int, bandwidth_gbs: float, efficiency: float, methods: list[str],
                ks: list[int], blocks: list[int], acceptances: list[float], lengths: list[float],
                draft_vocab: int | None = None) -> list[dict]:
@@ -225,7 +235,8 @@ def round_rows(c: dict, context: int, bandwidth_gbs: float, efficiency: float, m
     verify apart), round bytes over a plain step's, tok/s = AL x bandwidth x efficiency / bytes per round.
     MTP runs at each rate in `acceptances` (AL from it) and at each AL in `lengths` it can reach, AL <= k + 1
     (the rate from it). DSpark runs at each AL in `lengths`, capped at K + 1 (`capped` says where): the card's
-    lengths are at K = 8, and a narrower block accepts less, so below K = 8 they are upper bounds."""
+    lengths are at K = 8, and a narrower block accepts less, so below K = 8 they are upper bounds; `al_one_rate`
+    and `tok_s_one_rate` are the same drafts at one per-position rate (`narrow_block_length`), a lower estimate."""
     bw = bandwidth_gbs * 1e9 * efficiency
     rows = []
     for fmt in FORMATS:
@@ -234,10 +245,12 @@ def round_rows(c: dict, context: int, bandwidth_gbs: float, efficiency: float, m
 
         def row(method: str, k: int, al: float, step: StepBytes, rate: float | None = None) -> dict:
             draft = sum(v for p, v in step.parts.items() if p.startswith(("MTP draft", "drafter", "Markov", "conf")))
+            narrow = narrow_block_length(al, k) if method == "dspark" else None
             return {"method": method, "k": k, "format": fmt, "acceptance": rate, "al_given": al,
                     "al": min(al, k + 1), "capped": al > k + 1,
                     "gb_per_round": step.total / 1e9, "draft_gb": draft / 1e9, "verify_gb": (step.total - draft) / 1e9,
-                    "round_over_plain_bytes": step.total / plain, "tok_s": min(al, k + 1) * bw / step.total}
+                    "round_over_plain_bytes": step.total / plain, "tok_s": min(al, k + 1) * bw / step.total,
+                    "al_one_rate": narrow, "tok_s_one_rate": None if narrow is None else narrow * bw / step.total}
 
         if "plain" in methods:
             rows.append(row("plain", 0, 1.0, decode_step_bytes(c, context, fp8=fp8)))
@@ -335,16 +348,20 @@ def report(c: dict, context: int, bandwidth_gbs: float, efficiency: float, accep
               for i, a in enumerate(acceptances)]
     if rows:
         lines += ["", "Rounds, PROJECTED GB10 tok/s = AL x bandwidth x efficiency / GB per round "
-                  "(AL capped at K + 1, marked *):",
+                  "(AL capped at K + 1, marked *; DSpark's last two columns: the K = 8 length's drafts at one "
+                  "per-position rate, a lower estimate for K < 8):",
                   f"  {'method':<7}{'K':>3}{'a':>7}{'AL':>7}" + "".join(
-                      f"{x:>11}" for x in ["GB bf16", "GB fp8", "x plain", "x plain", "tok/s bf16", "tok/s fp8"])]
+                      f"{x:>11}" for x in ["GB bf16", "GB fp8", "x plain", "x plain", "tok/s bf16", "tok/s fp8",
+                                           "AL 1-rate", "fp8 1-rate"])]
         fp8 = [r for r in rows if r["format"] == "fp8"]
         for b, f in zip([r for r in rows if r["format"] == "bf16"], fp8):
             a = "" if b["acceptance"] is None else f"{b['acceptance']:.3f}"
             al = f"{b['al']:.2f}" + ("*" if b["capped"] else "")
             lines.append(f"  {b['method']:<7}{b['k']:>3}{a:>7}{al:>7}" + "".join(f"{x:>11}" for x in [
                 f"{b['gb_per_round']:.2f}", f"{f['gb_per_round']:.2f}", f"{b['round_over_plain_bytes']:.2f}",
-                f"{f['round_over_plain_bytes']:.2f}", f"{b['tok_s']:.1f}", f"{f['tok_s']:.1f}"]))
+                f"{f['round_over_plain_bytes']:.2f}", f"{b['tok_s']:.1f}", f"{f['tok_s']:.1f}",
+                "" if f["al_one_rate"] is None else f"{f['al_one_rate']:.2f}",
+                "" if f["tok_s_one_rate"] is None else f"{f['tok_s_one_rate']:.1f}"]))
     if lanes:
         lines += ["", "Lanes (sequences decoding together, each at the context above), PROJECTED GB10 tok/s:",
                   f"  {'method':<7}{'lanes':>6}" + "".join(f"{x:>14}" for x in [

@@ -10,7 +10,8 @@ import json
 
 from ling_bench.projection import (DSPARK_FILE_PARAMS, StepBytes, acceptance_for_length, decode_step_bytes,
                                    dspark_params, dspark_round_bytes, experts_touched, main, matrix_bytes,
-                                   lane_rows, mean_accepted_length, mtp_round_bytes, project, round_rows)
+                                   lane_rows, mean_accepted_length, mtp_round_bytes, narrow_block_length, project,
+                                   round_rows)
 from vllm_ling.configs import flash_config
 from ling_tools.tensors import TensorSpec
 
@@ -195,7 +196,7 @@ def test_cli_json_holds_every_row(tmp_path, capsys):
     # per format: plain 1; MTP 3 k x 2 rates + the 2 ALs (3.5, 3.7) that k = 3 reaches; DSpark 3 K x 4 ALs
     assert len(rows) == 2 * (1 + 6 + 2 + 12)
     keys = {"method", "k", "format", "acceptance", "al", "al_given", "capped", "gb_per_round", "draft_gb",
-            "verify_gb", "round_over_plain_bytes", "tok_s"}
+            "verify_gb", "round_over_plain_bytes", "tok_s", "al_one_rate", "tok_s_one_rate"}
     assert all(set(r) == keys for r in rows)
     assert {(r["method"], r["k"], r["format"]) for r in rows if r["method"] == "dspark"} == {
         ("dspark", k, f) for k in (4, 6, 8) for f in ("bf16", "fp8")}
@@ -245,3 +246,18 @@ def test_the_cli_projects_lanes_when_asked(capsys, tmp_path):
     assert [r["lanes"] for r in json.loads((tmp_path / "p.json").read_text())["lanes"]] == [1, 2, 1, 2] * 2
     main(["--method", "plain"])
     assert "Lanes" not in capsys.readouterr().out
+
+
+def test_a_narrow_block_keeps_the_first_drafts_of_the_card_length_at_one_rate():
+    """AL 6.5 at the drafter's block of 8 is one per-position rate a with 1 + a + ... + a^8 = 6.5; a 6-wide block of
+    the same drafts gets 1 + a + ... + a^6. At K = 8 it is the given length; narrower blocks get less, never more."""
+    assert narrow_block_length(6.5, 8) == pytest.approx(6.5)
+    a = acceptance_for_length(6.5, 8)
+    assert narrow_block_length(6.5, 6) == pytest.approx(sum(a ** i for i in range(7)))
+    assert narrow_block_length(6.5, 4) < narrow_block_length(6.5, 6) < 6.5
+    assert narrow_block_length(9.0, 4) == pytest.approx(5.0)  # every draft accepted: K + 1
+    rows = round_rows(CONFIG, 4096, 273, 0.7, ["mtp", "dspark"], [1], [6, 8], [0.94], [5.3])
+    assert all(r["al_one_rate"] is None and r["tok_s_one_rate"] is None for r in rows if r["method"] == "mtp")
+    k6 = next(r for r in rows if r["method"] == "dspark" and r["k"] == 6 and r["format"] == "fp8")
+    assert k6["al_one_rate"] < k6["al"] and k6["tok_s_one_rate"] == pytest.approx(
+        k6["al_one_rate"] * 273e9 * 0.7 / (k6["gb_per_round"] * 1e9))
