@@ -493,6 +493,11 @@ def _spec_phase(ones: list[tuple[float, dict]], manys: list[tuple[float, dict]],
             "counters": counters, "request_s": {"1": [t for t, _ in ones], str(decode + 1): [t for t, _ in manys]}}
 
 
+def _error(e: Exception) -> dict:
+    """What a diagnostic that failed records in place of its figures (it never costs the run its timings)."""
+    return {"error": f"{type(e).__name__}: {e}"[:500]}
+
+
 ROUND_SPLIT_REPLAYS = 20  # dummy rounds timed for the draft / verify split (median of each)
 
 
@@ -520,7 +525,7 @@ def round_split(llm, context_len: int, replays: int = ROUND_SPLIT_REPLAYS) -> di
     try:
         samples = llm.collective_rpc(measure)[0]
     except Exception as e:  # noqa: BLE001
-        return {"error": f"{type(e).__name__}: {e}"[:500]}
+        return _error(e)
     return summarize_split(samples, context_len)
 
 
@@ -672,7 +677,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
                 result["kernels"]["per_round"] = per_round(result["kernels"], phases[0]["tokens_per_round"])
             _progress(t0, f"kernels: {result['kernels']['kernels_per_step']:.0f} per step")
         except Exception as e:  # noqa: BLE001
-            result["kernels"] = {"error": f"{type(e).__name__}: {e}"[:500]}
+            result["kernels"] = _error(e)
             _progress(t0, f"kernel profile failed: {result['kernels']['error']}")
     if lanes:
         result["lanes"] = {str(n): _lanes_phase(llm, n, vocab, decode, repeats) for n in lanes}
@@ -706,7 +711,7 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     try:  # a diagnostic: it must never cost the run its timings
         memory = llm.collective_rpc(memory_breakdown)[0]
     except Exception as e:  # noqa: BLE001
-        memory = {"error": f"{type(e).__name__}: {e}"[:500]}
+        memory = _error(e)
     result["memory"] = memory
     # what vLLM logs as "Model loading took", read from the runner it is computed in
     result["weight_gib"] = round(memory.get("model_memory_usage_gib", 0), 4) or None
@@ -755,7 +760,7 @@ def _kernel_totals(llm, prompt: list[int], decode: int) -> dict:
     try:
         got = kernels_per_step(llm, prompt, decode)
     except Exception as e:  # noqa: BLE001
-        return {"error": f"{type(e).__name__}: {e}"[:500]}
+        return _error(e)
     return {k: got[k] for k in KERNEL_TOTALS}
 
 
