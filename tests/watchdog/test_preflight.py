@@ -11,13 +11,10 @@ from ling_common.device import Device
 from ling_watchdog.memory import GiB
 from ling_watchdog.preflight import Host, check, prefill_workspace
 from ling_watchdog.serve_args import ServeArgs
+from devices import B200, CPU, GB10, H200
 
 pytestmark = pytest.mark.usefixtures("vllm_parser")  # vLLM's parser, in-process
 
-GB10 = Device("unified", "NVIDIA GB10", None, 101_376, capability=(12, 1))
-H200 = Device("discrete", "NVIDIA H200", 141 * GiB, 232_448, capability=(9, 0))
-B200 = Device("discrete", "NVIDIA B200", 180 * GiB, 232_448, capability=(10, 0))  # FlashInfer MLA's compute capability
-CPU = Device("cpu")
 SPARK = Host(available=int(115 * GiB), total=int(119.6 * GiB))  # a freshly booted DGX Spark
 RECIPE = ("vllm serve inclusionAI/Ling-3.0-flash-int4 --max-model-len 131072 --gpu-memory-utilization 0.72 "
           "--enable-chunked-prefill --max-num-batched-tokens 8192 "

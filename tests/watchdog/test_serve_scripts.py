@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import yaml
 from ling_watchdog.config import load_config
-from ling_common.device import Device
 from ling_watchdog.events import read_events
 from ling_watchdog.memory import GiB
 from ling_watchdog.preflight import Host, check
 from ling_watchdog.serve_args import ServeArgs
 from ling_watchdog.supervisor import NO_RESTART, ExitCode
 from watchdog_harness import FAKE, FAST, free_port, tagged
+from devices import B200, GB10
 
 pytestmark = pytest.mark.usefixtures("vllm_parser")  # vLLM's parser, in-process
 
@@ -83,20 +83,18 @@ def test_kv_cache_gib_replaces_util_on_cuda_too():
 def test_every_launch_sizes_the_kv_cache_itself(settings):
     """vLLM 0.34 left to itself takes all memory free after warm-up, the whole box on a GB10: the recipe passes
     --gpu-memory-utilization or --kv-cache-memory-bytes on every path, and the watchdog's rule agrees."""
-    spark = Device("unified", "NVIDIA GB10", None, 101_376)
     for device in ("cuda", "cpu"):
         a = ServeArgs.parse(dry_run(DEVICE=device, PYTHON="python3", **settings)[1])
         assert a.util_given != (a.kv_cache_bytes is not None), (device, settings, a.argv)
         a = dataclasses.replace(a, parser="vLLM 0.34.0")
-        (v,) = [v for v in check(a, load_config(), spark, Host(int(115 * GiB), int(119.6 * GiB)),
+        (v,) = [v for v in check(a, load_config(), GB10, Host(int(115 * GiB), int(119.6 * GiB)),
                                  bind=lambda host, port: None) if v.rule == "kv_cache_size"]
         assert v.verdict == "ok", v.message
 
 
 def test_the_recipe_passes_its_own_watchdogs_rules_on_a_spark():
     _, cmd = dry_run(DEVICE="cuda")
-    spark = Device("unified", "NVIDIA GB10", None, 101_376)
-    verdicts = check(ServeArgs.parse(cmd), load_config(), spark, Host(int(115 * GiB), int(119.6 * GiB)),
+    verdicts = check(ServeArgs.parse(cmd), load_config(), GB10, Host(int(115 * GiB), int(119.6 * GiB)),
                      bind=lambda host, port: None)
     assert [v.rule for v in verdicts if v.verdict != "ok"] == []
 
@@ -418,8 +416,6 @@ def test_dspark_adaptive_asks_vllm_for_its_adaptive_verification_width():
 def test_dspark_adaptive_under_the_recipe_is_judged_by_the_preflight():
     """The recipe passes DSPARK_ADAPTIVE=1 on; the watchdog's preflight refuses it before the launch where vLLM
     would only after loading (tests/watchdog/test_preflight.py): on a Spark, and beside --enforce-eager."""
-    spark = Device("unified", "NVIDIA GB10", None, 101_376, capability=(12, 1))
-    b200 = Device("discrete", "NVIDIA B200", 180 << 30, 232_448, capability=(10, 0))
 
     def verdict(dev, **env):
         a = dataclasses.replace(  # as vLLM 0.34's parser reads it (this machine's 0.32 is refused as 0.33 is)
@@ -428,10 +424,10 @@ def test_dspark_adaptive_under_the_recipe_is_judged_by_the_preflight():
         return next(v for v in check(a, load_config(), dev, Host(int(115 * GiB), int(119.6 * GiB)),
                                      bind=lambda host, port: None) if v.rule == "adaptive_verification")
 
-    v = verdict(spark)
+    v = verdict(GB10)
     assert v.verdict == "refuse" and "compute capability 12.1" in v.message and "DSPARK_ADAPTIVE=0" in v.message
-    assert verdict(b200).verdict == "ok"
-    eager = verdict(b200, EXTRA_ARGS="--max-num-seqs 4 --enforce-eager")
+    assert verdict(B200).verdict == "ok"
+    eager = verdict(B200, EXTRA_ARGS="--max-num-seqs 4 --enforce-eager")
     assert eager.verdict == "refuse" and "requires full CUDA graphs" in eager.message
 
 
@@ -501,11 +497,10 @@ def test_dspark_on_a_spark_passes_its_own_watchdogs_rules_at_a_context_that_fits
     rule."""
     import re
 
-    spark = Device("unified", "NVIDIA GB10", None, 101_376)
 
     def refused(**env):
         a = ServeArgs.parse(dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark", **env)[1])
-        return {v.rule: v.message for v in check(a, load_config(), spark, Host(int(115 * GiB), int(119.6 * GiB)),
+        return {v.rule: v.message for v in check(a, load_config(), GB10, Host(int(115 * GiB), int(119.6 * GiB)),
                                                  bind=lambda host, port: None) if v.verdict != "ok"}
 
     assert refused() == {} and refused(DSPARK_K="4") == {}  # its default context, 81,920 tokens
