@@ -44,6 +44,11 @@ FATAL = (
     (re.compile(r"EngineDeadError"), True),
     (re.compile(r"CUDA out of memory"), True),
 )
+# Fatal lines that only say the engine died, around the line that says why: vLLM 0.34 logs "EngineCore failed to
+# start." before the traceback and "Engine core initialization failed. See root cause above." after it, so a cause
+# such as "CUDA out of memory" stands between two of them.
+GENERIC = re.compile(r"EngineCore failed to start|Engine core initialization failed|EngineDeadError|"
+                     r"EngineCore encountered a fatal error|died unexpectedly")
 # vLLM's signal handler (0.32-0.34 launcher.py): the server was asked to stop, by a signal.
 STOP_REQUESTED = "API server: shutdown triggered"
 # The last line of a traceback, bare or behind vLLM's "ERROR ... [file.py:N] " prefix. The first one
@@ -61,6 +66,13 @@ class LogEvent:
     shard: int = 0
     total: int = 0
     retry: bool = True
+    generic: bool = False  # fatal: one of GENERIC, which says the engine died but not why
+    exception: str | None = None  # fatal: the exception the line ends a traceback with, as an "error" event's text
+
+    def outranks(self, other: LogEvent | None) -> bool:
+        """Which fatal line says why a launch failed: one a relaunch would repeat over one it may not, a cause over
+        a GENERIC line; between equals the first (the root cause comes first)."""
+        return other is None or (not self.retry, not self.generic) > (not other.retry, not other.generic)
 
 
 def parse(line: str) -> LogEvent | None:
@@ -73,11 +85,13 @@ def parse(line: str) -> LogEvent | None:
             return LogEvent(kind, text)
     if STOP_REQUESTED in text:
         return LogEvent("stop_requested", text)
+    error = ERROR.search(text)
     for pattern, retry in FATAL:
         if pattern.search(text):
-            return LogEvent("fatal", text, retry=retry)
-    if m := ERROR.search(text):
-        return LogEvent("error", f"{m[1]}: {m[2]}")
+            return LogEvent("fatal", text, retry=retry, generic=bool(GENERIC.search(text)),
+                            exception=f"{error[1]}: {error[2]}" if error else None)
+    if error:
+        return LogEvent("error", f"{error[1]}: {error[2]}")
     if any(pattern.search(text) for pattern in ALERTS):
         return LogEvent("alert", text)
     return None

@@ -76,8 +76,9 @@ class Monitor:
                 self.emit("progress", f"shard {ev.shard}/{ev.total}", quiet=True, shard=ev.shard,
                           total=ev.total)
         elif ev.kind == "fatal":
-            if self.fatal is None or self.fatal.retry:  # the root cause comes first; keep it
+            if ev.outranks(self.fatal):
                 self.fatal = ev
+            self.root_cause = self.root_cause or ev.exception
             self.emit("fatal_line", f"vLLM reported: {ev.text}", level="error", retry=ev.retry)
         elif ev.kind == "error":
             self.root_cause = self.root_cause or ev.text

@@ -80,23 +80,35 @@ def _on_signal(signum: int, _frame) -> None:
     raise Stopped(signal.Signals(signum).name)
 
 
-def kv_gib(device: str) -> float:
-    """The KV cache, GiB (the recipe's KV_CACHE_GIB, passed as bytes): a pool of known size, whatever else the card
-    holds. The
-    full-size weights take ~69.4 GiB served (67.3 with FP8, ~2 of MTP draft: BENCHMARKS.md), so an 80 GB card (79.6
-    GiB) gets 3.5 GiB beside ~4 of activations, graphs and context: two running 64K sequences need ~1.8 (MLA KV and
-    KDA state pages), the rest keeps cached checkpoints. 3.5 also keeps the preflight's own count within the card
-    (71.7 GiB of weights, as the checkpoint's files: it does not model FP8; + 3.5 + 0.2 FlashKDA workspace + 4
-    overhead = 79.4 GiB). A card of 100 GiB or more gets 10 GiB, about what the recipe leaves a GB10 by the
-    preflight's count (util 0.72 x 119.6 GiB - 71.7 - 4 - 0.2). Bytes, not UTIL: util would size the pool by what
-    the card has left (and the preflight would want util 0.97 on an H100 for the counts above). The CPU engine:
-    1 GiB."""
+MIN_CARD_GIB = 100  # the full-size recipe with MTP does not load on an 80 GB card (card_gib says why)
+
+
+def card_gib(device: str) -> float | None:
+    """The card's memory, GiB (None on the CPU engine), refused below MIN_CARD_GIB before any server starts: on an
+    80 GB H100 (79.2 GiB) the recipe's full-size dummy model ran out of memory while loading, vLLM 0.34 converting
+    the MTP layer's INT4 experts to Humming's layout with 77.9 GiB allocated (2026-12-06; converting the target's
+    experts had already hit the limit and retried). Once loaded the same weights hold 69.6 GiB (the full-size
+    bench's MTP engine on an H200, BENCHMARKS.md): the conversion's transient use is what an H100 lacks."""
     if device == "cpu":
-        return 1.0
+        return None
     from ling_common.device import detect
 
     total = detect().total_bytes
-    return 3.5 if total is not None and total < 100 * 2**30 else 10.0
+    gib = total / 2**30 if total is not None else None
+    if gib is not None and gib < MIN_CARD_GIB:
+        raise SystemExit(f"agent_run: this card has {gib:.1f} GiB; the full-size recipe with MTP needs a card of "
+                         f">= {MIN_CARD_GIB} GiB (on an 80 GB H100 it runs out of memory while loading the MTP "
+                         f"layer's experts): run the step on an H200")
+    return gib
+
+
+def kv_gib(device: str) -> float:
+    """The KV cache, GiB (the recipe's KV_CACHE_GIB, passed as bytes): a pool of known size, whatever else the card
+    holds. 10 GiB on a GPU (at least MIN_CARD_GIB, card_gib): about what the recipe leaves a GB10 by the preflight's
+    count (util 0.72 x 119.6 GiB - 71.7 of weights - 4 of overhead - 0.2 of FlashKDA workspace); two running 64K
+    sequences need ~1.8 (MLA KV and KDA state pages), the rest keeps cached checkpoints. Bytes, not UTIL: util would
+    size the pool by what the card has left. The CPU engine: 1 GiB."""
+    return 1.0 if device == "cpu" else 10.0
 
 
 def check_model(model: Path) -> None:
@@ -381,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + a.deadline_s
     a.model, a.out = a.model.resolve(), a.out.resolve()
     check_model(a.model)
+    card_gib(a.device)
     a.out.mkdir(parents=True, exist_ok=True)
     a.kv_gib = a.kv_gib if a.kv_gib is not None else kv_gib(a.device)
     a.bench = f"{GPU_BENCH} {a.bench_args}".strip()

@@ -68,7 +68,8 @@
 #               (480) is the step's limit: agent_pc1 on the call that assembles the bundle (~60-90 s of it), then
 #               AGENT_TIMEOUT=560 agent_pc0 on the same warm machine. `agent` runs both in one call (too long for
 #               one). AGENT_RECIPE=serve/serve-int4.sh serves without MTP; AGENT_BENCH adds ling-bench flags (later
-#               flags win). Writes agent_pcN.json (the run and ling-bench's report) and agent_pcN-server.log
+#               flags win). Writes agent_pcN.json (the run and ling-bench's report) and agent_pcN-server.log.
+#               A card of >= 100 GiB (an H200: the device tool's needs_h200): the recipe does not load on an H100
 # A machine idle for 30 s goes back (and the bundle must be stashed again: ~2.2 min): run the stash
 # and every working step back to back, and fix code before them, not between steps.
 # Results land in $OUT. At most 8 files come back, so the per-test records (model_*.json, mtp_*.json, ...) are

@@ -83,7 +83,8 @@ def runs(tmp_path_factory) -> dict[str, dict]:
     reference = str(dequantize_checkpoint(model, tmp / "dequantized")) if TARGET_INT4 else model
     base = {"model": model, "prompts": prompts, "max_tokens": MAX_TOKENS, "dtype": "bfloat16",
             "enforce_eager": False, "max_model_len": 1024, "max_num_batched_tokens": 512,
-            "prompt_logprobs": False, "hf_overrides": NO_CLAMPS, "log_lines": DRAFT_FP8, **SIDE_BY_SIDE}
+            "prompt_logprobs": False, "hf_overrides": NO_CLAMPS, "log_lines": DRAFT_FP8 or TARGET_FP8,
+            **SIDE_BY_SIDE}
     base["engine_kwargs"] = {**SIDE_BY_SIDE["engine_kwargs"], **TARGET_ENGINE}
     jobs = [("engine_runner.py", base, "plain")]
     for pair, agree in PAIRS.items():
@@ -162,6 +163,19 @@ def test_both_paths_run(runs):
         agree, random = (spec_acceptance(runs[p][k]) for p in ("agree", "random"))
         assert agree >= AGREE_MIN_ACCEPTANCE, f"K={k}: the agreeing drafter was accepted {agree:.2%}"
         assert random <= RANDOM_MAX_ACCEPTANCE, f"K={k}: the random drafter was accepted {random:.2%}"
+
+
+@pytest.mark.skipif(not TARGET_FP8, reason="DSPARK_TARGET=fp8 serves the target in FP8")
+def test_the_target_serves_fp8_with_its_lm_head(runs):
+    """Every engine, plain and DSpark, logged the target's FP8 line with its LM head in FP8 (vllm_ling.startup_log
+    FP8_ON): the drafter then reads that FP8 head, which test_both_paths_run shows it does right (an agreeing drafter
+    reading FP8 bytes through a BF16 method would be accepted ~never)."""
+    from vllm_ling.startup_log import FP8_HEAD_ON, FP8_ON
+
+    for name, run in [("plain", runs["agree"]["plain"])] + [(f"{p}-k{k}", runs[p][k]) for p in PAIRS for k in KS]:
+        found = [FP8_ON.search(line) for line in run["log_lines"]]
+        assert any(f and f["head"] == FP8_HEAD_ON for f in found), (name, [line for line in run["log_lines"]
+                                                                           if "FP8" in line])
 
 
 @pytest.mark.skipif(not DRAFT_FP8, reason="DSPARK_FP8=1 serves the drafter's own weights in FP8")

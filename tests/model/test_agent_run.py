@@ -4,12 +4,16 @@ named, killed by its pid and fails the run. The real recipe: test_agent_run_engi
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import psutil
+import pytest
+from ling_common import device
+from ling_common.device import Device
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -49,3 +53,16 @@ def test_a_process_left_behind_is_named_killed_and_fails_the_run(tmp_path):
     assert run["stop"]["left"][0].endswith("sleep 301") and "not stopped clean" in run["problems"][-1]
     pid = int(run["stop"]["left"][0].split()[0])
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_a_card_too_small_for_the_recipe_is_refused_before_any_server(monkeypatch):
+    """An 80 GB H100 cannot load the full-size recipe with MTP (tests/gpu/agent_run.py, card_gib): refused with the
+    card's size and what to run on, at no engine start; an H200 passes."""
+    spec = importlib.util.spec_from_file_location("agent_run", REPO / "tests" / "gpu" / "agent_run.py")
+    agent_run = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(agent_run)
+    monkeypatch.setattr(device, "detect", lambda: Device("discrete", "NVIDIA H100 80GB HBM3", 85_017_493_504, 232_448))
+    with pytest.raises(SystemExit, match=r"79\.2 GiB.*>= 100 GiB.*H200"):
+        agent_run.card_gib("cuda")
+    monkeypatch.setattr(device, "detect", lambda: Device("discrete", "NVIDIA H200", 150_754_820_096, 232_448))
+    assert agent_run.card_gib("cuda") > 100 and agent_run.card_gib("cpu") is None

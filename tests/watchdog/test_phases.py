@@ -1,4 +1,6 @@
 """The phase rules of one launch, driven with explicit times (no processes)."""
+from pathlib import Path
+
 import pytest
 from ling_watchdog.config import load_config
 from ling_watchdog.phases import Monitor, Phase
@@ -148,6 +150,23 @@ def test_a_fatal_root_cause_is_kept_over_later_generic_lines(monitor):
                        "GPU memory utilization (0.9, 107 GiB)."), 1)
     monitor.line(parse("RuntimeError: Engine core initialization failed. See root cause above."), 2)
     assert monitor.fatal.retry is False and "Free memory" in monitor.fatal.text
+
+
+def test_a_real_oom_while_loading_is_named_over_the_generic_lines_around_it(monitor):
+    """vLLM 0.34 on an H100 (the recipe with MTP, full size, 2026-12-06): "EngineCore failed to start." before the
+    traceback, the CUDA OOM that ends it, "Engine core initialization failed" after. The crash message must say OOM."""
+    real = Path(__file__).with_name("data") / "vllm034_h100_mtp_load_oom.txt"
+    for line in real.read_text().splitlines():
+        if ev := parse(line):
+            monitor.line(ev, 1)
+    assert "CUDA out of memory" in monitor.fatal.text and monitor.fatal.retry and not monitor.fatal.generic
+    assert monitor.root_cause.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.88 GiB")
+
+
+def test_between_two_causes_of_one_rank_the_first_is_kept(monitor):
+    monitor.line(parse("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB"), 1)
+    monitor.line(parse("(EngineCore pid=3) ERROR [core.py:1] RuntimeError: Worker proc W1 died unexpectedly"), 2)
+    assert "Tried to allocate 2 GiB" in monitor.fatal.text
 
 
 def test_health_200_ends_loading_even_when_uvicorns_startup_line_is_silenced(monitor):

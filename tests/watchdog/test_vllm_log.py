@@ -71,6 +71,17 @@ def test_a_real_vllm_log_yields_its_shard_line_root_cause_and_fatal_lines():
     assert fatal and all(e.retry for e in fatal)
 
 
+def test_a_fatal_exception_line_carries_its_exception_and_a_wrapper_line_is_generic():
+    oom = parse("(EngineCore pid=1772) ERROR 12-06 02:21:23 [core.py:1757] torch.OutOfMemoryError: CUDA out of memory. "
+                "Tried to allocate 1.88 GiB.")
+    assert (oom.kind, oom.retry, oom.generic) == ("fatal", True, False)
+    assert oom.exception == "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.88 GiB."
+    for line in ("(EngineCore pid=1772) ERROR 12-06 02:21:23 [core.py:1757] EngineCore failed to start.",
+                 "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"):
+        assert parse(line).generic, line
+    assert oom.outranks(parse(line)) and not parse(line).outranks(oom)
+
+
 @pytest.mark.parametrize("line, kind, text", [
     ("(Worker pid=9) ERROR 11-29 21:10:17 [multiproc_executor.py:953] torch.OutOfMemoryError: Tried to allocate 2 GiB",
      "error", "torch.OutOfMemoryError: Tried to allocate 2 GiB"),
