@@ -581,7 +581,8 @@ def default_util(total_bytes: int | None) -> float:
     GiB (FP8 or not, draft or not; BENCHMARKS.md), so an 80 GB H100 needs 0.95 of its 79.6 GiB to leave a few GiB
     of KV cache and activations (no full-size engine has run on one yet, and the served recipe with MTP did not load
     there: tests/gpu/agent_run.py, card_gib); a card of 100 GiB or more keeps the 0.85 every H200 run so far has
-    used, and so does the CPU engine (`total_bytes` None), whose KV budget is VLLM_CPU_KVCACHE_SPACE rather than this share."""
+    used, and so does the CPU engine (`total_bytes` None), whose KV budget is VLLM_CPU_KVCACHE_SPACE rather than
+    this share."""
     return 0.95 if total_bytes is not None and total_bytes < 100 * 2**30 else 0.85
 
 

@@ -21,38 +21,36 @@ MILESTONES = (
     ("startup_complete", "Application startup complete."),
 )
 
-# Lines after which vLLM exits by itself. retry=False: the same command fails the same way again.
+# Lines after which vLLM exits by itself. retry=False: the same command fails the same way again. generic=True: the
+# line says only that the engine died, not why; vLLM 0.34 logs "EngineCore failed to start." before a load failure's
+# traceback and "Engine core initialization failed. See root cause above." after it, so a cause such as "CUDA out of
+# memory" stands between two generic lines.
 FATAL = (
-    (re.compile(r"Free memory on device .* less than desired GPU memory utilization"), False),
-    (re.compile(r"No available memory for the cache blocks"), False),
-    (re.compile(r"To serve at least one request with the model's max seq len"), False),
-    (re.compile(r"Model architectures .* are not supported"), False),
+    (re.compile(r"Free memory on device .* less than desired GPU memory utilization"), False, False),
+    (re.compile(r"No available memory for the cache blocks"), False, False),
+    (re.compile(r"To serve at least one request with the model's max seq len"), False, False),
+    (re.compile(r"Model architectures .* are not supported"), False, False),
     # argparse's refusal of a flag (vLLM exits 2): `vllm serve: error: ...`, `api_server.py: error: ...`
-    (re.compile(r"^(?:vllm \w+|[\w./-]+): error: "), False),
-    (re.compile(r"Address already in use|port must be 0-65535"), False),
+    (re.compile(r"^(?:vllm \w+|[\w./-]+): error: "), False, False),
+    (re.compile(r"Address already in use|port must be 0-65535"), False, False),
     # a model path or id that does not exist (transformers / huggingface_hub, raised in the API server)
     (re.compile(r"is not a local folder and is not a valid model identifier|"
-                r"Repo id must (?:be in the form|use alphanumeric)|Repository Not Found for url"), False),
-    (re.compile(r"Timed out waiting for engine core processes to start"), True),
-    (re.compile(r"Engine core initialization failed"), True),
-    (re.compile(r"EngineCore failed to start"), True),
+                r"Repo id must (?:be in the form|use alphanumeric)|Repository Not Found for url"), False, False),
+    (re.compile(r"Timed out waiting for engine core processes to start"), True, False),
+    (re.compile(r"Engine core initialization failed"), True, True),
+    (re.compile(r"EngineCore failed to start"), True, True),
     # the engine died while serving (its process or a worker's killed, e.g. by the OOM killer); the API
     # server then logs EngineDeadError and exits 0
-    (re.compile(r"Worker proc \S+ died unexpectedly"), True),
-    (re.compile(r"EngineCore encountered a fatal error"), True),
-    (re.compile(r"Engine core (?:proc|process) \S+ died unexpectedly"), True),
-    (re.compile(r"EngineDeadError"), True),
-    (re.compile(r"CUDA out of memory"), True),
+    (re.compile(r"Worker proc \S+ died unexpectedly"), True, True),
+    (re.compile(r"EngineCore encountered a fatal error"), True, True),
+    (re.compile(r"Engine core (?:proc|process) \S+ died unexpectedly"), True, True),
+    (re.compile(r"EngineDeadError"), True, True),
+    (re.compile(r"CUDA out of memory"), True, False),
 )
-# Fatal lines that only say the engine died, around the line that says why: vLLM 0.34 logs "EngineCore failed to
-# start." before the traceback and "Engine core initialization failed. See root cause above." after it, so a cause
-# such as "CUDA out of memory" stands between two of them.
-GENERIC = re.compile(r"EngineCore failed to start|Engine core initialization failed|EngineDeadError|"
-                     r"EngineCore encountered a fatal error|died unexpectedly")
 # vLLM's signal handler (0.32-0.34 launcher.py): the server was asked to stop, by a signal.
 STOP_REQUESTED = "API server: shutdown triggered"
 # The last line of a traceback, bare or behind vLLM's "ERROR ... [file.py:N] " prefix. The first one
-# of a launch is the root cause; vLLM's own fatal lines come after it ("See root cause above").
+# of a launch is the root cause, whatever generic fatal lines surround it ("See root cause above").
 ERROR = re.compile(r"(?:^|ERROR .*?\] )((?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)): (.+)$")
 # Logged, not fatal by themselves: a plugin that failed to load (vLLM carries on, maybe with the wrong
 # model: W1) and a Triton kernel over GB10's 101,376 B of shared memory (W3, W5, W6).
@@ -66,12 +64,12 @@ class LogEvent:
     shard: int = 0
     total: int = 0
     retry: bool = True
-    generic: bool = False  # fatal: one of GENERIC, which says the engine died but not why
+    generic: bool = False  # fatal: the line says the engine died, not why (FATAL's third column)
     exception: str | None = None  # fatal: the exception the line ends a traceback with, as an "error" event's text
 
     def outranks(self, other: LogEvent | None) -> bool:
         """Which fatal line says why a launch failed: one a relaunch would repeat over one it may not, a cause over
-        a GENERIC line; between equals the first (the root cause comes first)."""
+        a generic line; between equals the first (the root cause comes first)."""
         return other is None or (not self.retry, not self.generic) > (not other.retry, not other.generic)
 
 
@@ -86,9 +84,9 @@ def parse(line: str) -> LogEvent | None:
     if STOP_REQUESTED in text:
         return LogEvent("stop_requested", text)
     error = ERROR.search(text)
-    for pattern, retry in FATAL:
+    for pattern, retry, generic in FATAL:
         if pattern.search(text):
-            return LogEvent("fatal", text, retry=retry, generic=bool(GENERIC.search(text)),
+            return LogEvent("fatal", text, retry=retry, generic=generic,
                             exception=f"{error[1]}: {error[2]}" if error else None)
     if error:
         return LogEvent("error", f"{error[1]}: {error[2]}")

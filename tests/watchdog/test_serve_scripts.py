@@ -497,7 +497,6 @@ def test_dspark_on_a_spark_passes_its_own_watchdogs_rules_at_a_context_that_fits
     rule."""
     import re
 
-
     def refused(**env):
         a = ServeArgs.parse(dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark", **env)[1])
         return {v.rule: v.message for v in check(a, load_config(), GB10, Host(int(115 * GiB), int(119.6 * GiB)),
