@@ -29,8 +29,8 @@
 #                or local folder with config.json)
 #   DSPARK_K     with SPEC=dspark: draft tokens per     unset: not passed, vLLM takes the drafter's block
 #                round, 1..8 (num_speculative_tokens)  size (8)
-#   DSPARK_FP8   with SPEC=dspark: 1 = the drafter's    0 (its speed is not yet measured on a GPU:
-#                own weights in FP8 ("quantization":    docs/dspark.md §Draft FP8)
+#   DSPARK_FP8   with SPEC=dspark: 1 = the drafter's    0 (what FP8 costs the released drafter's
+#                own weights in FP8 ("quantization":    acceptance is unmeasured: docs/dspark.md §Draft FP8)
 #                "ling_fp8" in its speculative config: its linears and Markov head; FP8 is the target's and
 #                leaves the drafter BF16); 0 = the drafter in BF16
 #   DSPARK_ADAPTIVE  with SPEC=dspark: 1 = vLLM's       0 (vLLM 0.34 serves it for this model only on

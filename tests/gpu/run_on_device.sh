@@ -31,6 +31,7 @@
 #               capability 10.x and vLLM 0.34 only, refused before the engine elsewhere). With --fp8+w8a8 on a
 #               fresh 0.34 H200: dspark8 457 s with the bundle's assembly, then plain 218 s, mtp1 282 s (the
 #               short-prompt phases now take 7 requests each, a few seconds more)
+#               On a warm H100 (util 0.95): dspark4 210 s, plain 173 s, dspark8 with --draft-fp8 209 s
 #               Lanes under GB10's shared memory (emulated for Triton kernels), e.g.
 #               fs:lanes:--fp8+w8a8+--prefill=+--lanes+1,2,4,8+--smem-limit+101376 (+--mode+mtp)
 #               Long context, prefill and decode after 128K and 256K (the model's 262,144 less the decode):
@@ -49,7 +50,7 @@
 #   config      a tiny Ling-2.5 served with vllm-ling installed; the full-size config through the in-tree model
 #               under each config class (CONFIG_K selects cases)                                  (~8)
 #   dspark      DSpark with tiny drafters (random, agreeing), K = 1..8 (DSPARK_KS=1,8 for a subset): lossless
-#               against the oracle, acceptance (two K a call: K = 1, 8 took 177 s warm); DSPARK_FP8=1: the drafter's
+#               against the oracle, acceptance (K = 1, 8 took 177 s warm, 4..7 207 s); DSPARK_FP8=1: the drafter's
 #               own weights in FP8, DSPARK_TARGET=int4|fp8: the INT4 target or the FP8 one (its LM head shared),
 #               DSPARK_ADAPTIVE=1: adaptive width (vLLM 0.34 refuses it below compute capability 10)
 #   spec_concurrency  six requests of different lengths together vs each alone, MTP k=1 and DSpark K=4 (agreeing
