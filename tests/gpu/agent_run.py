@@ -81,34 +81,48 @@ def _on_signal(signum: int, _frame) -> None:
 
 
 MIN_CARD_GIB = 100  # the full-size recipe with MTP does not load on an 80 GB card (card_gib says why)
+PLAIN_RECIPE = "serve/serve-int4.sh"  # the recipe without speculation: the target alone loads on an 80 GB card
+SMALL_CARD_KV_GIB = 3.0  # kv_gib says why
 
 
-def card_gib(device: str) -> float | None:
-    """The card's memory, GiB (None on the CPU engine), refused below MIN_CARD_GIB before any server starts: on an
-    80 GB H100 (79.2 GiB) the recipe's full-size dummy model ran out of memory while loading, vLLM 0.34 converting
-    the MTP layer's INT4 experts to Humming's layout with 77.9 GiB allocated (2026-12-06; converting the target's
-    experts had already hit the limit and retried). Once loaded the same weights hold 69.6 GiB (the full-size
-    bench's MTP engine on an H200, BENCHMARKS.md): the conversion's transient use is what an H100 lacks."""
+def serves_mtp(recipe: str) -> bool:
+    """Whether the recipe drafts with MTP: the shipped one does; serve_env strips SPEC and MTP_K from the caller's
+    environment, so serve-int4.sh serves without speculation here."""
+    return Path(recipe).name == Path(RECIPES["cuda"]).name
+
+
+def card_gib(device: str, recipe: str) -> float | None:
+    """The card's memory, GiB (None on the CPU engine). Below MIN_CARD_GIB the recipe with MTP is refused before any
+    server starts: on an 80 GB H100 (79.2 GiB) its full-size dummy model ran out of memory while loading, vLLM 0.34
+    converting the MTP layer's INT4 experts to Humming's layout with 77.9 GiB allocated (2026-12-06). The target
+    alone loads there (the full-size bench's plain and DSpark engines, 2026-12-06), its own conversion at the card's
+    edge (the allocator's out-of-memory-and-retry warning at each load): PLAIN_RECIPE runs on such a card."""
     if device == "cpu":
         return None
     from ling_common.device import detect
 
     total = detect().total_bytes
     gib = total / 2**30 if total is not None else None
-    if gib is not None and gib < MIN_CARD_GIB:
-        raise SystemExit(f"agent_run: this card has {gib:.1f} GiB; the full-size recipe with MTP needs a card of "
-                         f">= {MIN_CARD_GIB} GiB (on an 80 GB H100 it runs out of memory while loading the MTP "
-                         f"layer's experts): run the step on an H200")
+    if gib is not None and gib < MIN_CARD_GIB and serves_mtp(recipe):
+        raise SystemExit(f"agent_run: this card has {gib:.1f} GiB; the full-size recipe with MTP ({recipe}) needs a "
+                         f"card of >= {MIN_CARD_GIB} GiB (on an 80 GB H100 it runs out of memory while loading the "
+                         f"MTP layer's experts): run the step on an H200, or serve without MTP here "
+                         f"(--recipe {PLAIN_RECIPE}; run_on_device.sh: AGENT_RECIPE={PLAIN_RECIPE})")
     return gib
 
 
-def kv_gib(device: str) -> float:
+def kv_gib(device: str, card: float | None) -> float:
     """The KV cache, GiB (the recipe's KV_CACHE_GIB, passed as bytes): a pool of known size, whatever else the card
-    holds. 10 GiB on a GPU (at least MIN_CARD_GIB, card_gib): about what the recipe leaves a GB10 by the preflight's
-    count (util 0.72 x 119.6 GiB - 71.7 of weights - 4 of overhead - 0.2 of FlashKDA workspace); two running 64K
-    sequences need ~1.8 (MLA KV and KDA state pages), the rest keeps cached checkpoints. Bytes, not UTIL: util would
-    size the pool by what the card has left. The CPU engine: 1 GiB."""
-    return 1.0 if device == "cpu" else 10.0
+    holds. Bytes, not UTIL: util would size the pool by what the card has left. The CPU engine: 1 GiB.
+    A card of at least MIN_CARD_GIB: 10 GiB, about what the recipe leaves a GB10 by the preflight's count (util 0.72 x
+    119.6 GiB - 71.7 of weights - 4 of overhead - 0.2 of FlashKDA workspace); two running 64K sequences need 1.2-1.6
+    (MLA KV and KDA state pages: the preflight's 0.6 each, 0.8 with MTP), the rest keeps cached checkpoints.
+    A smaller card: SMALL_CARD_KV_GIB, what the preflight leaves an 80 GB H100 (79.2 - 71.7 - 4 - 0.2 = 3.3 GiB;
+    it counts the weights before FP8, the served ones hold 67.5): the two running sequences and ~36 cached KDA
+    checkpoints (0.05 GiB each), so each session's newest survives the other's turn (a hit needs only the newest)."""
+    if device == "cpu":
+        return 1.0
+    return 10.0 if card is None or card >= MIN_CARD_GIB else SMALL_CARD_KV_GIB
 
 
 def check_model(model: Path) -> None:
@@ -322,7 +336,7 @@ def run_one(a: argparse.Namespace, pc: int, until: float) -> dict:
     shutil.rmtree(log_dir, ignore_errors=True)
     log_dir.mkdir(parents=True)
     bench_json.unlink(missing_ok=True)
-    port, recipe = free_port(), a.recipe or RECIPES[a.device]
+    port, recipe = free_port(), a.recipe
     env = serve_env(a, pc, port, log_dir)
     url = f"http://127.0.0.1:{port}"
     rec: dict = {"schema": SCHEMA, "prefix_cache": pc, "device": a.device, "recipe": recipe,
@@ -393,9 +407,10 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + a.deadline_s
     a.model, a.out = a.model.resolve(), a.out.resolve()
     check_model(a.model)
-    card_gib(a.device)
+    a.recipe = a.recipe or RECIPES[a.device]
+    card = card_gib(a.device, a.recipe)
     a.out.mkdir(parents=True, exist_ok=True)
-    a.kv_gib = a.kv_gib if a.kv_gib is not None else kv_gib(a.device)
+    a.kv_gib = a.kv_gib if a.kv_gib is not None else kv_gib(a.device, card)
     a.bench = f"{GPU_BENCH} {a.bench_args}".strip()
     for sig in STOP_SIGNALS:
         signal.signal(sig, _on_signal)

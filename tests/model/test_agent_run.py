@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +16,10 @@ import psutil
 import pytest
 from ling_common import device
 from ling_common.device import Device
+from ling_watchdog.config import load_config
+from ling_watchdog.memory import GiB
+from ling_watchdog.preflight import Host, check
+from ling_watchdog.serve_args import ServeArgs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -55,14 +61,51 @@ def test_a_process_left_behind_is_named_killed_and_fails_the_run(tmp_path):
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
-def test_a_card_too_small_for_the_recipe_is_refused_before_any_server(monkeypatch):
-    """An 80 GB H100 cannot load the full-size recipe with MTP (tests/gpu/agent_run.py, card_gib): refused with the
-    card's size and what to run on, at no engine start; an H200 passes."""
+def _agent_run():
     spec = importlib.util.spec_from_file_location("agent_run", REPO / "tests" / "gpu" / "agent_run.py")
     agent_run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(agent_run)
-    monkeypatch.setattr(device, "detect", lambda: Device("discrete", "NVIDIA H100 80GB HBM3", 85_017_493_504, 232_448))
-    with pytest.raises(SystemExit, match=r"79\.2 GiB.*>= 100 GiB.*H200"):
-        agent_run.card_gib("cuda")
-    monkeypatch.setattr(device, "detect", lambda: Device("discrete", "NVIDIA H200", 150_754_820_096, 232_448))
-    assert agent_run.card_gib("cuda") > 100 and agent_run.card_gib("cpu") is None
+    return agent_run
+
+
+H100 = Device("discrete", "NVIDIA H100 80GB HBM3", 85_017_493_504, 232_448)
+H200 = Device("discrete", "NVIDIA H200", 150_754_820_096, 232_448)
+
+
+def test_a_card_too_small_for_the_recipe_with_mtp_is_refused_before_any_server(monkeypatch):
+    """An 80 GB H100 cannot load the full-size recipe with MTP (tests/gpu/agent_run.py, card_gib): refused with the
+    card's size and what to run instead, at no engine start; an H200 passes, and so does the recipe without MTP."""
+    agent_run = _agent_run()
+    monkeypatch.setattr(device, "detect", lambda: H100)
+    with pytest.raises(SystemExit, match=r"79\.2 GiB.*with MTP.*>= 100 GiB.*H200.*AGENT_RECIPE=serve/serve-int4\.sh"):
+        agent_run.card_gib("cuda", "serve/serve-int4-mtp.sh")
+    assert 79 < agent_run.card_gib("cuda", "serve/serve-int4.sh") < 80
+    monkeypatch.setattr(device, "detect", lambda: H200)
+    assert agent_run.card_gib("cuda", "serve/serve-int4-mtp.sh") > 100
+    assert agent_run.card_gib("cpu", "serve/serve-int4.sh") is None
+
+
+def test_the_kv_cache_follows_the_card_and_passes_the_preflight_on_an_h100(monkeypatch, tmp_path):
+    """10 GiB on a card of >= 100 GiB, 3 on an 80 GB one; the 3 GiB pool is one the watchdog's preflight accepts for
+    the plain recipe's full-size command on an H100, and 4 is not (the pool is the most the card allows)."""
+    agent_run = _agent_run()
+    assert agent_run.kv_gib("cuda", 140.4) == 10 and agent_run.kv_gib("cpu", None) == 1
+    assert agent_run.kv_gib("cuda", 79.2) == agent_run.SMALL_CARD_KV_GIB == 3
+    model = tmp_path / "flash"
+    subprocess.run([sys.executable, "-m", "ling_tools.tiny", str(model), "--full-config", "--tokenizer"], check=True,
+                   capture_output=True)
+
+    def memory_fit(kv: float):
+        env = {"PATH": os.environ["PATH"], "DRY_RUN": "1", "DEVICE": "cuda", "MODEL": str(model), "PREFIX_CACHE": "1",
+               "KV_CACHE_GIB": f"{kv:g}", "CTX": str(agent_run.GPU_CTX), "EXTRA_ARGS": "--load-format dummy",
+               "PYTHON": sys.executable, "TUNED_DIR": str(tmp_path / "none")}
+        out = subprocess.run(["bash", str(REPO / agent_run.PLAIN_RECIPE)], env=env, capture_output=True, text=True,
+                             check=True, cwd=REPO).stdout.strip().splitlines()[-1]
+        args = ServeArgs.parse(shlex.split(out.split(" -- ", 1)[1]))
+        host = Host(available=120 * GiB, total=128 * GiB)
+        return next(v for v in check(args, load_config(), H100, host, {}, bind=lambda h, p: None)
+                    if v.rule == "memory_fit")
+
+    fits, too_big = memory_fit(agent_run.SMALL_CARD_KV_GIB), memory_fit(agent_run.SMALL_CARD_KV_GIB + 1)
+    assert fits.verdict == "ok", fits.message
+    assert too_big.verdict == "refuse" and "more than this GPU's" in too_big.message
