@@ -29,7 +29,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("LING_WATCHDOG_CONFIG", "path", "unset (watchdog/defaults.yaml only)",
              "A YAML file of watchdog options read before any `--config` file (the command line wins over both; "
              "watchdog/defaults.yaml lists every option).", ("ling_watchdog.cli",)),
-    Variable("VLLM_LING_TINY_DIR", "path", "~/.cache/vllm-ling",
+    Variable("LING_TINY_DIR", "path", "~/.cache/vllm-ling",
              "Where the tiny test checkpoints (`python3 -m ling_tools.tiny`, `ensure_tiny`) are cached.",
              ("ling_tools.tiny.cache",)),
 )}

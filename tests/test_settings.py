@@ -28,14 +28,14 @@ REGISTRIES = {ROOT / "vllm_ling" / "envs.py", ROOT / "common" / "envs.py"}
 SHELL = [ROOT / "install.sh", ROOT / ".ci" / "run", *sorted((ROOT / "serve").glob("*"))]
 # Read by the test harness only (tests/), never by what is installed.
 HARNESS = {
-    "VLLM_LING_GPU_RESULTS": "tests/gpu: the folder a device run writes its JSON results into",
-    "VLLM_LING_TP_FAULT": "tests/model/engine_runner.py: the tensor-parallel fault a negative control installs",
+    "LING_GPU_RESULTS": "tests/gpu: the folder a device run writes its JSON results into",
+    "LING_TP_FAULT": "tests/model/engine_runner.py: the tensor-parallel fault a negative control installs",
     "LING_TUNE_BUDGET_MIN": "tests/gpu/tuning_steps.py: ling-tune's budget in the device run",
     "LING_TUNE_MAX_CANDIDATES": "tests/gpu/tuning_steps.py: candidates per batch size in the device run",
     "LING_TUNE_ENGINE_BACKENDS": "tests/gpu/tuning_steps.py: which MoE backends the device run races",
     "LING_TEST_ENGINE_LOG": "tests/conftest.py: the file each vLLM engine a test starts is recorded in",
     "LING_TEST_NODEID": "tests/conftest.py: the test an engine start is recorded under (engine_probe/)",
-    "VLLM_LING_ENGINE_TIMEOUT": "tests/model/model_helpers.py: seconds an engine script may take (device steps set it)",
+    "LING_ENGINE_TIMEOUT": "tests/model/model_helpers.py: seconds an engine script may take (device steps set it)",
 }
 
 
@@ -115,6 +115,14 @@ def test_only_the_registries_read_the_environment_for_our_variables():
 def test_each_variable_is_declared_once():
     assert set(plugin_envs.VARIABLES).isdisjoint(tool_envs.VARIABLES)
     assert set(HARNESS).isdisjoint(DECLARED)
+
+
+def test_only_the_plugins_variables_start_with_vllm():
+    """vLLM logs every VLLM_* variable it does not know as unknown (and with --fail-on-environ-validation refuses to
+    start); the plugin declares its own to vLLM (compat.declare_env_vars), so the tools' and the test harness's
+    variables, which reach vLLM's processes through the environment all the same, are LING_*."""
+    theirs = (set(tool_envs.VARIABLES) | set(HARNESS)) - set(plugin_envs.VARIABLES)
+    assert sorted(n for n in theirs if n.startswith("VLLM_")) == []
 
 
 def test_the_registries_answer_by_attribute(monkeypatch):

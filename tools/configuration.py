@@ -64,7 +64,9 @@ def document() -> str:
         "Four layers: environment variables the plugin reads inside vLLM's processes, the tools' own variables, "
         "the serve recipe's settings (environment variables of `serve/serve-int4.sh`) and the watchdog's options "
         "(a YAML file or flags). vLLM's own variables (`VLLM_API_KEY`, `VLLM_TUNED_CONFIG_FOLDER`, ...) are "
-        "vLLM's documentation's; the recipe sets the ones it needs.",
+        "vLLM's documentation's; the recipe sets the ones it needs. Only the plugin's variables start with "
+        "`VLLM_` (the plugin declares them to vLLM, which logs any other `VLLM_*` variable as unknown: "
+        "docs/vllm-seams.md §Plugin).",
         "",
         "## The plugin's environment variables (`vllm_ling/envs.py`)",
         "",

@@ -17,10 +17,12 @@ package imports version-dependent names from here.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 import importlib.util
+import os
 from functools import cache
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from packaging.version import Version
@@ -113,6 +115,23 @@ def serving_model() -> tuple[str, str]:
     if is_cpu():
         return OURS, "the CPU engine: vLLM's in-tree KDA runs only as Triton GPU kernels"
     return DEFAULT_MODEL.get(release(), (VLLM, f"vLLM {release()} has Ling V3 in-tree"))
+
+
+def declare_env_vars(names: Iterable[str]) -> int:
+    """Make the plugin's VLLM_-prefixed variables known to vLLM; return how many were added.
+
+    vLLM checks the environment when it builds an engine's config (`Platform.validate_environ`, 0.32-0.34): every
+    VLLM_* variable missing from `vllm.envs.environment_variables` is logged as unknown, once per engine, and with
+    `--fail-on-environ-validation` it refuses to start. Declared, each is read as its raw text and, like vLLM's own,
+    enters the compile-cache key (`compile_factors`). Without the table (a release that dropped it) nothing is
+    declared and vLLM only warns."""
+    table = getattr(importlib.import_module("vllm.envs"), "environment_variables", None)
+    if not isinstance(table, dict):
+        return 0
+    new = [name for name in names if name.startswith("VLLM_") and name not in table]
+    for name in new:
+        table[name] = functools.partial(os.environ.get, name)
+    return len(new)
 
 
 def is_cpu() -> bool:

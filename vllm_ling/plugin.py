@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from vllm_ling import compat, startup_log
+from vllm_ling import compat, envs, startup_log
 from vllm_ling.config import ARCH, MTP_ARCH, BailingMoeV3Config
 
 logger = logging.getLogger("vllm_ling")
@@ -46,6 +46,7 @@ def register() -> str:
 
 
 def _register() -> str:
+    compat.declare_env_vars(envs.VARIABLES)  # before anything can turn the plugin off: they are set all the same
     on, note = compat.release_check()
     if note is not None:
         logger.warning(note)

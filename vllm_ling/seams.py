@@ -64,6 +64,7 @@ HUMMING_ACTIVATION = L + "quantization.utils.humming.activation"  # compat._HUMM
 SEAMS: tuple[Seam, ...] = (
     # plugin.py, parsers/__init__.py: registration
     names("vllm", "ModelRegistry"),
+    names("vllm.envs", "environment_variables", fallback="vLLM logs the plugin's VLLM_LING_* variables as unknown"),
     names("vllm.reasoning", "ReasoningParserManager"),
     names("vllm.tool_parsers", "ToolParserManager"),
     # model.py, mtp.py, mla.py, kda.py, moe.py: the model

@@ -10,7 +10,7 @@ says serving and its start-up self-check has a verdict; one request whose tokens
 (they must decode to nothing, not fail: the model emits any of its 157,184 ids, the tokenizer has 990); `ling-bench
 --workload agent`; SIGTERM to the watchdog, which stops vLLM's process group and sweeps what is left; then no process
 of the server's tree may be alive and its port must be free. Whatever fails, the server is stopped and the log tails
-kept. One deadline covers the run (--deadline-s, by default the step's VLLM_LING_ENGINE_TIMEOUT), shared evenly by the
+kept. One deadline covers the run (--deadline-s, by default the step's LING_ENGINE_TIMEOUT), shared evenly by the
 values still to run; the bench gets what its share leaves after start-up, less the stop's reserve, and a bench stopped
 there keeps the scenarios it finished (ling-bench writes --out after each).
 
@@ -400,8 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--bench-args", default="", help="ling-bench flags after the GPU workload's (a later flag wins)")
     p.add_argument("--no-selfcheck", dest="selfcheck", action="store_false",
                    help="do not wait for the start-up self-check's verdict")
-    p.add_argument("--deadline-s", type=float, default=float(os.environ.get("VLLM_LING_ENGINE_TIMEOUT", 540)),
-                   help="the whole run, every server stopped by then (default: $VLLM_LING_ENGINE_TIMEOUT or 540)")
+    p.add_argument("--deadline-s", type=float, default=float(os.environ.get("LING_ENGINE_TIMEOUT", 540)),
+                   help="the whole run, every server stopped by then (default: $LING_ENGINE_TIMEOUT or 540)")
     p.add_argument("--log-root", type=Path, default=Path("/tmp/agent-logs"), help="watchdog log dirs (pcN/)")
     a = p.parse_args(argv)
     deadline = time.monotonic() + a.deadline_s

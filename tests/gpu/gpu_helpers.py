@@ -22,8 +22,8 @@ GPU_ENV = {"VLLM_LING_MODEL": "vllm-ling", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"
 
 
 def record(name: str, data: dict) -> None:
-    """Write a result as $VLLM_LING_GPU_RESULTS/<name>.json (the device run brings that folder back)."""
-    out = os.environ.get("VLLM_LING_GPU_RESULTS")
+    """Write a result as $LING_GPU_RESULTS/<name>.json (the device run brings that folder back)."""
+    out = os.environ.get("LING_GPU_RESULTS")
     if out:
         Path(out).mkdir(parents=True, exist_ok=True)
         (Path(out) / f"{name}.json").write_text(json.dumps(data, indent=2))

@@ -85,7 +85,7 @@ case $VLLM_RELEASE in 033|034) SITE=$HOME/v${VLLM_RELEASE#0}-site ;;
 rm -rf /tmp/vllm-ling-src && mkdir /tmp/vllm-ling-src && tar --exclude='./.devbundle*' --exclude=./.git -cf - . | tar -xf - -C /tmp/vllm-ling-src
 python3 -m pip install -q --upgrade --no-deps --no-build-isolation --no-index --target "$SITE" /tmp/vllm-ling-src \
     2>&1 | grep -v "already exists" || true
-export VLLM_LING_GPU_RESULTS=$OUT
+export LING_GPU_RESULTS=$OUT
 # Triton keeps compiled kernels on disk but re-times every autotuned kernel in each new process unless told to keep
 # the timings: we saw ~80 s of each engine's start-up in its first CUDA-graph capture, warm machine or not.
 export TRITON_CACHE_AUTOTUNING=1
@@ -96,7 +96,7 @@ export PYTHONUNBUFFERED=1
 for STEP in "$@"; do
 run() {  # the step's exit status is its command's, not the pipeline's
     # an engine script's own limit stays 40 s inside the step's, so a slow engine fails with every engine's log tail
-    VLLM_LING_ENGINE_TIMEOUT=$(( $1 > 100 ? $1 - 40 : $1 )) timeout -k 10 "$1" "${@:2}" 2>&1 \
+    LING_ENGINE_TIMEOUT=$(( $1 > 100 ? $1 - 40 : $1 )) timeout -k 10 "$1" "${@:2}" 2>&1 \
         | tee -a "$OUT/${STEP%%:*}.log" | grep -v " INFO \| WARNING " | tail -40
     return "${PIPESTATUS[0]}"
 }

@@ -1,6 +1,6 @@
 """Config loading on a GPU engine: what a user's flags and folder make vLLM build (docs/architecture.md §Config).
 
-Run on the device: VLLM_LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_config_gpu.py -q. Skips without
+Run on the device: LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_config_gpu.py -q. Skips without
 CUDA or vLLM. Every engine uses dummy weights and no tokenizer (prompt token ids in, token ids out):
 - a tiny random Ling-2.5 (`BailingMoeV2_5ForCausalLM`, model_type bailing_hybrid: vLLM's lightning-attention
   model, GPU only) with vllm-ling installed: our config class parses it (the plugin registers it for

@@ -12,7 +12,7 @@ both with the fp32 transformers oracle teacher-forced on each engine's own token
 flip near-ties between a 1-token decode and a (K+1)-token verify: so DSpark's tokens must agree with the oracle's
 argmax on decided positions as plain decoding does, and where DSpark and plain first part the oracle's margin must
 be one bf16 can flip. A verify that corrupted the KDA state or accepted an unverified token breaks the first.
-Run on the device: VLLM_LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_dspark_gpu.py -q
+Run on the device: LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_dspark_gpu.py -q
 (DSPARK_KS=1,8 runs those K only: all eight and the plain engine are 17 engines, more than one device call; K = 1,
 4 and 8 with a cold compile cache ran past 570 s, so two K a call;
 DSPARK_ADAPTIVE=1 verifies with vLLM's confidence-driven adaptive width instead of the fixed one; DSPARK_FP8=1 serves

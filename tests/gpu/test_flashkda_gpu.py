@@ -1,8 +1,8 @@
 """FlashKDA (vLLM's vendored fused CUDA KDA prefill, `vllm._flashkda_C`) against our fp32 recurrence, beside the Triton
 chunk_kda that serves otherwise; our glue around it (kda_core, whole prefill batches); its time and memory.
 
-Run on a CUDA host with vLLM 0.34 or 0.33:  VLLM_LING_GPU_RESULTS=/tmp/out pytest tests/gpu/test_flashkda_gpu.py -q
-(tests/gpu/run_on_device.sh flashkda). Writes $VLLM_LING_GPU_RESULTS/flashkda.json: every error, the timings and
+Run on a CUDA host with vLLM 0.34 or 0.33:  LING_GPU_RESULTS=/tmp/out pytest tests/gpu/test_flashkda_gpu.py -q
+(tests/gpu/run_on_device.sh flashkda). Writes $LING_GPU_RESULTS/flashkda.json: every error, the timings and
 FlashKDA's workspace bytes.
 
 The reference is `recurrent_kda_torch` on the CPU in fp32 (tests/ops holds it to flash-linear-attention's

@@ -1,7 +1,7 @@
 """vLLM's vendored Triton KDA kernels fed our fp32 safe gate, against our torch ops (and FLA's naive op if present).
 
-Run on a CUDA host with vLLM 0.34 or 0.33:  VLLM_LING_GPU_RESULTS=/tmp/out pytest tests/gpu/test_kda_kernels_gpu.py -v
-Writes the measured errors to $VLLM_LING_GPU_RESULTS/kda_kernels.json when that variable is set.
+Run on a CUDA host with vLLM 0.34 or 0.33:  LING_GPU_RESULTS=/tmp/out pytest tests/gpu/test_kda_kernels_gpu.py -v
+Writes the measured errors to $LING_GPU_RESULTS/kda_kernels.json when that variable is set.
 
 The references run on the CPU in fp32 from the same bf16 inputs: `recurrent_kda_torch`, which tests/ops proves
 equal to flash-linear-attention 0.6.0's `naive_recurrent_kda` (≈1e-7), plus that naive op itself when it is
@@ -44,7 +44,7 @@ RESULTS: dict = {}
 @pytest.fixture(scope="module", autouse=True)
 def _write_results():
     yield
-    out = os.environ.get("VLLM_LING_GPU_RESULTS")
+    out = os.environ.get("LING_GPU_RESULTS")
     if out:
         import triton
         import vllm

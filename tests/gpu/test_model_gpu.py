@@ -1,6 +1,6 @@
 """Whole tiny model on a GPU (CUDA graphs, real MLA) against the transformers oracle, bf16 and FP8.
 
-Run on the device: VLLM_LING_GPU_RESULTS=$OUT python -m pytest tests/gpu -q. Skips without CUDA or vLLM.
+Run on the device: LING_GPU_RESULTS=$OUT python -m pytest tests/gpu -q. Skips without CUDA or vLLM.
 Every engine configuration runs side by side in one go (each with a fixed KV cache), then the oracle runs
 (oracle_plan): per reference checkpoint fp32 and bf16 score all its configurations' continuations, and the FP8
 reference in both scores the FP8 configurations of each implementation, as that implementation serves its linears:

@@ -18,7 +18,7 @@ With FP8 (`mtp_echo_fp8`, the echo checkpoint under `--quantization ling_fp8`, s
 oracle.py): the echo draft's acceptance within 3 points of its BF16 run, and MTP's agreement with the reference
 at most 1 point below plain decoding's (FP8's rounding turns bf16's small differences between the verify and the
 plain step into e4m3-sized ones, so the bf16 criteria above would judge FP8 itself; test_model_gpu.py).
-Run on the device: VLLM_LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_mtp_gpu.py -q
+Run on the device: LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_mtp_gpu.py -q
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ being smaller, at the finer grain vLLM 0.34 then hashes at (`_hit_grain`). Cache
 same target after `reset_prefix_cache()` in the same engine), in bf16: greedy tokens equal up to the first place
 they part, and that place must be a near-tie (the two chosen tokens' logprobs within DECIDED nats) while the
 logprobs before it agree within BF16_FLIP_MAX_MARGIN; a sequence resuming from a wrong checkpoint fails both at once.
-Run on the device: VLLM_LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_prefix_cache_gpu.py -q
+Run on the device: LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_prefix_cache_gpu.py -q
 """
 
 from __future__ import annotations

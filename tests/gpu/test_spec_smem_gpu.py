@@ -11,7 +11,7 @@ that verify wide or batch many lanes must run to the end:
 Each records every Triton kernel it launched with its shared memory. The control shows the emulation is live: a
 kernel compiled over a limit raises at launch under it and runs without it. CUDA kernels (FlashAttention, Marlin,
 Humming) choose their shared memory per architecture and are not emulated: on sm_121 they run their sm_120 builds.
-Run on the device: VLLM_LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_spec_smem_gpu.py -q
+Run on the device: LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_spec_smem_gpu.py -q
 """
 
 from __future__ import annotations

@@ -17,10 +17,10 @@ import os
 import sys
 import time
 
-if os.environ.get("VLLM_LING_TP_FAULT"):  # negative controls of test_tp.py; at import, so spawned workers get it too
+if os.environ.get("LING_TP_FAULT"):  # negative controls of test_tp.py; at import, so spawned workers get it too
     import tp_faults
 
-    tp_faults.install(os.environ["VLLM_LING_TP_FAULT"])
+    tp_faults.install(os.environ["LING_TP_FAULT"])
 
 
 class _Lines(logging.Handler):

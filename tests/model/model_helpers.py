@@ -22,7 +22,7 @@ CPU_ENGINE_ENV = {
 }
 # One engine script's limit: a device step sets it below its own (tests/gpu/run_on_device.sh), so a slow engine fails
 # here, with every engine's log tail, instead of being killed with the step and leaving nothing to read.
-TIMEOUT_S = int(os.environ.get("VLLM_LING_ENGINE_TIMEOUT", "900"))
+TIMEOUT_S = int(os.environ.get("LING_ENGINE_TIMEOUT", "900"))
 # transformers' BailingHybrid (the oracle) has no SwiGLU clamps: every engine run judged against it turns ours off
 # (the tiny checkpoints have 6 layers; tests/model/test_moe_reference.py pins the clamps themselves).
 NO_CLAMPS = {"expert_swiglu_limit_list": [0] * 6, "share_expert_swiglu_limit_list": [0] * 6}
@@ -100,7 +100,7 @@ def run_scripts(jobs: list[tuple[str, dict, str]], tmp: Path, env: dict | None =
                 rc = proc.wait(timeout=max(deadline - time.monotonic(), 1))
             except subprocess.TimeoutExpired:
                 raise AssertionError(f"{len(procs)} engine scripts not done in {TIMEOUT_S} s "
-                                     f"(VLLM_LING_ENGINE_TIMEOUT); their logs end:\n" + _tails(procs)) from None
+                                     f"(LING_ENGINE_TIMEOUT); their logs end:\n" + _tails(procs)) from None
             if rc != 0:
                 log.seek(0)
                 raise AssertionError(f"{script} failed ({rc}):\n{log.read()[-12000:]}")

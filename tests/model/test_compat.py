@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from vllm_ling import compat
@@ -151,3 +153,30 @@ def test_install_refuses_an_unsupported_cuda_release_before_installing_anything(
     out = subprocess.run(["bash", str(script), "--vllm", asked], capture_output=True, text=True, timeout=60,
                          env={"PATH": "/usr/bin:/bin", "PYTHON": "/bin/false"})
     assert out.returncode == 2 and says in out.stderr, out.stderr
+
+
+def test_vllm_knows_the_plugins_variables_once_it_is_registered(monkeypatch):
+    """vLLM 0.32-0.34 check the environment when they build an engine's config: with --fail-on-environ-validation an
+    unknown VLLM_* variable stops the start. The plugin's own pass once declared; an undeclared one still fails (the
+    control: vLLM's check is live), and declaring twice adds nothing."""
+    import vllm.envs
+    from vllm.platforms import current_platform
+
+    from vllm_ling import envs
+
+    vllms_own = {k: v for k, v in vllm.envs.environment_variables.items() if k not in envs.VARIABLES}
+    monkeypatch.setattr(vllm.envs, "environment_variables", vllms_own)  # as before any registration
+    for name in [n for n in os.environ if n.startswith("VLLM_") and n not in vllms_own]:
+        monkeypatch.delenv(name)  # whatever else this machine sets: only ours are under test
+    for name in envs.VARIABLES:
+        monkeypatch.setenv(name, envs.VARIABLES[name].default if name.startswith("VLLM_") else "")
+    monkeypatch.delenv("LING_SMEM_LIMIT")
+    with pytest.raises(ValueError, match="Unknown vLLM environment variable detected: VLLM_LING_"):
+        current_platform.validate_environ(True)
+    assert compat.declare_env_vars(envs.VARIABLES) == sum(n.startswith("VLLM_") for n in envs.VARIABLES)
+    assert compat.declare_env_vars(envs.VARIABLES) == 0
+    current_platform.validate_environ(True)
+    assert vllm.envs.environment_variables["VLLM_LING_MODEL"]() == envs.VARIABLES["VLLM_LING_MODEL"].default
+    monkeypatch.setenv("VLLM_LING_NOT_OURS", "1")
+    with pytest.raises(ValueError, match="VLLM_LING_NOT_OURS"):
+        current_platform.validate_environ(True)

@@ -331,7 +331,7 @@ def test_router_bias_changes_expert_selection_on_some_tokens(hf_model, moe_input
 
 
 def test_ensure_tiny_builds_once_into_the_cache_and_rebuilds_stale_dirs(tmp_path, monkeypatch):
-    monkeypatch.setenv("VLLM_LING_TINY_DIR", str(tmp_path))
+    monkeypatch.setenv("LING_TINY_DIR", str(tmp_path))
     path = tiny.ensure_tiny(seed=3)
     assert path == tmp_path / "tiny-default-bf16-seed3" == tiny.default_tiny_dir(seed=3)
     mtime = (path / "config.json").stat().st_mtime_ns
@@ -346,20 +346,20 @@ def test_ensure_tiny_builds_once_into_the_cache_and_rebuilds_stale_dirs(tmp_path
 
 
 def test_cli_without_out_builds_into_the_cache_and_prints_the_path(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("VLLM_LING_TINY_DIR", str(tmp_path))
+    monkeypatch.setenv("LING_TINY_DIR", str(tmp_path))
     assert tiny.main(["--seed", "2"]) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "tiny-default-bf16-seed2")
     assert (tmp_path / "tiny-default-bf16-seed2" / "config.json").exists()
 
 
 def test_default_tiny_dir_without_env_is_in_the_user_cache(monkeypatch):
-    monkeypatch.delenv("VLLM_LING_TINY_DIR", raising=False)
+    monkeypatch.delenv("LING_TINY_DIR", raising=False)
     path = tiny.default_tiny_dir(seed=0, int4=True, variant="qlora")
     assert path == Path.home() / ".cache" / "vllm-ling" / "tiny-qlora-int4-seed0"
 
 
 def test_cli_help_names_the_default_cache_path(tmp_path, monkeypatch, capsys):
-    monkeypatch.setenv("VLLM_LING_TINY_DIR", str(tmp_path))
+    monkeypatch.setenv("LING_TINY_DIR", str(tmp_path))
     monkeypatch.setenv("COLUMNS", "1000")  # argparse wraps at hyphens otherwise
     with pytest.raises(SystemExit):
         tiny.main(["--help"])

@@ -3,7 +3,7 @@
 `patches(name)` are loader patches under which each rank loads its *neighbour's* slice of one tensor family
 (bf16 expert down_proj; KDA A_log, dt_bias and conv); the rest of the model stays correct. At TP = 1 every
 fault is a no-op (the neighbour is the rank itself), so a fault shows only what TP sharding would get wrong.
-engine_runner.py installs the fault named by $VLLM_LING_TP_FAULT at import, which is also how it reaches the
+engine_runner.py installs the fault named by $LING_TP_FAULT at import, which is also how it reaches the
 multiprocess executor's spawned workers (spawn re-imports the parent's main script before the worker starts).
 """
 
@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-FAULT_ENV = "VLLM_LING_TP_FAULT"
+FAULT_ENV = "LING_TP_FAULT"
 FAULTS = ("expert_down_neighbour", "kda_heads_neighbour")
 
 

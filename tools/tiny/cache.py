@@ -12,11 +12,11 @@ from typing import Any
 from ling_common import envs
 from ling_tools.tiny.writer import STAMP_FILE, make_tiny_checkpoint, stamp
 
-CACHE_ENV = "VLLM_LING_TINY_DIR"
+CACHE_ENV = "LING_TINY_DIR"
 
 
 def cache_root() -> Path:
-    """`$VLLM_LING_TINY_DIR` if set, else ~/.cache/vllm-ling."""
+    """`$LING_TINY_DIR` if set, else ~/.cache/vllm-ling."""
     return envs.read(CACHE_ENV) or Path.home() / ".cache" / "vllm-ling"
 
 
