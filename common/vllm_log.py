@@ -52,6 +52,12 @@ STOP_REQUESTED = "API server: shutdown triggered"
 # The last line of a traceback, bare or behind vLLM's "ERROR ... [file.py:N] " prefix. The first one
 # of a launch is the root cause, whatever generic fatal lines surround it ("See root cause above").
 ERROR = re.compile(r"(?:^|ERROR .*?\] )((?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)): (.+)$")
+# PyTorch's caching allocator when cudaMalloc runs out of memory (c10 CUDACachingAllocator.cpp, torch 2.14): it then
+# frees its cached blocks and tries once more, so the line is no failure by itself; it says the process reached the
+# device's memory limit. Seen 80 times in each load of the full-size model on an 80 GB H100 (vLLM 0.34, Humming's
+# conversion of the INT4 experts), which then served (tests/watchdog/data/vllm034_h100_mtp_load_oom.txt).
+ALLOC_RETRY = re.compile(r"CUDACachingAllocator\.cpp:\d+\] memory allocation failed with OOM on device \d+ while "
+                         r"trying to allocate (\d+) bytes \(free: (\d+), total: (\d+)\)")
 # Logged, not fatal by themselves: a plugin that failed to load (vLLM carries on, maybe with the wrong
 # model: W1) and a Triton kernel over GB10's 101,376 B of shared memory (W3, W5, W6).
 ALERTS = (re.compile(r"Failed to load plugin"), re.compile(r"OutOfResources.*shared memory"))
@@ -59,10 +65,12 @@ ALERTS = (re.compile(r"Failed to load plugin"), re.compile(r"OutOfResources.*sha
 
 @dataclass(frozen=True, slots=True)
 class LogEvent:
-    kind: str  # "shard" | a MILESTONES key | "fatal" | "error" | "alert" | "stop_requested"
+    kind: str  # "shard" | a MILESTONES key | "fatal" | "error" | "alert" | "memory_edge" | "stop_requested"
     text: str
     shard: int = 0
-    total: int = 0
+    total: int = 0  # shard: how many; memory_edge: the device's bytes
+    asked: int = 0  # memory_edge: the bytes the allocation asked for
+    free: int = 0  # memory_edge: the device's free bytes then
     retry: bool = True
     generic: bool = False  # fatal: the line says the engine died, not why (FATAL's third column)
     exception: str | None = None  # fatal: the exception the line ends a traceback with, as an "error" event's text
@@ -92,6 +100,8 @@ def parse(line: str) -> LogEvent | None:
         return LogEvent("error", f"{error[1]}: {error[2]}")
     if any(pattern.search(text) for pattern in ALERTS):
         return LogEvent("alert", text)
+    if m := ALLOC_RETRY.search(text):
+        return LogEvent("memory_edge", text, asked=int(m[1]), free=int(m[2]), total=int(m[3]))
     return None
 
 

@@ -63,6 +63,7 @@ class Monitor:
         self.http_up = False  # "Starting vLLM server on" seen: time to poll /health
         self.stop_requested = False  # vLLM's signal handler ran: someone asked the server to stop
         self.refused = False  # a probe got 401/403: reported once
+        self.memory_edges = 0  # PyTorch's allocator ran out of device memory and retried: the first is reported
         self._pending: Fault | None = None
 
     # observations -----------------------------------------------------------------------------
@@ -84,6 +85,8 @@ class Monitor:
             self.root_cause = self.root_cause or ev.text
         elif ev.kind == "alert":
             self.emit("alert", f"vLLM reported: {ev.text}", level="warning")
+        elif ev.kind == "memory_edge":
+            self._memory_edge(ev)
         elif ev.kind == "stop_requested":
             self.stop_requested = True
         else:
@@ -92,6 +95,19 @@ class Monitor:
             self.http_up |= ev.kind in ("server_starting", "startup_complete")
             if ev.kind == "startup_complete" and self.phase is Phase.LOADING:
                 self._enter(Phase.WARMUP, t, f"start-up took {t - self.t0:.1f}s; probing /health")
+
+    def _memory_edge(self, ev: LogEvent) -> None:
+        """The first time this launch's allocator hit the device's memory limit, as a warning: vLLM goes on when
+        the retry finds memory, but on unified memory (a Spark) that limit is the whole box's."""
+        self.memory_edges += 1
+        if self.memory_edges == 1:
+            gib = 2**30
+            self.emit("memory_edge", f"the device ran out of memory during {self.phase.value}: PyTorch's allocator "
+                      f"asked {ev.asked / gib:.2f} GiB with {ev.free / gib:.2f} of {ev.total / gib:.1f} GiB free, "
+                      f"freed its cache and retried (vLLM goes on if that found memory; reported once a launch). "
+                      f"On a Spark the device's memory is the box's: if it recurs while serving, leave more room "
+                      f"(a lower UTIL or KV_CACHE_GIB, docs/ops-walls.md W4)", level="warning", asked=ev.asked,
+                      free=ev.free, total=ev.total)
 
     def cpu(self, busiest: Busiest | None, t: float) -> None:
         self.busiest = busiest

@@ -88,6 +88,8 @@ def test_a_fatal_exception_line_carries_its_exception_and_a_wrapper_line_is_gene
     ("KeyError: 'model.layers.0.mlp.gate.weight'", "error", "KeyError: 'model.layers.0.mlp.gate.weight'"),
     ("(Worker pid=9) ERROR [x.py:1] triton.runtime.errors.OutOfResources: out of resource: shared memory, "
      "Required: 139264, Hardware limit: 101376", "alert", None),
+    ("[rank0]:[W1206 02:21:07.769883659 CUDACachingAllocator.cpp:3934] memory allocation failed with OOM on device 0 "
+     "while trying to allocate 1006632960 bytes (free: 386072576, total: 85017493504).", "memory_edge", None),
     ("(APIServer pid=1) WARNING [system_utils.py:255] fd limit errors like `OSError: [Errno 24] Too many open files`",
      None, None),
 ])
