@@ -40,6 +40,17 @@ def test_a_line_cut_short_by_a_crash_is_skipped(tmp_path):
     assert [r["event"] for r in read_events(tmp_path)] == ["start"]
 
 
+def test_the_tests_poll_reads_a_line_being_written_as_status_does(tmp_path):
+    """The supervisor tests poll events.jsonl while the watchdog appends to it: a poll that lands mid-line must
+    wait for the line, not fail the test on a JSON error."""
+    from watchdog_harness import Run
+
+    whole = '{"event": "phase", "t": 1, "ts": "x", "message": "m", "to": "warmup"}'
+    (tmp_path / "events.jsonl").write_text(whole + '\n{"event": "phase", "t": 2, "to": "serv')
+    run = Run(proc=None, log_dir=tmp_path, tag="t", port=0)
+    assert [r["to"] for r in run.events("phase")] == ["warmup"]
+
+
 def rec(event, t, **kw):
     return {"event": event, "t": t, "ts": f"T{t}", "message": kw.pop("message", event), **kw}
 
