@@ -63,7 +63,8 @@ class Monitor:
         self.http_up = False  # "Starting vLLM server on" seen: time to poll /health
         self.stop_requested = False  # vLLM's signal handler ran: someone asked the server to stop
         self.refused = False  # a probe got 401/403: reported once
-        self.memory_edges = 0  # PyTorch's allocator ran out of device memory and retried: the first is reported
+        self.memory_edges = 0  # PyTorch's allocator ran out of device memory and retried (all counted)
+        self._edge_phases: set[Phase] = set()  # the phases whose first such retry was reported
         self._pending: Fault | None = None
 
     # observations -----------------------------------------------------------------------------
@@ -97,17 +98,19 @@ class Monitor:
                 self._enter(Phase.WARMUP, t, f"start-up took {t - self.t0:.1f}s; probing /health")
 
     def _memory_edge(self, ev: LogEvent) -> None:
-        """The first time this launch's allocator hit the device's memory limit, as a warning: vLLM goes on when
-        the retry finds memory, but on unified memory (a Spark) that limit is the whole box's."""
+        """The first time in each phase of this launch that the allocator hit the device's memory limit, as a
+        warning: vLLM goes on when the retry finds memory, but on unified memory (a Spark) that limit is the whole
+        box's, and one while serving means the reservation leaves too little."""
         self.memory_edges += 1
-        if self.memory_edges == 1:
+        if self.phase not in self._edge_phases:
+            self._edge_phases.add(self.phase)
             gib = 2**30
             self.emit("memory_edge", f"the device ran out of memory during {self.phase.value}: PyTorch's allocator "
                       f"asked {ev.asked / gib:.2f} GiB with {ev.free / gib:.2f} of {ev.total / gib:.1f} GiB free, "
-                      f"freed its cache and retried (vLLM goes on if that found memory; reported once a launch). "
-                      f"On a Spark the device's memory is the box's: if it recurs while serving, leave more room "
+                      f"freed its cache and retried (vLLM goes on if that found memory; reported once a phase). "
+                      f"On a Spark the device's memory is the box's: if this comes while serving, leave more room "
                       f"(a lower UTIL or KV_CACHE_GIB, docs/ops-walls.md W4)", level="warning", asked=ev.asked,
-                      free=ev.free, total=ev.total)
+                      free=ev.free, total=ev.total, phase=self.phase.value)
 
     def cpu(self, busiest: Busiest | None, t: float) -> None:
         self.busiest = busiest

@@ -163,7 +163,7 @@ def test_a_real_oom_while_loading_is_named_over_the_generic_lines_around_it(moni
     assert monitor.root_cause.startswith("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.88 GiB")
 
 
-def test_the_allocators_out_of_memory_retries_are_reported_once_a_launch(monitor, events):
+def test_the_allocators_out_of_memory_retries_are_reported_once_a_phase(monitor, events):
     """The same real log: PyTorch's allocator ran out of the H100's memory and retried while loading (the target's
     conversion went on; the MTP layer's then failed). One warning with the first retry's numbers, all counted."""
     real = Path(__file__).with_name("data") / "vllm034_h100_mtp_load_oom.txt"
@@ -175,6 +175,12 @@ def test_the_allocators_out_of_memory_retries_are_reported_once_a_launch(monitor
     msg, kw = edges[0]
     assert (kw["asked"], kw["free"], kw["total"]) == (1006632960, 386072576, 85017493504)
     assert "during loading" in msg and "asked 0.94 GiB with 0.36 of 79.2 GiB free" in msg and kw["level"] == "warning"
+    retry = next(line for line in real.read_text().splitlines() if "memory allocation failed with OOM" in line)
+    to_serving(monitor, 2)
+    monitor.line(parse(retry), 40)
+    monitor.line(parse(retry), 41)
+    edges = [kw for kind, _, kw in events if kind == "memory_edge"]
+    assert [kw["phase"] for kw in edges] == ["loading", "serving"]
 
 
 def test_between_two_causes_of_one_rank_the_first_is_kept(monitor):
