@@ -580,9 +580,9 @@ def default_util(total_bytes: int | None) -> float:
     """The engine's share of the card when --util is not given. The full-size dummy model's weights take 67.3-71.9
     GiB (FP8 or not, draft or not; BENCHMARKS.md), so an 80 GB H100 needs 0.95 of its 79.6 GiB to leave a few GiB
     of KV cache and activations (the plain and DSpark engines ran so on an H100, 2026-12-06; the served recipe
-    with MTP did not load there: tests/gpu/agent_run.py, card_gib); a card of 100 GiB or more keeps the 0.85 every H200 run so far has
-    used, and so does the CPU engine (`total_bytes` None), whose KV budget is VLLM_CPU_KVCACHE_SPACE rather than
-    this share."""
+    with MTP did not load there: tests/gpu/agent_run.py, card_gib); a card of 100 GiB or more keeps the 0.85 every
+    H200 run so far has used, and so does the CPU engine (`total_bytes` None), whose KV budget is
+    VLLM_CPU_KVCACHE_SPACE rather than this share."""
     return 0.95 if total_bytes is not None and total_bytes < 100 * 2**30 else 0.85
 
 

@@ -17,11 +17,10 @@ package imports version-dependent names from here.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import importlib
 import importlib.util
 import os
-from functools import cache
+from functools import cache, partial
 from typing import Any, Callable, Iterable
 
 import torch
@@ -130,7 +129,7 @@ def declare_env_vars(names: Iterable[str]) -> int:
         return 0
     new = [name for name in names if name.startswith("VLLM_") and name not in table]
     for name in new:
-        table[name] = functools.partial(os.environ.get, name)
+        table[name] = partial(os.environ.get, name)
     return len(new)
 
 

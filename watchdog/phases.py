@@ -23,6 +23,7 @@ from typing import Any
 
 from ling_watchdog.config import Config
 from ling_watchdog.headlink import LinkResult
+from ling_watchdog.memory import GiB, gib
 from ling_watchdog.probes import ProbeResult
 from ling_watchdog.procs import Busiest
 from ling_common.vllm_log import LogEvent
@@ -104,9 +105,8 @@ class Monitor:
         self.memory_edges += 1
         if self.phase not in self._edge_phases:
             self._edge_phases.add(self.phase)
-            gib = 2**30
             self.emit("memory_edge", f"the device ran out of memory during {self.phase.value}: PyTorch's allocator "
-                      f"asked {ev.asked / gib:.2f} GiB with {ev.free / gib:.2f} of {ev.total / gib:.1f} GiB free, "
+                      f"asked {ev.asked / GiB:.2f} GiB with {ev.free / GiB:.2f} of {gib(ev.total)} free, "
                       f"freed its cache and retried (vLLM goes on if that found memory; reported once a phase). "
                       f"On a Spark the device's memory is the box's: if this comes while serving, leave more room "
                       f"(a lower UTIL or KV_CACHE_GIB, docs/ops-walls.md W4)", level="warning", asked=ev.asked,
