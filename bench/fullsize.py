@@ -42,6 +42,10 @@ memory per block (`ling_tuning.smem.emulate_launch_limit`, with the KDA autotune
 LING_SMEM_LIMIT) and records the most each kernel asked for: a kernel over the limit fails the run as it would
 fail a Spark (CUDA kernels are not emulated).
 
+Agent turns: `--turn 32768+2048` turns the prefix cache on and times an agent's turn, 2,048 new tokens after a
+32,768-token history the cache holds, against the same length prefilled fresh, and the decode step after each
+(`ling_bench.cached_turn`; with --kernels the CUDA kernels of each); it needs `--prefill=`.
+
 Which model serves: `--impl ours|vllm` (VLLM_LING_MODEL), or `vllm-bare` (vLLM as installed, no plugin at all:
 VLLM_PLUGINS=none). `--fp8 w8a16|w8a8` serves with `--quantization ling_fp8` (`--fp8-scheme block|channel`: its
 scales, VLLM_LING_FP8_SCHEME; vllm_ling.fp8's default when not given); `--moe-backend
@@ -61,6 +65,7 @@ import sys
 import time
 from pathlib import Path
 
+from ling_bench.cached_turn import parse_turns, turn_phase
 from ling_bench.projection import DSPARK
 from ling_common.device import ADAPTIVE_VERIFICATION_FROM_VLLM, ADAPTIVE_VERIFICATION_MLA_MAJORS
 from ling_tuning.engine_compare import BACKENDS as MOE_BACKENDS  # vLLM >= 0.28's --moe-backend for INT4 experts
@@ -215,14 +220,24 @@ def check_runtime(mode: str, adaptive: bool = False) -> None:
 CONTEXT_SLACK = 64  # tokens of max_model_len past the longest prompt and its decode
 
 
+def check_turns(turns: list[tuple[int, int]] | None, prefill: list[int]) -> None:
+    """Refuse --turn beside --prefill lengths: the engine then runs with the prefix cache on, and the prefill
+    phase's repeats of one prompt would be served from it. Raises ValueError."""
+    if turns and prefill:
+        raise ValueError(f"--turn turns the prefix cache on, and --prefill {','.join(map(str, prefill))} times "
+                         f"repeats of one prompt, which it would serve from the cache: pass --prefill= with --turn "
+                         f"(run the prefill lengths in a run of their own)")
+
+
 def check_context(prefill: list[int], decode: int, limit: int | None) -> None:
-    """Refuse a --prefill prompt whose decode would run past the model's context (`max_position_embeddings`): vLLM
-    would refuse the engine's max_model_len only after imports. Raises ValueError."""
+    """Refuse a prompt (a --prefill length, a --turn's history + new) whose decode would run past the model's
+    context (`max_position_embeddings`): vLLM would refuse the engine's max_model_len only after imports. Raises
+    ValueError."""
     longest = max(prefill, default=0) + decode + CONTEXT_SLACK
     if limit is not None and longest > limit:
-        raise ValueError(f"--prefill {max(prefill)} with --decode {decode} needs {longest} tokens of context, over the "
-                         f"model's {limit} (max_position_embeddings): use --prefill {limit - decode - CONTEXT_SLACK} "
-                         f"or less")
+        raise ValueError(f"a {max(prefill)}-token prompt (--prefill, or a --turn's history + new) with --decode {decode} "
+                         f"needs {longest} tokens of context, over the model's {limit} (max_position_embeddings): use "
+                         f"prompts of {limit - decode - CONTEXT_SLACK} tokens or less")
 
 
 def _max_context(model: str) -> int | None:
@@ -592,12 +607,14 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
         router: str | None = None, moe_align: str | None = None, kda_gate: str | None = None,
         router_gemm: str | None = None, draft_vocab: int | None = None, fp8_scheme: str | None = None,
         k: int | None = None, adaptive: bool = False, draft_fp8: bool = False, lanes: list[int] | None = None,
-        smem_limit: int | None = None) -> dict:
+        smem_limit: int | None = None, turns: list[tuple[int, int]] | None = None) -> dict:
     k = check_spec(mode, k, adaptive, acceptance_lengths, impl, draft_fp8)
+    check_turns(turns, prefill)
     acceptance_length, more_lengths = (acceptance_lengths[0], acceptance_lengths[1:]) if acceptance_lengths \
         else (None, [])
     check_runtime(mode, adaptive)
-    check_context(prefill, decode, _max_context(model))
+    longest = max([*prefill, *(h + n for h, n in turns or [])], default=0)
+    check_context([longest], decode, _max_context(model))
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # same process: its GPU memory is ours to read
     os.environ.update(IMPLS[impl])
     if router:
@@ -629,9 +646,9 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
     drafter = write_dummy_drafter(model) if mode == "dspark" else None
     t0 = time.perf_counter()
     llm = LLM(model=model, load_format="dummy", skip_tokenizer_init=True,
-              max_model_len=max(prefill, default=0) + decode + CONTEXT_SLACK, max_num_seqs=max(lanes or [1]),
-              max_num_batched_tokens=chunk,
-              gpu_memory_utilization=util, enable_prefix_caching=False, seed=0, disable_log_stats=k is None,
+              max_model_len=longest + decode + CONTEXT_SLACK, max_num_seqs=max(lanes or [1]),
+              max_num_batched_tokens=chunk, gpu_memory_utilization=util, enable_prefix_caching=bool(turns), seed=0,
+              disable_log_stats=k is None and not turns,
               **_engine_kwargs(mode, fp8, acceptance_length, moe_backend, draft_vocab, fp8_scheme, k, adaptive,
                                drafter, draft_fp8))
     vocab = llm.llm_engine.model_config.get_vocab_size()
@@ -681,6 +698,11 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
         except Exception as e:  # noqa: BLE001
             result["kernels"] = _error(e)
             _progress(t0, f"kernel profile failed: {result['kernels']['error']}")
+    if turns:
+        result["prefix_caching"] = True
+        result["turns"] = [turn_phase(llm, h, n, decode, repeats, vocab, kernels) for h, n in turns]
+        _progress(t0, "turns: " + ", ".join(f"{r['history']}+{r['new']}: {r['cached_first_token_s']:.3f} s cached, "
+                                            f"{r['fresh_first_token_s']:.3f} s fresh" for r in result["turns"]))
     if lanes:
         result["lanes"] = {str(n): _lanes_phase(llm, n, vocab, decode, repeats) for n in lanes}
         _progress(t0, "lanes: " + ", ".join(f"{n}: {r['aggregate_tok_s']:.1f} tok/s"
@@ -791,6 +813,13 @@ def _lengths(text: str) -> list[float]:
                        "yields, >= 1 (and <= k + 1: checked against --k)")
 
 
+def _turns(text: str) -> list[tuple[int, int]]:
+    try:
+        return parse_turns(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _counts(text: str) -> list[int]:
     return _comma_list(text, int, "whole numbers, e.g. 1,2,4,8", "a lane count is at least 1, e.g. 1,2,4,8")
 
@@ -840,6 +869,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--draft-vocab", type=int, metavar="N",
                     help="mtp: the draft proposes among ids 0..N-1 only (a draft vocabulary, vllm_ling.draft.vocab)")
     ap.add_argument("--lanes", type=_counts, help="also decode this many requests together, e.g. 1,2,4,8")
+    ap.add_argument("--turn", type=_turns, metavar="HISTORY+NEW",
+                    help="with the prefix cache on, time an agent's turn: NEW tokens after a HISTORY the cache holds, "
+                         "against the same prompt fresh (ling_bench.cached_turn); comma-separated, e.g. "
+                         "32768+2048,61440+2048; needs --prefill= (its repeated prompts would hit the cache)")
     ap.add_argument("--smem-limit", type=int, metavar="BYTES",
                     help="hold every Triton kernel to this much shared memory per block at launch (GB10: 101376)")
     ap.add_argument("--out", help="write the JSON result here")
@@ -848,12 +881,13 @@ def main(argv: list[str] | None = None) -> int:
     try:  # refused here, a mistake costs no engine start
         check_spec(a.mode, a.k, a.adaptive, a.acceptance_length, a.impl, a.draft_fp8)
         check_runtime(a.mode, a.adaptive)
-        check_context(prefill, a.decode, _max_context(a.model))
+        check_turns(a.turn, prefill)
+        check_context([*prefill, *(h + n for h, n in a.turn or [])], a.decode, _max_context(a.model))
     except ValueError as e:
         ap.error(str(e))
     result = run(a.model, a.mode, prefill, a.decode, a.repeats, a.util, a.chunk, a.impl, a.fp8, a.kernels,
                  a.acceptance_length, a.moe_backend, a.router, a.moe_align, a.kda_gate, a.router_gemm, a.draft_vocab,
-                 a.fp8_scheme, a.k, a.adaptive, a.draft_fp8, a.lanes, a.smem_limit)
+                 a.fp8_scheme, a.k, a.adaptive, a.draft_fp8, a.lanes, a.smem_limit, a.turn)
     text = json.dumps(result, indent=2)
     print(text)
     if a.out:

@@ -20,21 +20,24 @@ def timed(llm, prompt: list[int] | list[list[int]], max_tokens: int) -> float:
     return time.perf_counter() - start
 
 
+def cuda_events(llm, prompt: list[int] | list[list[int]], max_tokens: int) -> tuple[float, list]:
+    """One `timed` request under the torch profiler: its seconds and its CUDA kernel events (CUPTI; kernels
+    replayed from CUDA graphs included)."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
+        seconds = timed(llm, prompt, max_tokens)
+    return seconds, [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+
+
 def kernels_per_step(llm, prompt: list[int] | list[list[int]], decode: int) -> dict:
     """CUDA kernels and their summed GPU time per decode step: a (1 + decode)-token request minus a 1-token one,
     so the prefill cancels out (torch profiler over CUPTI; kernels replayed from CUDA graphs are counted). A list
     of prompts is one batch decoding together (ling_tuning.engine_compare's batch-M step)."""
     import collections
 
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    def kernels(n: int) -> list:
-        with profile(activities=[ProfilerActivity.CUDA, ProfilerActivity.CPU]) as prof:
-            timed(llm, prompt, n)
-        return [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-
-    one, many = kernels(1), kernels(1 + decode)
+    one, many = cuda_events(llm, prompt, 1)[1], cuda_events(llm, prompt, 1 + decode)[1]
     busy_us = (busy_us_of(many) - busy_us_of(one)) / decode
     count, us = collections.Counter(), collections.Counter()
     for sign, events in ((-1, one), (1, many)):
@@ -45,6 +48,21 @@ def kernels_per_step(llm, prompt: list[int] | list[list[int]], decode: int) -> d
     return {"kernels_per_step": (len(many) - len(one)) / decode, "gpu_us_per_step": sum(us.values()) / decode,
             "gpu_busy_us_per_step": busy_us,
             "top": [{"name": n[:140], "count": count[n] / decode, "us": us[n] / decode} for n in top]}
+
+
+def request_kernels(llm, prompt: list[int], top: int = TOP_KERNELS) -> dict:
+    """The CUDA kernels of one 1-token request (its prefill): count, summed and busy GPU microseconds, the `top`
+    kernels by time (torch profiler over CUPTI)."""
+    import collections
+
+    seconds, events = cuda_events(llm, prompt, 1)
+    count, us = collections.Counter(), collections.Counter()
+    for e in events:
+        count[e.name] += 1
+        us[e.name] += e.time_range.elapsed_us()
+    return {"seconds_profiled": seconds, "kernels": len(events), "gpu_us": sum(us.values()),
+            "gpu_busy_us": busy_us_of(events),
+            "top": [{"name": n[:140], "count": count[n], "us": us[n]} for n in sorted(us, key=lambda n: -us[n])[:top]]}
 
 
 def busy_us_of(events) -> float:

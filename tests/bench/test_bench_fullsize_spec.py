@@ -423,13 +423,13 @@ def test_a_prompt_past_the_models_context_is_refused_with_the_longest_that_fits(
     --prefill that fits (vLLM would refuse the engine's max_model_len after its imports)."""
     check_context([131072, 262144], 128, None)  # no config to read: vLLM judges
     check_context([262144 - 128 - 64], 128, 262144)
-    with pytest.raises(ValueError, match=r"--prefill 262144 with --decode 128 needs 262336 tokens .* over the model's "
-                                         r"262144 \(max_position_embeddings\): use --prefill 261952 or less"):
+    with pytest.raises(ValueError, match=r"a 262144-token prompt .* with --decode 128 needs 262336 tokens .* over the "
+                                         r"model's 262144 \(max_position_embeddings\): use prompts of 261952 tokens or less"):
         check_context([4096, 262144], 128, 262144)
     (tmp_path / "config.json").write_text(json.dumps({"max_position_embeddings": 262144}))
     with pytest.raises(SystemExit) as e:
         main([str(tmp_path), "--prefill", "131072,262144", "--decode", "128"])
-    assert e.value.code == 2 and "use --prefill 261952 or less" in capsys.readouterr().err
+    assert e.value.code == 2 and "use prompts of 261952 tokens or less" in capsys.readouterr().err
 
 
 def test_the_round_split_takes_medians_and_returns_errors_instead_of_raising():

@@ -59,6 +59,9 @@
 #   dspark_smoke  one eager DSpark engine (echo target, agreeing drafter, K = DSPARK_K or 3): does it plan,
 #               draft and accept? DSPARK_SMOKE="--graphs --adaptive" for CUDA graphs / adaptive width (adaptive
 #               needs graphs). 4.1 min on a fresh machine (Triton JIT), 1 warm (eager); writes dspark_smoke_kK_FLAGS.json
+#   turn        an agent's turn inside the engine (ling_bench.cached_turn): NEW tokens after a HISTORY the prefix
+#               cache holds vs the same length fresh, time to first token and decode after each, the kernels of a
+#               cached and a fresh turn; TURNS (16384+2048,32768+2048,61440+2048), TURN_ARGS (e.g. "--mode mtp") (~5)
 #   prefix_cache  cached continuations equal uncached ones (bf16, CUDA graphs), hits with MTP and with DSpark on (~5)
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
@@ -78,7 +81,7 @@
 # merged at the end into one $OUT/records.json ({name: record}); split it with `python3 -c` or read it whole.
 set -uo pipefail
 : "${OUT:?run on the device: OUT is the folder that comes back}"
-: "${1:?step: model | kda | kda_core | flashkda | mtp | tuning_gpu | routing | router_gemm | draft_vocab | moe_align | tuning | engine_race | engine_moe | fullsize_* | fs:NAME:ARGS | fp8_gemm | intree_check | agent_pc1 | agent_pc0}"
+: "${1:?step: model | kda | kda_core | flashkda | mtp | tuning_gpu | routing | router_gemm | draft_vocab | moe_align | tuning | engine_race | engine_moe | fullsize_* | fs:NAME:ARGS | turn | fp8_gemm | intree_check | agent_pc1 | agent_pc0}"
 VLLM_RELEASE=$(python3 -c 'import vllm; v = vllm.__version__.split("."); print(v[0] + v[1])') || exit 2
 case $VLLM_RELEASE in 033|034) SITE=$HOME/v${VLLM_RELEASE#0}-site ;;
     *) echo "activate a vLLM 0.33 or 0.34 bundle first (found release code $VLLM_RELEASE)" >&2; exit 2 ;; esac
@@ -114,6 +117,8 @@ case $STEP in
     fullsize_*) run 560 python3 -m ling_bench.fullsize /tmp/flash --mode "${STEP#fullsize_}" --out "$OUT/$STEP.json" ;;
     fs:*) name=${STEP#fs:}; name=${name%%:*}; args=${STEP#fs:*:}
         run "${FS_TIMEOUT:-560}" python3 -m ling_bench.fullsize /tmp/flash ${args//+/ } --out "$OUT/fs_$name.json" ;;
+    turn) run "${FS_TIMEOUT:-560}" python3 -m ling_bench.fullsize /tmp/flash --fp8 w8a8 --prefill= --kernels \
+        --turn "${TURNS:-16384+2048,32768+2048,61440+2048}" ${TURN_ARGS:-} --out "$OUT/fs_turn.json" ;;
     engine_race) run 500 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_engine_compare_gpu.py ;;
     engine_moe) run "${ENGINE_TIMEOUT:-560}" python3 -m ling_tuning.engine_compare --model /tmp/flash \
             --backends "${ENGINE_BACKENDS:-marlin,humming}" --timeout 270 --workdir /tmp/engine_moe --out "$OUT/engine_moe.json"

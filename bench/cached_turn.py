@@ -1,0 +1,96 @@
+"""An agent's turn on one engine: `new` tokens after a `history` the prefix cache holds, against the same length
+prefilled fresh (`python -m ling_bench.fullsize MODEL --prefill= --turn 32768+2048`).
+
+An agent re-sends its whole conversation every turn; with the prefix cache the engine prefills only what follows
+the last cached block boundary (for this hybrid model, the last KDA state checkpoint: vLLM's `mamba_cache_mode`
+"align", whose block is the attention block widened to a KDA state page, 1,920 tokens at full size on vLLM 0.34).
+The served agent workload (`ling-bench --workload agent`) measures turns through the HTTP server and the watchdog;
+this phase times the same turn inside the engine, so a slow cached turn is the engine's, with each request's hits
+read from vLLM's own prefix-cache counters and, with `--kernels`, the CUDA kernels of a cached and a fresh turn.
+
+Per repeat, fresh token ids: a fresh prompt of history + new tokens (no hits: nothing shares its ids); then the
+history alone (it primes the cache, as the previous turn did) and the history with new tokens after it (the
+cached turn). Times are of 1-token requests (time to first token, the engine's part of it) and of 1 + `decode`
+token requests, whose difference over `decode` is the decode step after that prompt.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+from ling_common.metrics import PREFIX_HITS, PREFIX_QUERIES
+from ling_tuning.step_kernels import request_kernels, timed
+
+# vLLM's counters as `LLM.get_metrics()` names them: the Prometheus family names, without the exposition's `_total`
+HITS, QUERIES = PREFIX_HITS.removesuffix("_total"), PREFIX_QUERIES.removesuffix("_total")
+TOP = 15  # kernels a turn's profile lists by name
+
+
+def parse_turns(text: str) -> list[tuple[int, int]]:
+    """`32768+2048,61440+2048` -> [(32768, 2048), (61440, 2048)]: history and new tokens, each at least 1.
+    Raises ValueError naming the rule and an example."""
+    turns = []
+    for item in (x.strip() for x in text.split(",") if x.strip()):
+        history, plus, new = item.partition("+")
+        try:
+            turn = (int(history), int(new))
+        except ValueError:
+            turn = None
+        if not plus or turn is None or min(turn) < 1:
+            raise ValueError(f"{item!r}: a turn is HISTORY+NEW, two whole numbers of tokens, each at least 1, "
+                             f"e.g. 32768+2048")
+        turns.append(turn)
+    if not turns:
+        raise ValueError(f"{text!r}: no turn given; e.g. 32768+2048 or 16384+2048,61440+2048")
+    return turns
+
+
+def _counters(llm) -> tuple[float, float]:
+    """(queries, hits) of vLLM's prefix cache so far: prompt tokens looked up, and found."""
+    got = {m.name: getattr(m, "value", 0) for m in llm.get_metrics() if m.name in (HITS, QUERIES)}
+    return got.get(QUERIES, 0.0), got.get(HITS, 0.0)
+
+
+def _hits(llm, prompt: list[int], max_tokens: int) -> tuple[float, float]:
+    """Seconds for one request and the prompt tokens the prefix cache gave it."""
+    before = _counters(llm)[1]
+    seconds = timed(llm, prompt, max_tokens)
+    return seconds, _counters(llm)[1] - before
+
+
+def turn_phase(llm, history: int, new: int, decode: int, repeats: int, vocab: int, kernels: bool = False) -> dict:
+    """The cached turn against the fresh prompt of the same length: medians of `repeats` (module docstring)."""
+    rng = random.Random(history * 100_003 + new)
+
+    def draw(n: int) -> list[int]:
+        return [rng.randrange(10, vocab) for _ in range(n)]
+
+    fresh, fresh_many, cached, cached_many, fresh_hits, cached_hits = [], [], [], [], [], []
+    for _ in range(repeats):
+        for seconds, hits, tokens in ((fresh, fresh_hits, 1), (fresh_many, fresh_hits, decode + 1)):
+            s, h = _hits(llm, draw(history + new), tokens)
+            seconds.append(s)
+            hits.append(h)
+        past = draw(history)
+        timed(llm, past, 1)  # the previous turn: its prefill leaves the history's checkpoints in the cache
+        for seconds, tokens in ((cached, 1), (cached_many, decode + 1)):
+            s, h = _hits(llm, past + draw(new), tokens)
+            seconds.append(s)
+            cached_hits.append(h)
+    first, first_fresh = statistics.median(cached), statistics.median(fresh)
+    result = {
+        "history": history, "new": new, "prompt": history + new,
+        "fresh_first_token_s": first_fresh, "cached_first_token_s": first,
+        "cached_over_fresh": first / first_fresh,
+        "cached_tokens": statistics.median(cached_hits), "fresh_cached_tokens": max(fresh_hits),
+        "prefilled_tokens_cached": history + new - statistics.median(cached_hits),
+        "fresh_decode_step_ms": 1e3 * (statistics.median(fresh_many) - first_fresh) / decode,
+        "cached_decode_step_ms": 1e3 * (statistics.median(cached_many) - first) / decode,
+    }
+    if kernels:
+        past = draw(history)
+        timed(llm, past, 1)
+        result["kernels"] = {"cached": request_kernels(llm, past + draw(new), TOP),
+                             "fresh": request_kernels(llm, draw(history + new), TOP)}
+    return result
