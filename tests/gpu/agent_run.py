@@ -3,6 +3,7 @@ of tests/gpu/run_on_device.sh, and their CPU rehearsal on the tiny checkpoint (t
 
     python3 tests/gpu/agent_run.py OUT --model /tmp/flash-agent --prefix-cache 1        # a GPU, full size
     python3 tests/gpu/agent_run.py OUT --model TINY --device cpu --prefix-cache 1 0 --bench-args "..."
+    python3 tests/gpu/agent_run.py OUT --model /tmp/flash-agent --prefix-cache 1 --impl vllm  # vLLM's in-tree model
 
 For each PREFIX_CACHE value: the recipe (serve/serve-int4-mtp.sh on a GPU: INT4 experts, FP8, MTP k=1, CUDA graphs,
 chunked prefill 8192, two sequences, under ling-watchdog) on MODEL with `--load-format dummy`; wait until the watchdog
@@ -47,6 +48,7 @@ from ling_tools.demo import CPU_ENGINE
 from ling_watchdog import procs
 from ling_watchdog.events import Summary, format_summary, read_events, run_records, summarise
 from ling_watchdog.ports import bind_error, free_port
+from vllm_ling.compat import MODEL_ENV
 
 REPO = Path(__file__).resolve().parents[2]
 SCHEMA = "vllm-ling-agent-run/1"
@@ -63,6 +65,9 @@ RECIPES = {"cuda": "serve/serve-int4-mtp.sh",  # the shipped recipe
 GPU_BENCH = ("--max-tokens 200 --agent-turns 20 --agent-max-history 65536 --agent-prefix-tokens 8192 "
              "--agent-tool-tokens 800,1000 --agent-sessions 2 --agent-replies fixed --gpu-mem")
 GPU_CTX = 65536 + 1024  # the bench's history limit (prompt + max_tokens) with room to spare
+# which Ling V3 model serves (the recipe passes MODEL_ENV on): ours or vLLM's in-tree one, the plugin on for both
+# (FP8, the ling3 parsers, the self-check)
+IMPLS = {"ours": "vllm-ling", "vllm": "vllm"}
 EXPECTED_FAILURES = ("MTP acceptance",)  # a random draft against random weights: accepted ~never
 STOP_RESERVE_S = 45.0  # the watchdog's kill grace (10 s), its sweep, the memory coming back, the log tails
 SELFCHECK_WAIT_S = 90.0  # the bench waits this long for the self-check, whose probe would land in its windows
@@ -142,6 +147,7 @@ def serve_env(a: argparse.Namespace, pc: int, port: int, log_dir: Path) -> dict[
         "KV_CACHE_GIB": f"{a.kv_gib:g}", "LOG_DIR": str(log_dir), "DEVICE": a.device, "PYTHON": sys.executable,
         "EXTRA_ARGS": "--load-format dummy",
         "WATCHDOG_ARGS": "--max-relaunches 0",  # a benchmark fails fast: a relaunch would spend the step's time
+        MODEL_ENV: IMPLS[a.impl],
     }
     if a.device == "cuda":
         # the device's vLLM is a bundle on PYTHONPATH with no `vllm` script on PATH: the same CLI as a module (the
@@ -310,7 +316,8 @@ def write_json(path: Path, data: dict) -> None:
 def finish(a: argparse.Namespace, rec: dict, proc: subprocess.Popen, tree: Tree, port: int, log_dir: Path,
            bench_json: Path) -> None:
     """Keep the bench's report, stop the server, judge the stop, write the record and the log tails."""
-    tag, out_json = f"agent_pc{rec['prefix_cache']}", a.out / f"agent_pc{rec['prefix_cache']}.json"
+    tag = run_tag(a, rec["prefix_cache"])
+    out_json = a.out / f"{tag}.json"
     rec["bench"] = json.loads(bench_json.read_text()) if bench_json.is_file() else None
     write_json(out_json, rec)
     rec["stop"] = stop(proc, tree, port)
@@ -329,9 +336,14 @@ def finish(a: argparse.Namespace, rec: dict, proc: subprocess.Popen, tree: Tree,
     print(tail(log_dir / "bench.out", 40), flush=True)
 
 
+def run_tag(a: argparse.Namespace, pc: int) -> str:
+    """The files' stem: agent_pcN for our model, agent_pcN_vllm for the in-tree one."""
+    return f"agent_pc{pc}" + ("" if a.impl == "ours" else f"_{a.impl}")
+
+
 def run_one(a: argparse.Namespace, pc: int, until: float) -> dict:
     """One server, prefix caching `pc`: start, wait, probe, bench, stop. Never leaves it running."""
-    tag = f"agent_pc{pc}"
+    tag = run_tag(a, pc)
     log_dir, out_json, bench_json = a.log_root / f"pc{pc}", a.out / f"{tag}.json", a.log_root / f"{tag}-bench.json"
     shutil.rmtree(log_dir, ignore_errors=True)
     log_dir.mkdir(parents=True)
@@ -339,9 +351,9 @@ def run_one(a: argparse.Namespace, pc: int, until: float) -> dict:
     port, recipe = free_port(), a.recipe
     env = serve_env(a, pc, port, log_dir)
     url = f"http://127.0.0.1:{port}"
-    rec: dict = {"schema": SCHEMA, "prefix_cache": pc, "device": a.device, "recipe": recipe,
+    rec: dict = {"schema": SCHEMA, "prefix_cache": pc, "device": a.device, "recipe": recipe, "impl": a.impl,
                  "settings": {k: env[k] for k in ("MODEL", "CTX", "PREFIX_CACHE", "KV_CACHE_GIB", "EXTRA_ARGS",
-                                                  "WATCHDOG_ARGS")},
+                                                  "WATCHDOG_ARGS", MODEL_ENV)},
                  "bench_args": a.bench, "seconds": {}, "problems": []}
     print(f"=== {tag}: {recipe} on {a.model}, PREFIX_CACHE={pc}, {url}; {until - time.monotonic():.0f} s left",
           flush=True)
@@ -395,6 +407,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="PREFIX_CACHE values, one server each, in order (default: 1 0)")
     p.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     p.add_argument("--recipe", help=f"serve script (default: {RECIPES['cuda']} on cuda, {RECIPES['cpu']} on cpu)")
+    p.add_argument("--impl", choices=sorted(IMPLS), default="ours",
+                   help=f"which Ling V3 model serves ({MODEL_ENV}): ours (default) or vLLM's in-tree one, plugin "
+                        f"still on (FP8, parsers); files get a _vllm suffix")
     p.add_argument("--ctx", type=int, default=GPU_CTX, help=f"the recipe's CTX (default {GPU_CTX})")
     p.add_argument("--kv-gib", type=float, help="the recipe's KV_CACHE_GIB (default: by card, kv_gib())")
     p.add_argument("--bench-args", default="", help="ling-bench flags after the GPU workload's (a later flag wins)")

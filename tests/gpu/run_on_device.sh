@@ -74,7 +74,8 @@
 #               one). AGENT_RECIPE=serve/serve-int4.sh serves without MTP; AGENT_BENCH adds ling-bench flags (later
 #               flags win). Writes agent_pcN.json (the run and ling-bench's report) and agent_pcN-server.log.
 #               With MTP a card of >= 100 GiB (an H200: the device tool's needs_h200): it does not load on an H100;
-#               there AGENT_RECIPE=serve/serve-int4.sh (no speculation, a 3 GiB KV cache; AGENT_KV_GIB sets it)
+#               there AGENT_RECIPE=serve/serve-int4.sh (no speculation, a 3 GiB KV cache; AGENT_KV_GIB sets it).
+#               AGENT_IMPL=vllm serves vLLM's in-tree model instead of ours (files agent_pcN_vllm.*)
 # A machine idle for 30 s goes back (and the bundle must be stashed again: ~2.2 min): run the stash
 # and every working step back to back, and fix code before them, not between steps.
 # Results land in $OUT. At most 8 files come back, so the per-test records (model_*.json, mtp_*.json, ...) are
@@ -146,7 +147,7 @@ case $STEP in
             --force >/dev/null
         run "${AGENT_TIMEOUT:-480}" python3 tests/gpu/agent_run.py "$OUT" --model /tmp/flash-agent --prefix-cache $pcs \
             ${AGENT_RECIPE:+--recipe "$AGENT_RECIPE"} ${AGENT_KV_GIB:+--kv-gib "$AGENT_KV_GIB"} \
-            ${AGENT_BENCH:+--bench-args "$AGENT_BENCH"} ;;
+            ${AGENT_IMPL:+--impl "$AGENT_IMPL"} ${AGENT_BENCH:+--bench-args "$AGENT_BENCH"} ;;
     *) echo "unknown step $STEP" >&2; exit 2 ;;
 esac
 rc=$?

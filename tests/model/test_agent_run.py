@@ -32,15 +32,16 @@ def _folder(tmp_path: Path) -> Path:
     return model
 
 
-def _run(tmp_path: Path, recipe: str, deadline_s: float) -> tuple[subprocess.CompletedProcess, dict]:
+def _run(tmp_path: Path, recipe: str, deadline_s: float, *more: str,
+         name: str = "agent_pc1") -> tuple[subprocess.CompletedProcess, dict]:
     script = tmp_path / "recipe.sh"
     script.write_text(recipe)
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "tests/gpu/agent_run.py", str(out), "--model", str(_folder(tmp_path)),
                            "--device", "cpu", "--prefix-cache", "1", "--recipe", str(script), "--deadline-s",
-                           str(deadline_s), "--log-root", str(tmp_path / "logs")],
+                           str(deadline_s), "--log-root", str(tmp_path / "logs"), *more],
                           cwd=REPO, capture_output=True, text=True, timeout=120)
-    return proc, json.loads((out / "agent_pc1.json").read_text())
+    return proc, json.loads((out / f"{name}.json").read_text())
 
 
 def test_a_recipe_that_refuses_fails_the_run_with_its_words(tmp_path):
@@ -48,6 +49,19 @@ def test_a_recipe_that_refuses_fails_the_run_with_its_words(tmp_path):
     assert proc.returncode == 1 and not run["ok"] and run["bench"] is None
     assert "exited (2) before serving: serve-int4.sh: CTX=x is not a whole number" in run["problems"][0]
     assert "CTX=x" in (tmp_path / "out" / "agent_pc1-server.log").read_text()
+
+
+def test_the_in_tree_model_is_asked_of_the_recipe_and_named_in_the_files(tmp_path):
+    """--impl vllm: the recipe's environment carries VLLM_LING_MODEL=vllm (the plugin then leaves the model to vLLM),
+    the record says so and its files do not overwrite ours."""
+    proc, run = _run(tmp_path, 'echo "recipe saw VLLM_LING_MODEL=$VLLM_LING_MODEL" >&2; exit 2\n', 60,
+                     "--impl", "vllm", name="agent_pc1_vllm")
+    assert proc.returncode == 1 and run["impl"] == "vllm" and run["settings"]["VLLM_LING_MODEL"] == "vllm"
+    assert "recipe saw VLLM_LING_MODEL=vllm" in run["problems"][0]
+    assert not (tmp_path / "out" / "agent_pc1.json").exists()
+    (tmp_path / "ours").mkdir()
+    _, ours = _run(tmp_path / "ours", 'echo "recipe saw VLLM_LING_MODEL=$VLLM_LING_MODEL" >&2; exit 2\n', 60)
+    assert ours["impl"] == "ours" and "recipe saw VLLM_LING_MODEL=vllm-ling" in ours["problems"][0]
 
 
 def test_a_process_left_behind_is_named_killed_and_fails_the_run(tmp_path):
