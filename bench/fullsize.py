@@ -67,7 +67,7 @@ from pathlib import Path
 
 from ling_bench.cached_turn import parse_turns, turn_phase
 from ling_bench.projection import DSPARK
-from ling_common.device import ADAPTIVE_VERIFICATION_FROM_VLLM, ADAPTIVE_VERIFICATION_MLA_MAJORS
+from ling_common.device import ADAPTIVE_VERIFICATION_FROM_VLLM, ADAPTIVE_VERIFICATION_MLA_MAJORS, ROOMY_CARD_GIB
 from ling_tuning.engine_compare import BACKENDS as MOE_BACKENDS  # vLLM >= 0.28's --moe-backend for INT4 experts
 from ling_tuning.step_kernels import kernels_per_step, timed
 from vllm_ling import compat, envs
@@ -592,13 +592,13 @@ def rates_agree(ours: list[float], held: list[float] | None, tol: float = 1e-6) 
 
 
 def default_util(total_bytes: int | None) -> float:
-    """The engine's share of the card when --util is not given. The full-size dummy model's weights take 67.3-71.9
-    GiB (FP8 or not, draft or not; BENCHMARKS.md), so an 80 GB H100 needs 0.95 of its 79.6 GiB to leave a few GiB
-    of KV cache and activations (the plain and DSpark engines ran so on an H100, 2026-12-06; the served recipe
-    with MTP did not load there: tests/gpu/agent_run.py, card_gib); a card of 100 GiB or more keeps the 0.85 every
+    """The engine's share of the card when --util is not given. The full-size dummy model's weights take 67.3-71.9 GiB
+    (FP8 or not, draft or not; BENCHMARKS.md), so an 80 GB H100 needs 0.95 of its 79.6 GiB to leave a few GiB of KV
+    cache and activations (the plain and DSpark engines ran so on an H100, 2026-12-06; the served recipe with MTP did
+    not load there: tests/gpu/agent_run.py, card_gib); a card of ROOMY_CARD_GIB (100) or more keeps the 0.85 every
     H200 run so far has used, and so does the CPU engine (`total_bytes` None), whose KV budget is
     VLLM_CPU_KVCACHE_SPACE rather than this share."""
-    return 0.95 if total_bytes is not None and total_bytes < 100 * 2**30 else 0.85
+    return 0.95 if total_bytes is not None and total_bytes < ROOMY_CARD_GIB * 2**30 else 0.85
 
 
 def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, util: float | None, chunk: int,

@@ -31,6 +31,12 @@ ADAPTIVE_VERIFICATION_MLA_MAJORS = (10,)
 ADAPTIVE_VERIFICATION_FROM_VLLM = (0, 34)
 
 
+# Below this a card holds the full-size model (67-72 GiB of weights served, FP8 or not, draft or not) only at its
+# edge: an 80 GB H100 (79.2 GiB) loads the target at util 0.95 with the allocator retrying, and not the target with
+# its MTP layer (2026-12-06, vLLM 0.34). Used by the full-size bench's default util and the agent step's refusal.
+ROOMY_CARD_GIB = 100
+
+
 @dataclass(frozen=True, slots=True)
 class Device:
     kind: str  # "cpu" | "discrete" | "unified"

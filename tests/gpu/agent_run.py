@@ -44,6 +44,7 @@ import psutil
 import requests
 from tokenizers import Tokenizer
 
+from ling_common.device import ROOMY_CARD_GIB
 from ling_tools.demo import CPU_ENGINE
 from ling_watchdog import procs
 from ling_watchdog.events import Summary, format_summary, read_events, run_records, summarise
@@ -85,7 +86,7 @@ def _on_signal(signum: int, _frame) -> None:
     raise Stopped(signal.Signals(signum).name)
 
 
-MIN_CARD_GIB = 100  # the full-size recipe with MTP does not load on an 80 GB card (card_gib says why)
+MIN_CARD_GIB = ROOMY_CARD_GIB  # the full-size recipe with MTP does not load on an 80 GB card (card_gib says why)
 PLAIN_RECIPE = "serve/serve-int4.sh"  # the recipe without speculation: the target alone loads on an 80 GB card
 SMALL_CARD_KV_GIB = 3.0  # kv_gib says why
 
