@@ -195,6 +195,7 @@ class Summary:
     faults: int = 0
     last_stall: dict[str, Any] | None = None
     last_memory: dict[str, Any] | None = None
+    memory_edge: dict[str, Any] | None = None  # the latest launch's latest allocator-at-the-limit warning
     final: dict[str, Any] | None = None
     watchdog_pid: int | None = None
     run: str | None = None
@@ -231,7 +232,7 @@ def summarise(records: list[dict[str, Any]]) -> Summary:
             s.max_relaunches = (r.get("config") or {}).get("max_relaunches")
         elif kind == "launch":
             s.launches += 1
-            s.phase, s.phase_since, s.selfcheck, s.traffic = "loading", r["t"], None, None
+            s.phase, s.phase_since, s.selfcheck, s.traffic, s.memory_edge = "loading", r["t"], None, None, None
         elif kind == "phase":
             s.phase, s.phase_since = r["to"], r["t"]
         elif kind == "relaunch":
@@ -252,6 +253,8 @@ def summarise(records: list[dict[str, Any]]) -> Summary:
             s.last_stall = r
         if kind in ("memory", "memory_guard"):
             s.last_memory = r
+        elif kind == "memory_edge":
+            s.memory_edge = r
     return s
 
 
@@ -303,6 +306,8 @@ def format_summary(s: Summary) -> str:
                      f"{s.last_stall['ts']}: {s.last_stall['message']}")
     if s.last_memory:
         lines.append(f"memory: {s.last_memory['message']} ({s.last_memory['ts']})")
+    if s.memory_edge:
+        lines.append(f"memory edge: {s.memory_edge['message']} ({s.memory_edge['ts']})")
     refused = [p for p in s.preflight if p.get("verdict") != "ok"]
     for p in refused:
         lines.append(f"preflight {p['verdict']}: {p['message']}")

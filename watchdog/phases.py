@@ -64,7 +64,6 @@ class Monitor:
         self.http_up = False  # "Starting vLLM server on" seen: time to poll /health
         self.stop_requested = False  # vLLM's signal handler ran: someone asked the server to stop
         self.refused = False  # a probe got 401/403: reported once
-        self.memory_edges = 0  # PyTorch's allocator ran out of device memory and retried (all counted)
         self._edge_phases: set[Phase] = set()  # the phases whose first such retry was reported
         self._pending: Fault | None = None
 
@@ -102,7 +101,6 @@ class Monitor:
         """The first time in each phase of this launch that the allocator hit the device's memory limit, as a
         warning: vLLM goes on when the retry finds memory, but on unified memory (a Spark) that limit is the whole
         box's, and one while serving means the reservation leaves too little."""
-        self.memory_edges += 1
         if self.phase not in self._edge_phases:
             self._edge_phases.add(self.phase)
             self.emit("memory_edge", f"the device ran out of memory during {self.phase.value}: PyTorch's allocator "

@@ -85,6 +85,19 @@ def test_status_shows_the_latest_traffic_line_of_the_latest_launch_only():
     assert relaunched.traffic is None and "traffic" not in format_summary(relaunched)  # the old server's counters
 
 
+def test_status_shows_the_latest_launchs_memory_edge_warning():
+    """The allocator's retry at the device's limit (phases.Monitor, reported once a phase): status shows the latest
+    such warning of the latest launch, so a Spark owner sees one that came while serving without reading the log."""
+    loading = "the device ran out of memory during loading: ..."
+    serving = "the device ran out of memory during serving: ..."
+    records = [rec("start", 0, pid=1), rec("launch", 1), rec("memory_edge", 5, message=loading),
+               rec("phase", 40, to="serving"), rec("memory_edge", 90, message=serving)]
+    assert f"memory edge: {serving} (T90)" in format_summary(summarise(records))
+    assert loading not in format_summary(summarise(records))
+    relaunched = summarise(records + [rec("launch", 100)])
+    assert relaunched.memory_edge is None and "memory edge" not in format_summary(relaunched)
+
+
 def test_secrets_are_masked_in_both_logs_and_the_files_are_not_world_readable(tmp_path):
     old = tmp_path / "serve.log"
     old.write_text("an older run\n")

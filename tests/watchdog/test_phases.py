@@ -165,13 +165,16 @@ def test_a_real_oom_while_loading_is_named_over_the_generic_lines_around_it(moni
 
 def test_the_allocators_out_of_memory_retries_are_reported_once_a_phase(monitor, events):
     """The same real log: PyTorch's allocator ran out of the H100's memory and retried while loading (the target's
-    conversion went on; the MTP layer's then failed). One warning with the first retry's numbers, all counted."""
+    conversion went on; the MTP layer's then failed). Every retry line is read as one; one warning, with the first
+    retry's numbers."""
     real = Path(__file__).with_name("data") / "vllm034_h100_mtp_load_oom.txt"
+    seen = 0
     for line in real.read_text().splitlines():
         if ev := parse(line):
+            seen += ev.kind == "memory_edge"
             monitor.line(ev, 1)
     edges = [(msg, kw) for kind, msg, kw in events if kind == "memory_edge"]
-    assert len(edges) == 1 and monitor.memory_edges == real.read_text().count("memory allocation failed with OOM")
+    assert len(edges) == 1 and seen == real.read_text().count("memory allocation failed with OOM") > 1
     msg, kw = edges[0]
     assert (kw["asked"], kw["free"], kw["total"]) == (1006632960, 386072576, 85017493504)
     assert "during loading" in msg and "asked 0.94 GiB with 0.36 of 79.2 GiB free" in msg and kw["level"] == "warning"
