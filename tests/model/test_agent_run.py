@@ -14,8 +14,8 @@ from pathlib import Path
 
 import psutil
 import pytest
+from devices import H100, H200
 from ling_common import device
-from ling_common.device import Device
 from ling_watchdog.config import load_config
 from ling_watchdog.memory import GiB
 from ling_watchdog.preflight import Host, check
@@ -80,10 +80,6 @@ def _agent_run():
     agent_run = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(agent_run)
     return agent_run
-
-
-H100 = Device("discrete", "NVIDIA H100 80GB HBM3", 85_017_493_504, 232_448)
-H200 = Device("discrete", "NVIDIA H200", 150_754_820_096, 232_448)
 
 
 def test_a_card_too_small_for_the_recipe_with_mtp_is_refused_before_any_server(monkeypatch):
