@@ -25,11 +25,14 @@ default block scheme's scales (one fp32 per 128 x 128 block) are smaller than th
     python -m ling_bench.projection [--method plain|mtp|dspark|all] [--k 1,2,3] [--block 4,6,8]
         [--acceptance 0.94,0.70] [--acceptance-length 3.5,3.7,5.3,6.5] [--context 4096] [--lanes 1,2,4,8]
         [--json OUT]
+    python -m ling_bench.projection --break-even dspark:8 [--format fp8|bf16] [--draft-format fp8|bf16]
 
 DSpark rows also carry `al_one_rate` / `tok_s_one_rate`: a K-wide block keeping the drafts the card's K = 8 length
 came from, at one per-position rate (`narrow_block_length`), a lower estimate beside the capped upper bound.
 `--lanes` adds sequences decoding together (`lane_rows`): one step reads every matrix once for all of them, so
-lanes share the dense bytes and each adds its routed experts, KDA state and MLA KV.
+lanes share the dense bytes and each adds its routed experts, KDA state and MLA KV. `--break-even METHOD:K` prints
+the mean accepted length at which that round and a plain step decode equally fast (round bytes over a plain step's,
+`break_even_length`): the serve recipe hands it to the watchdog, whose traffic line warns below it on a Spark.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from vllm_ling.config import is_mla_layer, is_moe_layer, kda_head_dim, num_mtp_layers
+from vllm_ling.layout import is_mla_layer, is_moe_layer, kda_head_dim, num_mtp_layers
 from vllm_ling.configs import FLASH_INT4_DIR
 from ling_tools.tensors import TensorSpec, layer_tensors, tensor_specs
 
@@ -266,6 +269,28 @@ def round_rows(c: dict, context: int, bandwidth_gbs: float, efficiency: float, m
     return rows
 
 
+def break_even_length(c: dict, method: str, k: int, fp8: bool, context: int = 4096,
+                      draft_fp8: bool | None = None) -> float:
+    """The mean accepted length (bonus token included) at which `method` with k drafts a round decodes exactly as
+    fast as plain steps where decode is bound by the bytes it reads (a GB10): tok/s = AL x bandwidth / bytes, so the
+    two meet at AL = round bytes / plain step bytes. Below it the drafts cost more than they yield. `draft_fp8`:
+    the DSpark drafter's own format, None as the target's (`dspark_round_bytes`)."""
+    plain = decode_step_bytes(c, context, fp8=fp8).total
+    if method == "mtp":
+        return mtp_round_bytes(c, context, k, fp8).total / plain
+    if method == "dspark":
+        return dspark_round_bytes(c, context, k, fp8, draft_fp8=draft_fp8).total / plain
+    raise ValueError(f"method {method!r}: a break-even length is for mtp or dspark")
+
+
+def _spec(text: str) -> tuple[str, int]:
+    """`mtp:1` or `dspark:8` -> (method, k)."""
+    method, _, k = text.partition(":")
+    if method not in ("mtp", "dspark") or not k.isdigit() or int(k) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected mtp:K or dspark:K with K >= 1, e.g. mtp:1 or dspark:8")
+    return method, int(k)
+
+
 def lane_rows(c: dict, context: int, bandwidth_gbs: float, efficiency: float, lanes: list[int],
               acceptance: float) -> list[dict]:
     """`n` sequences decoding together, each at `context`, both formats: plain steps and MTP k = 1 rounds at
@@ -401,8 +426,20 @@ def main(argv: list[str] | None = None) -> int:
                     help="also project N sequences decoding together (plain and MTP k=1 at the first --acceptance), "
                          "e.g. 1,2,4,8")
     ap.add_argument("--json", type=Path, metavar="OUT", help="write every round's figures here")
+    ap.add_argument("--break-even", type=_spec, metavar="METHOD:K",
+                    help="print only the mean accepted length below which METHOD with K drafts a round decodes "
+                         "slower than plain steps (break_even_length), e.g. dspark:8; with --format and "
+                         "--draft-format")
+    ap.add_argument("--format", choices=FORMATS, default="fp8", help="--break-even: the target's weights (default fp8)")
+    ap.add_argument("--draft-format", choices=FORMATS,
+                    help="--break-even dspark:K: the drafter's own weights (default: as --format)")
     a = ap.parse_args(argv)
     c = json.loads(a.config.read_text())
+    if a.break_even:
+        method, k = a.break_even
+        draft = None if a.draft_format is None else a.draft_format == "fp8"
+        print(f"{break_even_length(c, method, k, a.format == 'fp8', a.context, draft):.2f}")
+        return 0
     methods = ["plain", "mtp", "dspark"] if a.method == "all" else [a.method]
     rows = round_rows(c, a.context, a.bandwidth_gbs, a.efficiency, methods, a.k, a.block, a.acceptance,
                       a.acceptance_length, a.draft_vocab)

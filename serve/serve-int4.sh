@@ -273,6 +273,22 @@ if command -v ling-watchdog >/dev/null 2>&1; then WATCHDOG=(ling-watchdog); else
 
 if [[ ${CHECK:-0} == 1 ]]; then WATCHDOG+=(preflight); fi
 
+# The mean accepted length below which this speculation decodes slower than plain steps on a Spark (projected from
+# the bytes a round reads: ling_bench.projection --break-even); the watchdog's traffic line warns below it, on a
+# unified-memory GPU only. A config it cannot project costs the warning, never the launch.
+if [[ $SPEC != off && $DEVICE == cuda && ${WATCHDOG_ARGS:-} != *--spec-break-even* ]]; then
+    BE_ARGS=(--format "$([[ $FP8 == 1 ]] && echo fp8 || echo bf16)" --draft-format "$([[ $DSPARK_FP8 == 1 ]] \
+        && echo fp8 || echo bf16)" --break-even "$([[ $SPEC == mtp ]] && echo "mtp:$((10#$MTP_K))" \
+        || echo "dspark:$((10#${DSPARK_K:-8}))")")
+    if [[ -f $MODEL/config.json ]]; then BE_ARGS+=(--config "$MODEL/config.json"); fi
+    if BREAK_EVEN=$("$PYTHON" -m ling_bench.projection "${BE_ARGS[@]}" 2>/dev/null); then
+        WD_ARGS+=(--spec-break-even "$BREAK_EVEN")
+    else
+        echo "note: no break-even projected for SPEC=$SPEC (ling_bench.projection ${BE_ARGS[*]} failed): the" \
+            "traffic line will not judge the drafts" >&2
+    fi
+fi
+
 # Once serving, the start-up self-check logs one ON/OFF line per optimisation and probes the MTP draft's
 # acceptance; an optimisation that was asked for but is not active is an error line (SELFCHECK=0: skip).
 # The watchdog fills in this launch's id (the check judges only its lines) and the server's pid (its env).

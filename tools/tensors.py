@@ -19,7 +19,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from vllm_ling.config import Config, config_get, is_mla_layer, is_moe_layer, kda_head_dim, num_mtp_layers
+from vllm_ling.layout import Config, config_get, is_mla_layer, is_moe_layer, kda_head_dim, num_mtp_layers
 
 Kind = Literal["linear", "router", "expert", "norm", "fp32", "embedding", "lm_head"]
 

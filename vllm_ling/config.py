@@ -9,21 +9,21 @@ its own class reads it (docs/architecture.md §Config has the table). transforme
 `linear_head_dim`; `kda_head_dim()` reads either spelling, so the model is built right whichever class
 vLLM resolved.
 
-The layer rule and the config check below read a config object (vLLM's `hf_config`) or the parsed
-config.json dict alike (`config_get`), so the plugin, the tiny-checkpoint writer and the byte
-projection share one copy of each.
+The config check below reads a config object (vLLM's `hf_config`) or the parsed config.json dict alike
+(`vllm_ling.layout.config_get`, where the layer layout lives, free of torch and transformers), so the plugin and
+the tiny-checkpoint writer share one copy of it.
 """
 
 from __future__ import annotations
 
 import copy
 import functools
-from collections.abc import Mapping
 from typing import Any
 
 from transformers import PretrainedConfig
 
 from vllm_ling.configs import flash_config
+from vllm_ling.layout import Config, config_get
 
 ARCH = "BailingMoeV3ForCausalLM"
 MTP_ARCH = "BailingMoeV3MTPModel"
@@ -72,49 +72,6 @@ class BailingMoeV3Config(PretrainedConfig):
             if name in kwargs:
                 setattr(self, name, kwargs[name])
         super().__init__(**kwargs)
-
-
-Config = PretrainedConfig | Mapping[str, Any]
-
-
-def config_get(config: Config, name: str, default: Any = None) -> Any:
-    """A config field from a config object or a config.json dict; `default` when absent."""
-    if isinstance(config, Mapping):
-        return config.get(name, default)
-    return getattr(config, name, default)
-
-
-def kda_head_dim(config: Config) -> int:
-    """KDA head size d (= d_k = d_v): `linear_head_dim` under transformers' class, else `head_dim`."""
-    return int(config_get(config, "linear_head_dim") or config_get(config, "head_dim"))
-
-
-def num_mtp_layers(config: Config) -> int:
-    """MTP layers appended after the main stack (transformers' class calls them `num_mtp_layers`)."""
-    value = config_get(config, "num_nextn_predict_layers")
-    if value is None:
-        value = config_get(config, "num_mtp_layers", 0)
-    return int(value or 0)
-
-
-def is_mla_layer(config: Config, layer_idx: int) -> bool:
-    """Layer i is MLA iff (i+1) % G == 0 or i lies in an incomplete final group, else KDA; the MTP
-    layers (i >= num_hidden_layers) fall under the second clause, so they are MLA (docs/architecture.md
-    §Layers)."""
-    group, total = config_get(config, "layer_group_size"), config_get(config, "num_hidden_layers")
-    return (layer_idx + 1) % group == 0 or layer_idx >= total // group * group
-
-
-def is_moe_layer(config: Config, layer_idx: int) -> bool:
-    """Layers below `first_k_dense_replace` have a dense SwiGLU MLP, the rest (MTP too) an MoE block."""
-    return layer_idx >= config_get(config, "first_k_dense_replace")
-
-
-def swiglu_limit(limits: list[float] | None, layer_idx: int) -> float | None:
-    """Per-layer SwiGLU clamp L; 0, a missing list or an index past its end (the MTP layer) mean none."""
-    if not limits or layer_idx >= len(limits) or not limits[layer_idx]:
-        return None
-    return float(limits[layer_idx])
 
 
 def mla_rope_parameters(config: PretrainedConfig) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from vllm.utils.torch_utils import direct_register_custom_op
 from vllm.v1.attention.backends.registry import MambaAttentionBackendEnum
 
 from vllm_ling import compat, envs, flashkda, kda_core, startup_log
-from vllm_ling.config import kda_head_dim
+from vllm_ling.layout import kda_head_dim
 
 logger = logging.getLogger("vllm_ling")
 OP_NAME = "vllm_ling_kda"

@@ -25,7 +25,8 @@ from vllm.model_executor.models.interfaces import EagleModelMixin, HasInnerState
 from vllm.model_executor.models.utils import WeightsMapper, maybe_prefix
 
 from vllm_ling import compat
-from vllm_ling.config import check_supported, is_mla_layer, is_moe_layer, kda_head_dim
+from vllm_ling.config import check_supported
+from vllm_ling.layout import is_mla_layer, is_moe_layer, kda_head_dim
 from vllm_ling.draft import check as draft_check
 from vllm_ling.draft import dspark
 from vllm_ling.kda import BailingMoeV3KDA

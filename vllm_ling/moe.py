@@ -28,7 +28,7 @@ from vllm.model_executor.layers.linear import MergedColumnParallelLinear, RowPar
 from vllm.utils.torch_utils import direct_register_custom_op
 
 from vllm_ling import compat
-from vllm_ling.config import swiglu_limit
+from vllm_ling.layout import swiglu_limit
 from vllm_ling.ops.moe import dequantize_pack_quantized, grouped_topk, routed_experts
 from vllm_ling.ops.routing import check_routing_shape, ling_grouped_topk, router_choice
 from vllm_ling.ops.router_gemm import gemm_choice, router_logits as router_logits_op

@@ -22,7 +22,7 @@ import uuid
 from ling_common import envs
 from ling_watchdog import memory, preflight, procs
 from ling_watchdog.config import DEFAULTS, Config, field_types, load_config
-from ling_common.device import detect
+from ling_common.device import Device, detect
 from ling_watchdog.events import EventLog, dirs_with_events, format_summary, read_events, summarise, summary_json
 from ling_watchdog.serve_args import ServeArgs, mask_argv
 from ling_watchdog.supervisor import ExitCode, Supervisor
@@ -67,11 +67,25 @@ def _load(opts: argparse.Namespace) -> Config:
     return load_config([*([str(env_file)] if env_file else []), *opts.config], overrides)
 
 
-def run_preflight(args: ServeArgs, cfg: Config, log: EventLog) -> bool:
-    """Log every rule's verdict; True when the command may start."""
+def device(cfg: Config) -> Device:
+    """The GPU the rules judge (ling_common.device.detect), its memory model as configured unless auto."""
     dev = detect()
-    if cfg.memory_model != "auto":
-        dev = dataclasses.replace(dev, kind=cfg.memory_model)
+    return dev if cfg.memory_model == "auto" else dataclasses.replace(dev, kind=cfg.memory_model)
+
+
+def break_even_for(cfg: Config, dev: Device, log: EventLog) -> Config:
+    """The traffic line's break-even warning (spec_break_even) holds where decode is bound by the bytes it reads,
+    as the projection it comes from assumes: a unified-memory GPU, a Spark. Elsewhere (a discrete GPU's plain step
+    is bound by latency, so speculation pays below the projected length) it is dropped, with a note."""
+    if cfg.spec_break_even is None or dev.kind == "unified":
+        return cfg
+    log.emit("spec_break_even_off", f"spec_break_even {cfg.spec_break_even:g} not applied: projected for a GPU "
+             f"bound by its memory bandwidth (a Spark), and this one is {dev.kind}", quiet=True)
+    return dataclasses.replace(cfg, spec_break_even=None)
+
+
+def run_preflight(args: ServeArgs, cfg: Config, log: EventLog, dev: Device) -> bool:
+    """Log every rule's verdict; True when the command may start."""
     host = preflight.Host(memory.available(), memory.total())
     if args.minimal:
         log.emit("serve_args", f"serve flags read by the watchdog's minimal parser, not vLLM's: "
@@ -109,13 +123,15 @@ def command_run(argv: list[str], only_preflight: bool) -> int:
     try:
         log.emit("start", f"ling-watchdog pid {os.getpid()} (run {run}): {' '.join(shown)}", pid=os.getpid(),
                  run=run, cmd=shown, config=dataclasses.asdict(cfg))
-        if not run_preflight(args, cfg, log):
+        dev = device(cfg)
+        if not run_preflight(args, cfg, log, dev):
             log.emit("final", f"exit {int(ExitCode.PREFLIGHT)}: refused by the preflight safety rules above "
                      f"(fix the flags, or pass --force to override)", level="error", code=int(ExitCode.PREFLIGHT))
             return ExitCode.PREFLIGHT
         if only_preflight:
             log.emit("final", "exit 0: preflight passed (nothing started)", code=0)
             return ExitCode.OK
+        cfg = break_even_for(cfg, dev, log)
         sup = Supervisor(cmd, cfg, log, cfg.url or f"http://{args.host}:{args.port}", args.served_model,
                          api_key=args.api_key(os.environ), shown=shown, run=run,
                          head=(args.master_addr, args.master_port) if args.worker_node else None)

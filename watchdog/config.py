@@ -45,6 +45,7 @@ class Config:
     liveness_timeout_s: float
     fail_threshold: int
     traffic_log_s: float
+    spec_break_even: float | None
     # relaunch
     kill_grace_s: float
     max_relaunches: int
@@ -102,6 +103,9 @@ class Config:
             raise ConfigError(f"burst_failures={self.burst_failures} must be >= 1")
         if self.memory_model not in MEMORY_MODELS:
             raise ConfigError(f"memory_model={self.memory_model!r} is not one of {MEMORY_MODELS}")
+        if self.spec_break_even is not None and self.spec_break_even < 1:
+            raise ConfigError(f"spec_break_even={self.spec_break_even} is a mean accepted length, bonus token "
+                              f"included: use a value >= 1 (ling_bench.projection --break-even), or null")
         if self.busy_cpu_percent > 100:
             raise ConfigError(f"busy_cpu_percent={self.busy_cpu_percent} is per CPU: use <= 100")
 

@@ -30,6 +30,9 @@ from ling_common.metrics import Counters, counters
 READY_POLL_S = 0.5
 REFUSED = (401, 403)
 DEAD = 503  # vLLM 0.32-0.34 answer /health with 503 only on EngineDeadError (docs/ops-walls.md)
+# Verify steps a traffic window needs before its mean accepted length is held against the break-even: fewer are a
+# few requests' worth, whose acceptance says more about those prompts than about the deployment's traffic
+BREAK_EVEN_MIN_DRAFTS = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +74,23 @@ class Traffic:
             parts.append(f"drafts {'-' if acc is None else f'{acc:.1%}'} accepted" +
                          ("" if length is None else f", mean accepted length {length:.2f}"))
         return "traffic: " + "; ".join(parts)
+
+    def below_break_even(self, break_even: float | None) -> str | None:
+        """A warning when this window's drafts yielded fewer tokens a verify step than `break_even`, the mean accepted
+        length at which the served speculation and plain steps decode equally fast (Config.spec_break_even): below
+        it the drafts cost more than they yield. None when not asked, without speculation or with too few drafts."""
+        spec = self.delta.spec
+        drafts = None if spec is None else spec.drafts
+        if break_even is None or not drafts or drafts < BREAK_EVEN_MIN_DRAFTS:
+            return None
+        length = spec.mean_acceptance_length
+        if length >= break_even:
+            return None
+        return (f"speculation below its break-even: {drafts:,} verify steps in {self.seconds / 60:.1f} min yielded "
+                f"{length:.2f} tokens each, and plain decode matches the served speculation at {break_even:.2f} "
+                f"(its round reads {break_even:.2f}x a plain step's bytes, projected: ling_bench.projection "
+                f"--break-even); this traffic decodes faster without it. If it persists, serve with less: SPEC=mtp "
+                f"in place of SPEC=dspark, a smaller DSPARK_K or MTP_K, or SPEC=off (docs/dspark.md §Recipe)")
 
     def fields(self) -> dict:
         d = self.delta

@@ -222,6 +222,10 @@ class Supervisor:
                     monitor.link(item)
                 elif isinstance(item, Traffic) and not lines_only:
                     self.log.emit("traffic", item.message(), **item.fields())
+                    if warning := item.below_break_even(self.cfg.spec_break_even):
+                        self.log.emit("spec_break_even", warning, level="warning",
+                                      break_even=self.cfg.spec_break_even,
+                                      mean_accepted_length=item.delta.spec.mean_acceptance_length)
                 item = inbox.get_nowait()
         except queue.Empty:
             return

@@ -3,8 +3,8 @@
 The preflight measures a local checkpoint's safetensors (preflight._weights). A dummy-weight server has none to
 measure (a folder of config.json and a tokenizer: `ling-make-tiny DIR --full-config --tokenizer`), and the engine
 still allocates every tensor the config describes, so they are counted from the config: the tensor table of
-docs/architecture.md §Tensors (ling_tools.tensors, which the watchdog may not import: it pulls in the plugin's config;
-tests/watchdog/test_weights.py holds the two to each other). Every tensor at BF16 except the routed experts of a
+docs/architecture.md §Tensors (ling_tools.tensors, which the watchdog may not import: it reads the plugin's layer
+layout, and the watchdog never imports the plugin; tests/watchdog/test_weights.py holds the two to each other). Every tensor at BF16 except the routed experts of a
 quantized config (`quantization_config` with `num_bits` and `group_size`: the INT4 checkpoint's compressed-tensors
 scheme, whose ignore list leaves every other linear BF16), stored at num_bits / 8 bytes plus a BF16 scale per group.
 The MTP layer counts, as in the files. The small fp32 tensors (KDA conv, A_log, dt_bias, expert bias) are counted at

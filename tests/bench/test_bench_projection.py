@@ -8,10 +8,10 @@ import pytest
 
 import json
 
-from ling_bench.projection import (DSPARK_FILE_PARAMS, StepBytes, acceptance_for_length, decode_step_bytes,
-                                   dspark_params, dspark_round_bytes, experts_touched, main, matrix_bytes,
-                                   lane_rows, mean_accepted_length, mtp_round_bytes, narrow_block_length, project,
-                                   round_rows)
+from ling_bench.projection import (DSPARK_FILE_PARAMS, StepBytes, acceptance_for_length, break_even_length,
+                                   decode_step_bytes, dspark_params, dspark_round_bytes, experts_touched, lane_rows,
+                                   main, matrix_bytes, mean_accepted_length, mtp_round_bytes, narrow_block_length,
+                                   project, round_rows)
 from vllm_ling.configs import flash_config
 from ling_tools.tensors import TensorSpec
 
@@ -261,3 +261,31 @@ def test_a_narrow_block_keeps_the_first_drafts_of_the_card_length_at_one_rate():
     k6 = next(r for r in rows if r["method"] == "dspark" and r["k"] == 6 and r["format"] == "fp8")
     assert k6["al_one_rate"] < k6["al"] and k6["tok_s_one_rate"] == pytest.approx(
         k6["al_one_rate"] * 273e9 * 0.7 / (k6["gb_per_round"] * 1e9))
+
+
+@pytest.mark.parametrize("method, k", [("mtp", 1), ("mtp", 3), ("dspark", 4), ("dspark", 8)])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+def test_at_the_break_even_length_a_round_decodes_as_fast_as_plain_steps(method, k, fmt):
+    """tok/s = AL x bandwidth / bytes: at AL = round bytes / plain bytes the round's tok/s equals a plain step's;
+    a wider round needs more accepted tokens to pay (K = 8 above K = 4, k = 3 above k = 1)."""
+    length = break_even_length(CONFIG, method, k, fmt == "fp8")
+    rows = round_rows(CONFIG, 4096, 273.0, 0.7, ["plain", method], [k], [k], [], [length])
+    plain = next(r["tok_s"] for r in rows if r["method"] == "plain" and r["format"] == fmt)
+    spec = next(r for r in rows if r["method"] == method and r["format"] == fmt)
+    assert spec["round_over_plain_bytes"] == pytest.approx(length) and spec["tok_s"] == pytest.approx(plain)
+    assert 1 < length < k + 1  # within reach: a round that always accepted everything would pay
+    wider = break_even_length(CONFIG, method, {"mtp": 3, "dspark": 8}[method], fmt == "fp8")
+    assert wider >= length
+
+
+def test_the_break_even_cli_prints_one_number_for_the_recipe(capsys):
+    assert main(["--break-even", "dspark:8", "--format", "fp8", "--draft-format", "bf16"]) == 0
+    assert float(capsys.readouterr().out) == pytest.approx(break_even_length(CONFIG, "dspark", 8, True,
+                                                                             draft_fp8=False), abs=0.005)
+    assert main(["--break-even", "mtp:1"]) == 0  # the target in FP8 by default, as the recipe serves on a GPU
+    assert float(capsys.readouterr().out) == pytest.approx(break_even_length(CONFIG, "mtp", 1, True), abs=0.005)
+    with pytest.raises(SystemExit):
+        main(["--break-even", "eagle:3"])
+    assert "expected mtp:K or dspark:K" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="mtp or dspark"):
+        break_even_length(CONFIG, "plain", 1, True)

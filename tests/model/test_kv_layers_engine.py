@@ -17,7 +17,7 @@ import pytest
 from model_helpers import config_of
 from shared_engines import ECHO, ECHO_MTP, declare
 
-from vllm_ling.config import is_mla_layer, num_mtp_layers
+from vllm_ling.layout import is_mla_layer, num_mtp_layers
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.engine

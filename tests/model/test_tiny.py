@@ -13,7 +13,8 @@ import torch
 from model_helpers import config_of, read_checkpoint
 
 from ling_tools import tiny
-from vllm_ling.config import BailingMoeV3Config, is_mla_layer
+from vllm_ling.config import BailingMoeV3Config
+from vllm_ling.layout import is_mla_layer
 
 FP32_SUFFIXES = ("A_log", "dt_bias", "_conv1d.weight", "expert_bias")
 PROMPTS = ["The weather in the mountains", "def fibonacci(n):", "Please summarize the report."]

@@ -62,7 +62,7 @@ SHARDING: list[tuple[str, int | None, Pieces]] = [
 
 
 def _kda_proj(config) -> int:
-    from vllm_ling.config import kda_head_dim
+    from vllm_ling.layout import kda_head_dim
 
     return config.num_attention_heads * kda_head_dim(config)
 

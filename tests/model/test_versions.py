@@ -26,7 +26,8 @@ def test_vllm_loads_our_config_under_transformers_5_20(tiny_bf16):
     import vllm_ling
     from vllm.transformers_utils.config import get_config
 
-    from vllm_ling.config import BailingMoeV3Config, kda_head_dim
+    from vllm_ling.config import BailingMoeV3Config
+    from vllm_ling.layout import kda_head_dim
     from vllm_ling.plugin import register
 
     vllm_ling.register()

@@ -15,7 +15,7 @@ LOG = {"marlin": "INFO Using 'MARLIN' WNA16 MoE backend.", "humming": "INFO Usin
 
 
 def test_short_model_keeps_the_moe_shape_with_every_layer_mla_and_moe():
-    from vllm_ling.config import is_mla_layer, is_moe_layer, num_mtp_layers
+    from vllm_ling.layout import is_mla_layer, is_moe_layer, num_mtp_layers
 
     cfg = short_config(FLASH, layers=8)
     assert shape_from_config(cfg) == shape_from_config(FLASH)  # what is measured is untouched

@@ -61,6 +61,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--fake-require-key", default=None, help="a key the server wants that is in no flag or env")
     p.add_argument("--fake-dead-exit-s", type=float, default=2.0,
                    help="engine dead: /health says 503 this long before the exit (vLLM 0.32: ~2 s)")
+    p.add_argument("--fake-spec-length", type=float, default=None,
+                   help="export spec-decode counters as if the server decoded with speculation all along at this "
+                        "mean accepted length (bonus token included), --fake-drafts-per-s verify steps a second")
+    p.add_argument("--fake-drafts-per-s", type=float, default=400.0)
     p.add_argument("--engine-fd", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--fault", action="store_true", help=argparse.SUPPRESS)
@@ -170,6 +174,7 @@ class State:
     prompt = 0.0
     requests = 0
     finished = 0  # vLLM counts a request once it finishes (vllm:request_success_total)
+    t0 = time.monotonic()  # the process start: --fake-spec-length's counters grow from here
 
 
 def engine_stopped() -> bool:
@@ -218,8 +223,8 @@ def handler_for(args: argparse.Namespace, faulty: bool):
                                 # fake's prompts ("ping") are shorter than one
                                 f"vllm:prefix_cache_queries_total{{{m}}} {State.prompt}\n"
                                 f"vllm:prefix_cache_hits_total{{{m}}} 0\n"
-                                f'vllm:request_success_total{{{m},finished_reason="length"}} {State.finished}\n',
-                                "text/plain")
+                                f'vllm:request_success_total{{{m},finished_reason="length"}} {State.finished}\n'
+                                + spec_counters(args, m), "text/plain")
             else:
                 self._send(404, "{}")
 
@@ -260,6 +265,17 @@ def handler_for(args: argparse.Namespace, faulty: bool):
                     State.running -= 1
 
     return Handler
+
+
+def spec_counters(args: argparse.Namespace, labels: str) -> str:
+    """vLLM's spec-decode counters (k = 1: a draft token per verify step) for --fake-spec-length L: verify steps at
+    --fake-drafts-per-s since start-up, each yielding L tokens (accepted = drafts x (L - 1))."""
+    if args.fake_spec_length is None:
+        return ""
+    drafts = int(args.fake_drafts_per_s * (time.monotonic() - State.t0))
+    return (f"vllm:spec_decode_num_drafts_total{{{labels}}} {drafts}\n"
+            f"vllm:spec_decode_num_draft_tokens_total{{{labels}}} {drafts}\n"
+            f"vllm:spec_decode_num_accepted_tokens_total{{{labels}}} {round(drafts * (args.fake_spec_length - 1))}\n")
 
 
 def background_decode() -> None:

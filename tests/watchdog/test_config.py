@@ -24,6 +24,7 @@ def test_a_file_overrides_defaults_and_flags_override_the_file(tmp_path):
     ({"kill_grace_s": -1}, "kill_grace_s=-1.0 is negative"),
     ({"memory_model": "gpu"}, "memory_model='gpu' is not one of"),
     ({"force": "maybe"}, "force='maybe' is not true/false"),
+    ({"spec_break_even": 0.8}, "spec_break_even=0.8 is a mean accepted length, bonus token included: use a value >= 1"),
 ])
 def test_bad_settings_are_refused_with_the_value_and_the_rule(override, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):

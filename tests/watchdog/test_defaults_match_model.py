@@ -13,7 +13,7 @@ from ling_watchdog.config import load_config
 from ling_watchdog.preflight import footprint
 from ling_watchdog.serve_args import ServeArgs
 
-from vllm_ling.config import is_mla_layer, kda_head_dim, num_mtp_layers
+from vllm_ling.layout import is_mla_layer, kda_head_dim, num_mtp_layers
 from vllm_ling.configs import flash_config
 
 REPO = Path(__file__).resolve().parents[2]

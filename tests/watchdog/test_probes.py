@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 from ling_watchdog.config import load_config
 from ling_common.metrics import tokens_total
-from ling_watchdog.probes import Prober, Traffic, auth_headers
+from ling_watchdog.probes import BREAK_EVEN_MIN_DRAFTS, Prober, Traffic, auth_headers
 
 KEY = "sk-probe-1"
 
@@ -138,6 +138,26 @@ def test_a_traffic_line_names_only_what_the_server_exports():
     idle = counters(_metrics(0, 0, 0, 0, 0, 0))
     assert Traffic(60.0, 60.0, idle, 4).message() == ("traffic: 0 requests (+4 probes), 0 tokens in 1.0 min; prefix "
                                                       "cache - of 0 prompt tokens hit; drafts - accepted")
+
+
+def test_a_window_below_the_break_even_warns_with_the_numbers_and_one_too_thin_to_judge_does_not():
+    """Traffic.below_break_even: the window's mean accepted length (1 + accepted / drafts) against the length at
+    which the served speculation and plain steps decode equally fast; judged from BREAK_EVEN_MIN_DRAFTS verify
+    steps on."""
+    from ling_common.metrics import counters
+
+    def window(drafts: int, accepted: int) -> Traffic:
+        return Traffic(600.0, 600.0, counters(_metrics(1000, 0, 0, drafts, drafts, accepted)), 40)
+
+    slow = window(BREAK_EVEN_MIN_DRAFTS, BREAK_EVEN_MIN_DRAFTS // 4)  # 1.25 tokens a verify step
+    warning = slow.below_break_even(1.33)
+    assert warning.startswith(f"speculation below its break-even: {BREAK_EVEN_MIN_DRAFTS} verify steps in 10.0 min "
+                              "yielded 1.25 tokens each, and plain decode matches the served speculation at 1.33")
+    assert "SPEC=mtp" in warning and "SPEC=off" in warning
+    assert slow.below_break_even(1.25) is None and slow.below_break_even(None) is None  # at it: no loss
+    assert window(BREAK_EVEN_MIN_DRAFTS - 1, 0).below_break_even(1.33) is None  # too few to say
+    assert Traffic(60.0, 60.0, counters('vllm:prompt_tokens_total{model_name="m"} 120\n')).below_break_even(
+        1.33) is None  # no speculation served
 
 
 def test_the_first_traffic_window_opens_once_the_server_has_answered(server):

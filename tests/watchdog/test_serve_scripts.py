@@ -99,6 +99,31 @@ def test_the_recipe_passes_its_own_watchdogs_rules_on_a_spark():
     assert [v.rule for v in verdicts if v.verdict != "ok"] == []
 
 
+def _break_even(wd: list[str]) -> float | None:
+    return float(wd[wd.index("--spec-break-even") + 1]) if "--spec-break-even" in wd else None
+
+
+def test_the_watchdog_is_told_the_speculations_break_even_from_the_projection():
+    """On a GPU with speculation the recipe asks ling_bench.projection for the mean accepted length below which the
+    served rounds decode slower than plain steps (the target's FP8, the drafter's own format, K), and hands it to
+    the watchdog; without speculation, or on the CPU engine, nothing; a value in WATCHDOG_ARGS wins."""
+    from ling_bench.projection import break_even_length
+    from vllm_ling.configs import flash_config
+
+    c = flash_config()
+    assert _break_even(dry_run(DEVICE="cuda")[0]) == pytest.approx(break_even_length(c, "mtp", 1, True), abs=0.005)
+    assert _break_even(dry_run("serve-int4.sh", DEVICE="cuda", SPEC="mtp", MTP_K="3", FP8="0")[0]) == pytest.approx(
+        break_even_length(c, "mtp", 3, False), abs=0.005)
+    dspark = dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark")[0]  # K: the drafter's block, 8; drafter BF16
+    assert _break_even(dspark) == pytest.approx(break_even_length(c, "dspark", 8, True, draft_fp8=False), abs=0.005)
+    fp8_drafter = dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark", DSPARK_K="4", DSPARK_FP8="1")[0]
+    assert _break_even(fp8_drafter) == pytest.approx(break_even_length(c, "dspark", 4, True), abs=0.005)
+    assert _break_even(dry_run("serve-int4.sh", DEVICE="cuda")[0]) is None
+    assert _break_even(dry_run(DEVICE="cpu")[0]) is None
+    given = dry_run(DEVICE="cuda", WATCHDOG_ARGS="--spec-break-even 1.5")[0]
+    assert _break_even(given) == 1.5 and given.count("--spec-break-even") == 1
+
+
 def test_the_recipe_really_runs_under_the_watchdog(tmp_path):
     cfg = tmp_path / "fast.yaml"
     cfg.write_text(yaml.safe_dump(FAST))

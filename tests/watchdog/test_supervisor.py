@@ -206,6 +206,28 @@ def test_a_traffic_line_is_logged_each_window_and_status_shows_the_latest(watchd
     assert len(run.events("traffic")) >= 2 and latest["t"] >= first["t"]
 
 
+@pytest.mark.parametrize("memory_model, length, warned", [("unified", 1.2, True), ("unified", 1.6, False),
+                                                          ("discrete", 1.2, False)])
+def test_speculation_below_its_break_even_is_warned_on_a_spark_only(watchdog, memory_model, length, warned):
+    """spec_break_even (the recipe sets it from ling_bench.projection): a traffic window whose drafts yielded fewer
+    tokens a verify step warns, with the numbers and what to serve instead; above it nothing; on a discrete GPU
+    the projection does not hold, so the setting is dropped at start with a note."""
+    run = watchdog("clean", cfg={"traffic_log_s": 1.0, "spec_break_even": 1.33, "memory_model": memory_model},
+                   fake=["--fake-spec-length", str(length)])
+    run.wait_phase("serving")
+    first = run.wait_for(lambda r: r["event"] == "traffic", timeout=15)
+    assert first["spec_decode"]["num_drafts"] >= 200, first  # enough verify steps to judge
+    run.wait_for(lambda r: r["event"] == "traffic" and r["t"] > first["t"], timeout=15)
+    assert run.stop() == 143
+    warnings = run.events("spec_break_even")
+    assert bool(warnings) == warned, warnings
+    if warned:
+        w = warnings[0]
+        assert w["level"] == "warning" and w["break_even"] == 1.33 and abs(w["mean_accepted_length"] - 1.2) < 0.01
+        assert "yielded 1.20 tokens each" in w["message"] and "SPEC=mtp" in w["message"]
+    assert bool(run.events("spec_break_even_off")) == (memory_model != "unified")
+
+
 @pytest.mark.parametrize("code, level", [(0, "info"), (2, "error")])
 def test_after_serving_check_runs_once_and_its_verdict_is_logged(watchdog, code, level):
     """The start-up self-check hook: run once serving starts, its lines and exit code land in the event log."""

@@ -24,7 +24,7 @@ from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, 
 from vllm.model_executor.models.utils import maybe_prefix
 
 from vllm_ling import compat
-from vllm_ling.config import num_mtp_layers
+from vllm_ling.layout import num_mtp_layers
 from vllm_ling.draft import check as draft_check
 from vllm_ling.draft import vocab as draft_vocab
 from vllm_ling.mla import BailingMoeV3MLA
