@@ -29,6 +29,7 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 
 import aiohttp
 import requests
@@ -97,12 +98,13 @@ class Turn:
     cache: PrefixCache | None  # the /metrics delta around this turn
     spec: SpecCounters | None
     prompt_sha256: str
+    sent_at: float = 0.0  # wall clock (Unix seconds) when the request went out: to line a turn up with server logs
 
     def to_json(self, exclusive: bool) -> dict:
-        r = self.request
-        return {"turn": self.turn, "prompt_tokens": r.prompt_tokens,
+        r, sent = self.request, datetime.fromtimestamp(self.sent_at, timezone.utc)
+        return {"turn": self.turn, "sent_at": sent.isoformat(timespec="milliseconds"), "prompt_tokens": r.prompt_tokens,
                 "prompt_tokens_counted": self.prompt_tokens_counted, "completion_tokens": r.completion_tokens,
-                "ttft_s": r.ttft_s, "latency_s": r.latency_s,
+                "ttft_s": r.ttft_s, "latency_s": r.latency_s, "max_gap_s": r.max_gap_s,
                 "decode_tok_s": r.decode_tok_s, "prefill_tok_s": r.prefill_tok_s,
                 "prefix_cache": self.cache.to_json() if self.cache else None,
                 "prefix_cache_window": "this turn" if exclusive else "this turn and the other sessions' requests",
@@ -193,7 +195,7 @@ async def send(http: aiohttp.ClientSession, ep: Endpoint, history: History, samp
         raise BenchError("a stream carried no usage; the server must honour stream_options.include_usage "
                          "(tokens are never counted from stream chunks)")
     return RequestResult(int(out.prompt_len), int(out.output_tokens), 1 + len(out.itl), out.ttft,
-                         out.ttft + sum(out.itl)), out.generated_text
+                         out.ttft + sum(out.itl), max(out.itl, default=0.0)), out.generated_text
 
 
 def first_history(cfg: AgentConfig, chat: bool, session: int) -> History:
@@ -289,12 +291,13 @@ async def run_scenario(http: aiohttp.ClientSession, ep: Endpoint, cfg: AgentConf
 
     async def step(session: int, turn: int, history: History, counted: int) -> tuple[Turn, str]:
         before = await scrape(http, ep)
+        sent_at = time.time()
         result, reply = await send(http, ep, history, sampling, salt)
         delta = await scrape(http, ep) - before
         sha = hashlib.sha256(json.dumps(history.body(), sort_keys=True).encode()).hexdigest()
         print(f"  session {session} turn {turn}: {result.prompt_tokens} prompt tokens, "
               f"TTFT {result.ttft_s * 1e3:.0f} ms", file=sys.stderr, flush=True)
-        return Turn(turn, counted, result, delta.cache, delta.spec, sha), reply
+        return Turn(turn, counted, result, delta.cache, delta.spec, sha, sent_at), reply
 
     before, t0 = await scrape(http, ep), time.perf_counter()
     runs = await asyncio.gather(*(run_session(cfg, ep.chat, i, sampling.max_tokens, count, step)
@@ -394,7 +397,9 @@ def _pct(cache: dict | None) -> str:
 
 def _turn_row(t: dict) -> str:
     decode = "-" if t["decode_tok_s"] is None else f"{t['decode_tok_s']:.1f}"
-    return f"| {t['turn']} | {t['prompt_tokens']} | {t['ttft_s'] * 1e3:.0f} | {decode} | {_pct(t['prefix_cache'])} |"
+    gap = t.get("max_gap_s")  # absent from reports written before it was recorded
+    return (f"| {t['turn']} | {t['prompt_tokens']} | {t['ttft_s'] * 1e3:.0f} | {decode} | "
+            f"{'-' if gap is None else f'{gap * 1e3:.0f}'} | {_pct(t['prefix_cache'])} |")
 
 
 def _session_row(r: dict) -> str:
@@ -418,8 +423,8 @@ def markdown(report: dict) -> str:
         lines += ["", f"*{sc['name']}*: {s['turns']} turns, wall {sc['wall_s']:.1f} s, prefix-cache hit rate "
                       f"{_pct(sc['prefix_cache'])}, output {s['output_tok_s'] or 0:.1f} tok/s", ""]
         if sc["sessions"] == 1:
-            lines += ["| turn | prompt tok | TTFT ms | decode tok/s | prefix-cache hits |",
-                      "|---:|---:|---:|---:|---:|", *map(_turn_row, sc["session_runs"][0]["turns"])]
+            lines += ["| turn | prompt tok | TTFT ms | decode tok/s | longest gap ms | prefix-cache hits |",
+                      "|---:|---:|---:|---:|---:|---:|", *map(_turn_row, sc["session_runs"][0]["turns"])]
         else:
             lines += ["| session | turns | wall s | last prompt tok | TTFT ms median |",
                       "|---:|---:|---:|---:|---:|", *map(_session_row, sc["session_runs"])]

@@ -42,6 +42,7 @@ class RequestResult:
     chunks: int  # streamed chunks vLLM's client timed; fewer than completion_tokens under spec decode
     ttft_s: float
     latency_s: float  # first byte sent to last token chunk
+    max_gap_s: float = 0.0  # the longest wait between two streamed chunks: one stall, or every step slower?
 
     @property
     def prefill_tok_s(self) -> float:
@@ -86,7 +87,7 @@ def _spec(result: dict[str, Any]) -> SpecCounters | None:
 
 def _requests(result: dict[str, Any]) -> list[RequestResult]:
     """Per-request records; latency is TTFT plus the chunk gaps."""
-    return [RequestResult(int(n_in), int(n_out), 1 + len(itl), ttft, ttft + sum(itl))
+    return [RequestResult(int(n_in), int(n_out), 1 + len(itl), ttft, ttft + sum(itl), max(itl, default=0.0))
             for n_in, n_out, ttft, itl in zip(result["input_lens"], result["output_lens"], result["ttfts"],
                                               result["itls"])]
 

@@ -31,6 +31,7 @@ class FakeConfig:
     first_token_delay_s: float = 0.05
     chunk_delay_s: float = 0.005
     tokens_per_chunk: int = 3
+    stall_s: float = 0.0  # one extra pause before the last chunk (a step held up mid-decode)
     first_text: str = " tok"  # "": like vLLM when the first token is special or half a character
     tokenize: bool = True  # False: /tokenize answers 404
     usage: bool = True  # False: ignore stream_options.include_usage
@@ -220,7 +221,7 @@ def _handler(server: FakeServer) -> type[BaseHTTPRequestHandler]:
                 self._event({"choices": [opener], "usage": None})
             for i, size in enumerate(sizes):
                 if i:
-                    time.sleep(cfg.chunk_delay_s)
+                    time.sleep(cfg.chunk_delay_s + (cfg.stall_s if i == len(sizes) - 1 else 0.0))
                 self._event({"choices": [choice(cfg.first_text if i == 0 else " tok" * size)], "usage": None})
             server.count_spec()
             with state.lock:  # before the closing events, for the same reason

@@ -5,6 +5,7 @@ kept apart, deterministic datasets, and bad settings refused by name."""
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 
 import pytest
 from bench_fake_server import fake_count
@@ -50,6 +51,20 @@ def test_each_turn_sends_the_previous_request_its_reply_and_a_new_tool_output(fa
     turns = report["scenarios"][0]["session_runs"][0]["turns"]
     assert [t["prompt_tokens"] for t in turns] == [fake_count(p) for p in prompts]
     assert all(t["completion_tokens"] == MAX_TOKENS for t in turns)
+
+
+def test_each_turn_records_when_it_was_sent_and_its_longest_wait_between_chunks(fake, tmp_path):
+    """A slow turn is one stall or every step slower: the longest chunk gap tells; `sent_at` lines the turn up
+    with the server's and the watchdog's logs."""
+    server = _fast(fake, stall_s=0.5)
+    before = datetime.now(timezone.utc)
+    rc, report = _run(server, tmp_path, "--agent-turns", "2")
+    turns = report["scenarios"][0]["session_runs"][0]["turns"]
+    assert rc == 0 and len(turns) == 2
+    sent = [datetime.fromisoformat(t["sent_at"]) for t in turns]
+    assert before <= sent[0] < sent[1] <= datetime.now(timezone.utc)
+    # the stall less TCP's delayed-ACK blur (~40 ms between a fake's small writes); unstalled, decode takes ~10 ms
+    assert all(0.4 <= t["max_gap_s"] <= t["latency_s"] - t["ttft_s"] for t in turns)
 
 
 def test_chat_history_appends_the_reply_as_an_assistant_message(fake, tmp_path):

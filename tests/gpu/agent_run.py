@@ -179,6 +179,14 @@ def watchdog_state(log_dir: Path, pid: int) -> Summary:
     return summarise(run_records(read_events(log_dir), pid=pid))
 
 
+def memory_edges(log_dir: Path, pid: int) -> list[dict]:
+    """The watchdog's allocator-at-the-limit warnings of its run, the first of each phase (when, how much asked,
+    how much free): one while serving slows the turns after it, so a turn's `sent_at` is read against them."""
+    keys = ("ts", "phase", "asked", "free", "total")
+    return [{k: r.get(k) for k in keys} for r in run_records(read_events(log_dir), pid=pid)
+            if r.get("event") == "memory_edge"]
+
+
 def wait_serving(proc: subprocess.Popen, tree: Tree, log_dir: Path, until: float) -> None:
     while (state := watchdog_state(log_dir, proc.pid)).phase != "serving":
         tree.note()
@@ -324,6 +332,7 @@ def finish(a: argparse.Namespace, rec: dict, proc: subprocess.Popen, tree: Tree,
     rec["stop"] = stop(proc, tree, port)
     state = watchdog_state(log_dir, proc.pid)
     rec["watchdog_final"] = state.final["message"] if state.final else None
+    rec["memory_edges"] = memory_edges(log_dir, proc.pid)
     if rec["stop"]["left"] or rec["stop"]["gpu_held_by_tree"] or not rec["stop"]["port_free"]:
         rec["problems"].append(f"not stopped clean: {rec['stop']}")
     rec["ok"] = not rec["problems"]

@@ -119,3 +119,20 @@ def test_the_kv_cache_follows_the_card_and_passes_the_preflight_on_an_h100(monke
     fits, too_big = memory_fit(agent_run.SMALL_CARD_KV_GIB), memory_fit(agent_run.SMALL_CARD_KV_GIB + 1)
     assert fits.verdict == "ok", fits.message
     assert too_big.verdict == "refuse" and "more than this GPU's" in too_big.message
+
+
+def test_the_record_keeps_the_runs_memory_edges_to_read_slow_turns_against(tmp_path):
+    """The watchdog's allocator-at-the-limit warnings of this server's run (not an earlier run's in the same log
+    folder) go into the record with when and how much, as events.jsonl holds them."""
+    from ling_watchdog.events import EventLog
+
+    agent_run, log = _agent_run(), EventLog(tmp_path, max_bytes=1 << 20, backups=1, echo=False)
+    for pid, phases in ((111, ["loading"]), (222, ["loading", "serving"])):
+        log.emit("start", "watchdog starting", pid=pid)
+        for phase in phases:
+            log.emit("memory_edge", "out of memory", level="warning", asked=786_432_000, free=381_878_272,
+                     total=85_017_493_504, phase=phase)
+    log.close()
+    edges = agent_run.memory_edges(tmp_path, 222)
+    assert [e["phase"] for e in edges] == ["loading", "serving"] and edges[1]["asked"] == 786_432_000
+    assert all(e["ts"] for e in edges) and agent_run.memory_edges(tmp_path, 333) == []
