@@ -10,8 +10,10 @@ read from vLLM's own prefix-cache counters and, with `--kernels`, the CUDA kerne
 
 Per repeat, fresh token ids: a fresh prompt of history + new tokens (no hits: nothing shares its ids); then the
 history alone (it primes the cache, as the previous turn did) and the history with new tokens after it (the
-cached turn). Times are of 1-token requests (time to first token, the engine's part of it) and of 1 + `decode`
-token requests, whose difference over `decode` is the decode step after that prompt.
+cached turn), each request generating 1 + `decode` tokens. Times are vLLM's own for each request
+(`RequestOutput.metrics`, kept with log stats on): the time to its first token from its arrival at the engine's
+front end, and its decode step, the span from its first token to its last over `decode`. Both come from the one
+request, so no difference of two noisy wall times can go negative.
 """
 
 from __future__ import annotations
@@ -52,11 +54,21 @@ def _counters(llm) -> tuple[float, float]:
     return got.get(QUERIES, 0.0), got.get(HITS, 0.0)
 
 
-def _hits(llm, prompt: list[int], max_tokens: int) -> tuple[float, float]:
-    """Seconds for one request and the prompt tokens the prefix cache gave it."""
-    before = _counters(llm)[1]
-    seconds = timed(llm, prompt, max_tokens)
-    return seconds, _counters(llm)[1] - before
+def _request(llm, prompt: list[int], max_tokens: int) -> tuple[float, float, float]:
+    """One greedy request: (seconds to its first token, seconds a decode step, prompt tokens the prefix cache
+    gave it), the times from vLLM's request stats (first_token_latency; last_token_ts - first_token_ts over the
+    tokens after the first)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    hits = _counters(llm)[1]
+    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
+    out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)[0]
+    stats = out.metrics
+    if stats is None or not stats.first_token_ts:
+        raise RuntimeError("vLLM returned no request stats (RequestOutput.metrics): the engine needs log stats on")
+    step = (stats.last_token_ts - stats.first_token_ts) / (max_tokens - 1)
+    return stats.first_token_latency, step, _counters(llm)[1] - hits
 
 
 def turn_phase(llm, history: int, new: int, decode: int, repeats: int, vocab: int, kernels: bool = False) -> dict:
@@ -66,27 +78,21 @@ def turn_phase(llm, history: int, new: int, decode: int, repeats: int, vocab: in
     def draw(n: int) -> list[int]:
         return [rng.randrange(10, vocab) for _ in range(n)]
 
-    fresh, fresh_many, cached, cached_many, fresh_hits, cached_hits = [], [], [], [], [], []
+    fresh, cached = [], []
     for _ in range(repeats):
-        for seconds, hits, tokens in ((fresh, fresh_hits, 1), (fresh_many, fresh_hits, decode + 1)):
-            s, h = _hits(llm, draw(history + new), tokens)
-            seconds.append(s)
-            hits.append(h)
+        fresh.append(_request(llm, draw(history + new), decode + 1))
         past = draw(history)
         timed(llm, past, 1)  # the previous turn: its prefill leaves the history's checkpoints in the cache
-        for seconds, tokens in ((cached, 1), (cached_many, decode + 1)):
-            s, h = _hits(llm, past + draw(new), tokens)
-            seconds.append(s)
-            cached_hits.append(h)
-    first, first_fresh = statistics.median(cached), statistics.median(fresh)
+        cached.append(_request(llm, past + draw(new), decode + 1))
+    (first_fresh, step_fresh, _), (first, step, hits) = ([statistics.median(x) for x in zip(*runs)]
+                                                        for runs in (fresh, cached))
     result = {
         "history": history, "new": new, "prompt": history + new,
         "fresh_first_token_s": first_fresh, "cached_first_token_s": first,
         "cached_over_fresh": first / first_fresh,
-        "cached_tokens": statistics.median(cached_hits), "fresh_cached_tokens": max(fresh_hits),
-        "prefilled_tokens_cached": history + new - statistics.median(cached_hits),
-        "fresh_decode_step_ms": 1e3 * (statistics.median(fresh_many) - first_fresh) / decode,
-        "cached_decode_step_ms": 1e3 * (statistics.median(cached_many) - first) / decode,
+        "cached_tokens": hits, "fresh_cached_tokens": max(h for _, _, h in fresh),
+        "prefilled_tokens_cached": history + new - hits,
+        "fresh_decode_step_ms": 1e3 * step_fresh, "cached_decode_step_ms": 1e3 * step,
     }
     if kernels:
         past = draw(history)
