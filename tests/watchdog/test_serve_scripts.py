@@ -375,8 +375,8 @@ def test_the_cpu_engine_with_mtp_serves_without_prefix_caching_and_says_why():
 
 
 def test_dspark_serves_without_prefix_caching_unless_asked_and_says_why():
-    """The drafter's small KV block gives vLLM partial hits (a cached prompt resumed from a KDA state inside a
-    block), which vLLM's V1 runner serves wrong once the resumed prefill crosses a block boundary
+    """The drafter's small KV block gives vLLM partial hits (a cached prompt resumed from inside a KV block), which
+    the CPU engine's attention serves wrong and a GPU has not yet served for an agent's turns
     (tests/model/test_prefix_cache_engine.py): off by default with SPEC=dspark, on with a warning when asked."""
     r = script("serve-int4.sh", DEVICE="cuda", SPEC="dspark")
     cmd = shlex.split(r.stdout.split(" -- ", 1)[1])
