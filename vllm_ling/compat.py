@@ -171,6 +171,33 @@ def kda_state_dtype(model_dtype: Any, mamba_cache_dtype: str) -> tuple[torch.dty
     return MambaStateDtypeCalculator.kda_state_dtype(model_dtype, mamba_cache_dtype)
 
 
+# --- In-prefill KDA checkpoints (vllm_ling/kda.py, docs/speed.md §In-prefill checkpoints)
+# vLLM 0.32-0.34: `MambaSpec.num_prefill_checkpoint_blocks` / `prefill_checkpoint_alignment` (v1/kv_cache_interface.py)
+# declare them; the GDN metadata then carries `checkpoint` (MambaPrefillCheckpointMetadata: per non-spec row the
+# offset into its query, 0 for none, and the checkpoint block's state slot). FlashKDA tiles 16 tokens, so vLLM's own
+# KDA layers declare alignment 16 (`kda_prefill_checkpoint_alignment("flashkda")`); 0.34 also asks each Mamba layer
+# `get_prefill_checkpoint_alignment()` to align its blocks. FlashKDA writes the checkpoint state when handed a
+# buffer and the offsets, and `FlashKDAPrefillCheckpointExporter` stores it with its conv window.
+KDA_CHECKPOINT_MODULE = "vllm.model_executor.layers.mamba.kda_checkpoint"
+
+
+def kda_checkpoint_alignment() -> int:
+    """The token grid KDA's in-prefill checkpoints sit on: vLLM's, FlashKDA's 16-token tile."""
+    return int(importlib.import_module(KDA_CHECKPOINT_MODULE).kda_prefill_checkpoint_alignment("flashkda"))
+
+
+def with_prefill_checkpoint(spec: Any, alignment: int) -> Any:
+    """A Mamba layer's KV spec that holds one in-prefill checkpoint block a sequence, on `alignment`."""
+    return dataclasses.replace(spec, num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=alignment)
+
+
+def flashkda_checkpoint_exporter(window: int) -> Any:
+    """vLLM's store of a FlashKDA checkpoint row and its conv window into the checkpoint block's slot (Triton).
+    `window` = W - 1, the inputs vLLM's conv kernels keep (causal_conv1d's state_len): unset, the exporter would
+    take the state's whole width, which with speculative decoding also holds a column a draft token."""
+    return importlib.import_module(KDA_CHECKPOINT_MODULE).FlashKDAPrefillCheckpointExporter(state_len=window)
+
+
 def kda_state_copy_funcs() -> tuple:
     from vllm.model_executor.layers.mamba.mamba_utils import MambaStateCopyFuncCalculator
 

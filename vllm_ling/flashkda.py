@@ -92,9 +92,10 @@ def contract_gaps(capability: tuple[int, int] | None, dtype: torch.dtype, head_d
 def choose(asked: str, *, on_cpu: bool, gaps: list[str]) -> PrefillChoice:
     """The prefill kernel for --kda-prefill-backend `asked` (vLLM's auto | triton | flashkda; a Kimi-only value
     such as flashinfer or fused serves Triton): FlashKDA wherever its contract holds unless Triton is asked for,
-    else Triton chunk_kda, the fallback; our torch ops on the CPU engine. Prefix caching changes nothing: our
-    layers declare no in-prefill checkpoints, so vLLM ends each prefill chunk on a block boundary and the final
-    state either kernel writes is the checkpoint (docs/speed.md §FlashKDA)."""
+    else Triton chunk_kda, the fallback; our torch ops on the CPU engine. With the prefix cache, vLLM ends each
+    prefill chunk on a block boundary and the final state either kernel writes is the checkpoint, unless the layers
+    declare in-prefill checkpoints, which FlashKDA and the torch path write and Triton cannot (vllm_ling.kda
+    `checkpoint_alignment`; docs/speed.md §In-prefill checkpoints)."""
     asked = (asked or "auto").lower()
     if on_cpu:
         return PrefillChoice(TORCH, "the CPU engine: FlashKDA and Triton chunk_kda are CUDA kernels", asked)
@@ -144,11 +145,14 @@ def _workspace(size: int, device: torch.device) -> torch.Tensor:
 
 def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, raw_g: torch.Tensor, raw_beta: torch.Tensor,
             A_log: torch.Tensor, dt_bias: torch.Tensor, lower_bound: float, initial_state: torch.Tensor,
-            cu_seqlens: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(o [1, T, H, d] bf16, final states [N, H, V, K]) of the prefill rows through FlashKDA, as chunk_kda's raw-gate
-    form returns them: q, k, v [1, T, H, d] bf16 (the conv output, not normalised), raw_g [1, T, H, d] the forget
-    gate's projection, raw_beta [1, T, H] the β logits, initial_state [N, H, V, K] (zero rows for fresh sequences),
-    `out` a contiguous [1, T, H, d] bf16 buffer to write o into (else one is allocated)."""
+            cu_seqlens: torch.Tensor, out: torch.Tensor | None = None,
+            checkpoint_offsets: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(o [1, T, H, d] bf16, final states [N, H, V, K], checkpoint states [N, H, V, K] or None) of the prefill rows
+    through FlashKDA, as chunk_kda's raw-gate form returns the first two: q, k, v [1, T, H, d] bf16 (the conv
+    output, not normalised), raw_g [1, T, H, d] the forget gate's projection, raw_beta [1, T, H] the β logits,
+    initial_state [N, H, V, K] (zero rows for fresh sequences), `out` a contiguous [1, T, H, d] bf16 buffer to write
+    o into (else one is allocated). With `checkpoint_offsets` [N] (int32, 0 for none) FlashKDA also writes each
+    row's state after that many of its tokens (an in-prefill checkpoint, as vLLM's Kimi layer asks it)."""
     ops = compat.flashkda_ops()
     _, tokens, heads, head_dim = q.shape
     seqs = cu_seqlens.numel() - 1
@@ -156,7 +160,9 @@ def prefill(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, raw_g: torch.Tens
     if out is None or not out.is_contiguous():
         out = torch.empty_like(q)
     final_state = torch.empty_like(initial_state)
+    checkpoint = None if checkpoint_offsets is None else torch.empty_like(initial_state)
     ops.fwd(q.contiguous(), k.contiguous(), v.contiguous(), raw_g.contiguous(), raw_beta, head_dim**-0.5, out,
             _workspace(size, q.device), A_log.contiguous(), dt_bias.view(heads, head_dim).contiguous(),
-            float(lower_bound), initial_state.contiguous(), final_state, cu_seqlens.contiguous())
-    return out, final_state
+            float(lower_bound), initial_state.contiguous(), final_state, cu_seqlens.contiguous(), checkpoint,
+            None if checkpoint_offsets is None else checkpoint_offsets.contiguous())
+    return out, final_state, checkpoint

@@ -35,6 +35,7 @@ from vllm_ling import compat, envs, flashkda, kda_core, startup_log
 from vllm_ling.layout import kda_head_dim
 
 logger = logging.getLogger("vllm_ling")
+CHECKPOINT_ENV = "VLLM_LING_KDA_PREFILL_CHECKPOINT"
 OP_NAME = "vllm_ling_kda"
 GATE_ENV, GATES = kda_core.GATE_ENV, kda_core.GATES
 
@@ -58,6 +59,29 @@ def _say_prefill(choice: flashkda.PrefillChoice) -> None:
     FlashKDA was asked for by name and does not serve."""
     say = logger.warning if choice.failed else logger.info
     say("%s", startup_log.KDA_PREFILL.text(kernel=choice.kernel, why=choice.reason))
+
+
+@cache
+def _say_checkpoints(on: bool, why: str) -> None:
+    logger.info("%s", startup_log.KDA_CHECKPOINT.text(state="ON" if on else "OFF", why=why))
+
+
+def checkpoint_alignment(vllm_config, choice: flashkda.PrefillChoice) -> int | None:
+    """The token grid of this layer's in-prefill checkpoints, or None for none (vLLM's default). Asked for with
+    VLLM_LING_KDA_PREFILL_CHECKPOINT=1 and the prefix cache on (align mode), they are declared where the prefill
+    kernel writes them, our torch path and FlashKDA; Triton chunk_kda cannot. Every KDA layer makes the same choice,
+    as vLLM requires of all its Mamba groups. Why: without them vLLM ends a prefill pass at the last block boundary
+    before a prompt's end to save the state there, one pass more a prompt (docs/speed.md §In-prefill checkpoints)."""
+    if not envs.read(CHECKPOINT_ENV) or getattr(vllm_config.cache_config, "mamba_cache_mode", None) != "align":
+        return None
+    if choice.kernel == flashkda.TRITON:
+        _say_checkpoints(False, f"{CHECKPOINT_ENV}=1, but {flashkda.TRITON} cannot write them; FlashKDA and the CPU "
+                                f"engine's torch path can")
+        return None
+    alignment = compat.kda_checkpoint_alignment()
+    _say_checkpoints(True, f"{CHECKPOINT_ENV}=1: {choice.kernel} writes the state at the last block boundary "
+                           f"inside a prompt's final pass, on a {alignment}-token grid")
+    return alignment
 
 
 def prefill_choice(vllm_config, head_dim: int, lower_bound: float | None, state_dtype: torch.dtype,
@@ -156,6 +180,7 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
                                       self.gate_in_kernel)
         if self.prefill.flashkda:  # vLLM's scratch grows to the engine's FlashKDA workspace before the KV is sized
             flashkda.reserve(*compat.scheduler_limits(vllm_config), self.local_heads)
+        self.checkpoint_alignment = checkpoint_alignment(vllm_config, self.prefill)
 
         compilation_config = get_current_vllm_config().compilation_config
         if prefix in compilation_config.static_forward_context:
@@ -193,6 +218,17 @@ class BailingMoeV3KDA(nn.Module, MambaBase):
 
     def get_state_dtype(self):
         return compat.kda_state_dtype(self.model_config.dtype, self.cache_config.mamba_cache_dtype)
+
+    def get_kv_cache_spec(self, vllm_config):
+        """vLLM's Mamba spec, with one in-prefill checkpoint block a sequence when this layer writes them."""
+        spec = super().get_kv_cache_spec(vllm_config)
+        if self.checkpoint_alignment is None:
+            return spec
+        return compat.with_prefill_checkpoint(spec, self.checkpoint_alignment)
+
+    def get_prefill_checkpoint_alignment(self) -> int | None:
+        """vLLM 0.34 makes Mamba blocks multiples of every layer's alignment (older releases never ask)."""
+        return self.checkpoint_alignment
 
     # --- forward -----------------------------------------------------------------------------------
     @property

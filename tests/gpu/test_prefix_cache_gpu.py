@@ -11,10 +11,11 @@ target's hidden state alone, so no trailing block is dropped) and, the drafter's
 grain vLLM 0.34 then hashes at (`_hit_grain`). That grain gives hits inside a KDA block (partial hits), and a fourth
 engine asks for them with `--prefix-match-unit`: both run three agent turns each resuming from inside a block, which
 the CPU engine's attention gets wrong (test_prefix_cache_engine.py; the recipe keeps DSpark's cache off until they
-pass here). Cached vs uncached (the same target after
-`reset_prefix_cache()` in the same engine), in bf16: greedy tokens equal up to the first place they part, and that
-place must be a near-tie (the two chosen tokens' logprobs within DECIDED nats) while the logprobs before it agree
-within BF16_FLIP_MAX_MARGIN; a sequence resuming from a wrong checkpoint fails both at once.
+pass here). A fifth engine serves the plain engine's rounds with in-prefill KDA checkpoints written by FlashKDA
+(VLLM_LING_KDA_PREFILL_CHECKPOINT=1). Cached vs uncached (the same target after `reset_prefix_cache()` in the same
+engine), in bf16: greedy tokens equal up to the first place they part, and that place must be a near-tie (the two
+chosen tokens' logprobs within DECIDED nats) while the logprobs before it agree within BF16_FLIP_MAX_MARGIN; a
+sequence resuming from a wrong checkpoint fails both at once.
 Run on the device: LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_prefix_cache_gpu.py -q
 """
 
@@ -35,7 +36,8 @@ from test_prefix_cache_engine import (  # noqa: E402
 POOL_BLOCKS = 48
 BOUNDARY_CASES = ("boundary", "boundary_plus_one", "mid_block")
 # side by side on one GPU: each engine sizes its own KV cache (vLLM's profiling would count the other's memory)
-SIDE_BY_SIDE = {"gpu_memory_utilization": 0.2}
+SIDE_BY_SIDE = {"gpu_memory_utilization": 0.15}
+CHECKPOINT_ENV = "VLLM_LING_KDA_PREFILL_CHECKPOINT"  # in-prefill KDA checkpoints (vllm_ling/kda.py)
 
 
 def _base(model: str, rounds: list[dict], block: int) -> dict:
@@ -62,11 +64,12 @@ def runs(tmp_path_factory) -> dict:
     partial = {**_base(tiny, _chain_rounds(block), block), "engine_kwargs": {"prefix_match_unit": PARTIAL_GRAIN}}
     dspark = {**_base(echo, _rounds(block, (0, 0)) + _chain_rounds(block), block), "speculative_config": {
         "method": "dspark", "model": str(drafter), "num_speculative_tokens": 4, "attention_backend": "FLASH_ATTN"}}
-    out_plain, out_mtp, out_dspark, out_partial = run_scripts(
+    out_plain, out_mtp, out_dspark, out_partial, out_checkpoints = run_scripts(
         [("engine_runner.py", plain, "plain"), ("engine_runner.py", mtp, "mtp"),
-         ("engine_runner.py", dspark, "dspark"), ("engine_runner.py", partial, "partial")], tmp, GPU_ENV)
+         ("engine_runner.py", dspark, "dspark"), ("engine_runner.py", partial, "partial"),
+         ("engine_runner.py", plain, "checkpoints")], tmp, GPU_ENV, envs=[{}, {}, {}, {}, {CHECKPOINT_ENV: "1"}])
     result = {"block": block, "flood": flood, "plain": out_plain, "mtp": out_mtp, "dspark": out_dspark,
-              "partial": out_partial}
+              "partial": out_partial, "checkpoints": out_checkpoints}
     record("prefix_cache", result)
     return result
 
@@ -177,3 +180,17 @@ def test_agent_turns_resumed_inside_a_block_equal_the_uncached_run(runs, engine)
             want = _round(result, f"{chain}:{ref}")["outputs"][0]
             _assert_bf16_same(f"{engine} {chain}:{turn}", r["outputs"][0], want)
     assert any(h % block for h in hits.values()), f"{engine}: every hit on a whole block, no partial hit ran: {hits}"
+
+
+def test_in_prefill_checkpoints_from_flashkda_keep_every_case(runs):
+    """VLLM_LING_KDA_PREFILL_CHECKPOINT=1: FlashKDA writes the state at the last block boundary inside a prompt's
+    final pass (the CPU engine's torch path does in tests/model/test_prefix_cache_engine.py, with a pass counted
+    fewer). Every case and the concurrent pair continue as uncached, and every round hits what the plain engine's
+    does; the recipe turns the setting on once this passes."""
+    result, plain = runs["checkpoints"], runs["plain"]
+    for name in _cases(runs["block"]):
+        _assert_bf16_same(f"checkpoints {name}", _round(result, name)["outputs"][0],
+                          _round(result, f"ref:{name}")["outputs"][0])
+    for i, got in enumerate(_round(result, "concurrent")["outputs"]):
+        _assert_bf16_same(f"checkpoints concurrent{i}", got, _round(result, f"ref:concurrent{i}")["outputs"][0])
+    assert [r["hits"] for r in result["rounds"]] == [r["hits"] for r in plain["rounds"]]

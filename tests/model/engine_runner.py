@@ -163,13 +163,15 @@ def _run_rounds(llm, spec: dict) -> dict:
     cache = llm.llm_engine.vllm_config.cache_config
     result: dict = {"rounds": [], "block_size": cache.block_size, "num_blocks": cache.num_gpu_blocks,
                     "mamba_cache_mode": str(getattr(cache, "mamba_cache_mode", None))}
+    if spec.get("count_passes"):
+        _on_model(llm, _count_passes)
     for round_ in spec["rounds"]:
         if round_.get("reset"):
             assert llm.reset_prefix_cache(), "vLLM refused to empty the prefix cache (requests still running)"
-        before = _prefix_counters(llm)
+        before = _prefix_counters(llm) | _passes(llm, spec)
         outputs = llm.generate([TokensPrompt(prompt_token_ids=ids) for ids in round_["prompts"]], params,
                                use_tqdm=False)
-        after = _prefix_counters(llm)
+        after = _prefix_counters(llm) | _passes(llm, spec)
         result["rounds"].append({
             "name": round_.get("name", ""),
             "outputs": [{"token_ids": list(o.outputs[0].token_ids),
@@ -180,6 +182,27 @@ def _run_rounds(llm, spec: dict) -> dict:
     if spec.get("speculative_config"):
         result["spec_decode"] = _spec_counters(llm)
     return result
+
+
+def _first_kda(model):
+    return next(m for m in model.modules() if hasattr(m, "get_state_shape") and hasattr(m, "kv_cache"))
+
+
+def _count_passes(model) -> None:
+    """Count the forward passes (engine steps that run the model) on its first KDA layer, which every pass runs."""
+    kda = _first_kda(model)
+    kda.ling_passes = 0
+
+    def count(module, args, out):
+        module.ling_passes += 1
+
+    kda.register_forward_hook(count)
+
+
+def _passes(llm, spec: dict) -> dict[str, int]:
+    """{"passes": forward passes so far} with `count_passes` (an eager engine: a CUDA graph replays no hook)."""
+    return {"passes": _on_model(llm, lambda model: _first_kda(model).ling_passes)[0]} if spec.get("count_passes") \
+        else {}
 
 
 def _prefix_counters(llm) -> dict[str, float]:

@@ -143,11 +143,13 @@ class FakeFlashKDA:
         return flashkda.workspace_bytes(tokens, heads, seqs)
 
     def fwd(self, q, k, v, g, beta, scale, out, workspace, A_log, dt_bias, lower_bound, initial_state, final_state,
-            cu_seqlens):
+            cu_seqlens, checkpoint_state, checkpoint_offsets):
         self.calls.append((q, k, v, g, beta, scale, out, workspace, A_log, dt_bias, lower_bound, initial_state,
-                           final_state, cu_seqlens))
+                           final_state, cu_seqlens, checkpoint_state, checkpoint_offsets))
         out.fill_(1)
         final_state.copy_(initial_state + 1)
+        if checkpoint_state is not None:
+            checkpoint_state.copy_(initial_state + 2)
 
 
 def test_a_call_hands_flashkda_its_contract(monkeypatch):
@@ -165,9 +167,10 @@ def test_a_call_hands_flashkda_its_contract(monkeypatch):
     A_log, dt_bias = torch.randn(H), torch.randn(H * D)
     h0, cu = torch.randn(N, H, D, D), torch.tensor([0, 20, T], dtype=torch.int32)
     out = torch.zeros(1, T, H, D, dtype=torch.bfloat16)
-    o, h_t = flashkda.prefill(qkv[0][None], qkv[1][None], qkv[2][None], raw_g, raw_beta, A_log, dt_bias, -5.0, h0,
-                              cu, out)
-    (q, k, v, g, beta, scale, into, workspace, a, dt, bound, init, final, cu_in), = fake.calls
+    o, h_t, none = flashkda.prefill(qkv[0][None], qkv[1][None], qkv[2][None], raw_g, raw_beta, A_log, dt_bias, -5.0,
+                                    h0, cu, out)
+    (q, k, v, g, beta, scale, into, workspace, a, dt, bound, init, final, cu_in, ckpt, offsets), = fake.calls
+    assert none is None and ckpt is None and offsets is None  # no in-prefill checkpoint asked
     assert all(t.is_contiguous() and t.shape == (1, T, H, D) and t.dtype == torch.bfloat16 for t in (q, k, v, g))
     assert torch.equal(g, raw_g) and beta is raw_beta and not beta.is_contiguous()
     assert scale == D**-0.5 and bound == -5.0 and isinstance(bound, float)
@@ -177,8 +180,14 @@ def test_a_call_hands_flashkda_its_contract(monkeypatch):
     assert manager.asked == [flashkda.workspace_bytes(T, H, N)]
     assert init is h0 and final is h_t and torch.equal(h_t, h0 + 1) and cu_in is cu
     monkeypatch.setattr(compat, "workspace_manager", lambda: None)  # outside a worker: a buffer of its own
-    o2, _ = flashkda.prefill(q, k, v, raw_g, raw_beta, A_log, dt_bias, -5.0, h0, cu, out[:, ::2])
+    o2, _, _ = flashkda.prefill(q, k, v, raw_g, raw_beta, A_log, dt_bias, -5.0, h0, cu, out[:, ::2])
     assert o2 is not out and o2.is_contiguous() and fake.calls[-1][7].numel() == flashkda.workspace_bytes(T, H, N)
+    # an in-prefill checkpoint: FlashKDA gets a state buffer like the final one and the per-row offsets, and fills it
+    offsets = torch.tensor([16, 0], dtype=torch.int32)
+    _, _, states = flashkda.prefill(q, k, v, raw_g, raw_beta, A_log, dt_bias, -5.0, h0, cu, out, offsets)
+    *_, ckpt, offsets_in = fake.calls[-1]
+    assert ckpt is states and states.shape == h0.shape and states.dtype == h0.dtype and torch.equal(states, h0 + 2)
+    assert torch.equal(offsets_in, offsets)
 
 
 def test_no_extension_on_the_cpu_build():

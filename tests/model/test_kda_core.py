@@ -147,3 +147,55 @@ def test_a_state_not_dense_per_slot_takes_our_gate_and_says_so(monkeypatch, capl
     assert ran == "ran" and "KDA gate fell back to ours" in caplog.text and str(padded.stride()) in caplog.text
     torch.testing.assert_close(seen["g"], kda_safe_gate(f, gate.A_log, gate.dt_bias, -5.0), rtol=0, atol=0)
     torch.testing.assert_close(seen["beta"], torch.sigmoid(b), rtol=0, atol=0)
+
+
+def _prefill_meta(lens: list[int], slots: list[int], resumed: list[bool], checkpoint=None) -> SimpleNamespace:
+    return SimpleNamespace(
+        spec_sequence_masks=None, num_prefills=len(lens), num_decodes=0,
+        non_spec_query_start_loc=torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()]),
+        non_spec_state_indices_tensor=torch.tensor(slots), has_initial_state=torch.tensor(resumed),
+        checkpoint=checkpoint)
+
+
+def test_an_in_prefill_checkpoint_holds_the_state_after_its_offset():
+    """vLLM's in-prefill checkpoint (MambaPrefillCheckpointMetadata: per row an offset into its query, 0 for none,
+    and the checkpoint block's slot): the slot then holds exactly what a prefill of the row's first `offset` tokens
+    leaves, recurrent state and conv window, while the row's own slot holds the whole prefill's; a row without one
+    (offset 0) and the null slot are left alone. Two rows: a resumed one and a fresh one."""
+    (qa, ga, ba), (qb, gb, bb) = _tokens(40, seed=7), _tokens(37, seed=8)
+    warm = _tokens(9, seed=9)
+    cache, ref = Cache(), Cache()
+    for c in (cache, ref):  # row A resumes from a state its slot holds
+        c.plain(*warm, slot=A, first=True)
+    ckpt = SimpleNamespace(checkpoint_offsets=torch.tensor([32, 0]), state_indices=torch.tensor([PLAIN, 0]))
+    meta = _prefill_meta([40, 37], [A, B], [True, False], ckpt)
+    null_before = cache.rec[0].clone(), cache.conv[0].clone()
+    out = run_torch(torch.cat([qa, qb]), torch.cat([ga, gb]), torch.cat([ba, bb]), cache.conv_w, cache.conv,
+                    cache.rec, meta, D_HEAD)
+    # the reference: the same rows without a checkpoint, and row A's first 32 tokens alone from the same state
+    ref_out = run_torch(torch.cat([qa, qb]), torch.cat([ga, gb]), torch.cat([ba, bb]), ref.conv_w, ref.conv.clone(),
+                        ref.rec.clone(), _prefill_meta([40, 37], [A, B], [True, False]), D_HEAD)
+    ref.plain(qa[:32], ga[:32], ba[:32], slot=A)  # token by token from A's state: the recurrent form, not chunked
+    width = K_CONV - 1
+    assert torch.allclose(out, ref_out, atol=1e-6)
+    assert torch.allclose(cache.rec[PLAIN], ref.rec[A], atol=1e-5)
+    assert torch.equal(cache.conv[PLAIN, :, :width], ref.conv[A, :, :width])
+    assert torch.equal(cache.rec[0], null_before[0]) and torch.equal(cache.conv[0], null_before[1])
+    # negative control: the state after 31 or 33 tokens is not the checkpoint's
+    off = Cache()
+    off.plain(*warm, slot=A, first=True)
+    off.plain(qa[:33], ga[:33], ba[:33], slot=A)
+    assert not torch.allclose(cache.rec[PLAIN], off.rec[A], atol=1e-5)
+
+
+def test_a_kernel_that_cannot_write_a_checkpoint_refuses_one():
+    """Triton chunk_kda writes no in-prefill checkpoint: handed one, the step fails loudly instead of leaving the
+    checkpoint block's stale state to be served as a cached prefix (the layer never declares them there)."""
+    import pytest
+
+    from vllm_ling.kda_core import _no_checkpoint_writer
+
+    _no_checkpoint_writer(SimpleNamespace(checkpoint=None), "Triton chunk_kda")
+    _no_checkpoint_writer(SimpleNamespace(), "Triton chunk_kda")
+    with pytest.raises(RuntimeError, match="reached Triton chunk_kda, which cannot write it.*CHECKPOINT=0"):
+        _no_checkpoint_writer(SimpleNamespace(checkpoint=object()), "Triton chunk_kda")

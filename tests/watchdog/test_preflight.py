@@ -504,6 +504,11 @@ def test_a_dspark_drafter_from_the_hub_is_counted_with_the_cards_numbers_and_say
     assert k4["memory_fit"].values["state_pages"] == 1 + 4
     cached = verdicts(DSPARK_RECIPE.replace("--no-enable-prefix-caching", "--enable-prefix-caching"), dev=H200)
     assert cached["memory_fit"].values["state_pages"] == 1 + 8 + 1  # and the prefix-cache checkpoint
+    asked = verdicts(DSPARK_RECIPE.replace("--no-enable-prefix-caching", "--enable-prefix-caching"), dev=H200,
+                     env={"VLLM_LING_KDA_PREFILL_CHECKPOINT": "1"})
+    assert asked["memory_fit"].values["state_pages"] == 1 + 8 + 2  # and the in-prefill checkpoint block
+    assert verdicts(DSPARK_RECIPE, dev=H200, env={"VLLM_LING_KDA_PREFILL_CHECKPOINT": "1"})[
+        "memory_fit"].values["state_pages"] == 1 + 8  # no prefix cache, no checkpoint of either kind
 
 
 def test_a_local_drafter_is_read_its_files_measured_its_config_giving_kv_and_block(tmp_path):
