@@ -15,7 +15,8 @@
 #   kda_core    our CUDA glue vs the CPU path on decode and verify batches, our gate and vLLM's
 #               raw-gate kernels (VLLM_LING_KDA_GATE=kernel)                           (~0.6)
 #   flashkda    FlashKDA's prefill vs our fp32 recurrence beside Triton chunk_kda (lengths 1..4096, varlen, slow
-#               decay), kda_core's prefill glue on both, time and memory at 4K/16K/64K tokens x 32 heads  (~3)
+#               decay), kda_core's prefill glue on both (and FlashKDA's in-prefill checkpoint against our torch
+#               path's), time and memory at 4K/16K/64K tokens x 32 heads  (~3)
 #   mtp         MTP k=1 lossless + acceptance, for a draft built to agree (mtp_echo) and a random one
 #               (stable_router), and the echo one with FP8 (mtp_echo_fp8): six engines side by side, then the
 #               oracles                                        (4.6 on 0.33: 273 s measured)
@@ -62,7 +63,9 @@
 #   turn        an agent's turn inside the engine (ling_bench.cached_turn): NEW tokens after a HISTORY the prefix
 #               cache holds vs the same length fresh, time to first token and decode after each, the kernels of a
 #               cached and a fresh turn; TURNS (16384+2048,32768+2048,61440+2048), TURN_ARGS (e.g. "--mode mtp") (~5)
-#   prefix_cache  cached continuations equal uncached ones (bf16, CUDA graphs), hits with MTP and with DSpark on (~5)
+#   prefix_cache  cached continuations equal uncached ones (bf16, CUDA graphs), hits with MTP and with DSpark on;
+#               agent turns with hits inside a block (DSpark's, --prefix-match-unit's); in-prefill KDA checkpoints
+#               (VLLM_LING_KDA_PREFILL_CHECKPOINT=1): five engines side by side (~6)
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
 #   agent_pc1 | agent_pc0  the agent workload (ling-bench --workload agent: 20-turn sessions that re-send their
