@@ -78,6 +78,7 @@ from vllm_ling.fp8 import NAME as FP8_NAME
 from vllm_ling.fp8 import SCHEME_ENV as FP8_SCHEME_ENV
 from vllm_ling.fp8 import SCHEMES as FP8_SCHEMES
 from vllm_ling.ops.moe_align import ALIGN_ENV, ALIGNS  # our MoE token layout or vLLM's op (--moe-align)
+from vllm_ling.kda import CHECKPOINT_ENV  # in-prefill KDA checkpoints, as the environment asks (recorded)
 from vllm_ling.kda_core import GATE_ENV, GATES  # KDA gate: in vLLM's kernels or ours (--kda-gate)
 from vllm_ling.ops.routing import ROUTER_ENV, ROUTERS  # our MoE router or vLLM's (--router)
 from vllm_ling.ops.router_gemm import GEMM_ENV, GEMMS  # the router's logits: our kernel or GateLinear
@@ -667,7 +668,8 @@ def run(model: str, mode: str, prefill: list[int], decode: int, repeats: int, ut
                     "router_asked": envs.asked(ROUTER_ENV) if impl == "ours" else None,
                     "moe_align_asked": envs.asked(ALIGN_ENV),
                     "router_gemm_asked": envs.asked(GEMM_ENV) if impl == "ours" else None,
-                    "kda_gate_asked": envs.asked(GATE_ENV) if impl == "ours" else None, **shape}
+                    "kda_gate_asked": envs.asked(GATE_ENV) if impl == "ours" else None,
+                    "kda_prefill_checkpoint_asked": envs.asked(CHECKPOINT_ENV) if impl == "ours" else None, **shape}
     short = [rng.randrange(10, vocab) for _ in range(32)]
     result["engine_start_s"] = time.perf_counter() - t0  # LLM(): load, compile, graph capture (what a relaunch pays)
     _progress(t0, f"engine up ({mode})")

@@ -362,8 +362,10 @@ def run_one(a: argparse.Namespace, pc: int, until: float) -> dict:
     env = serve_env(a, pc, port, log_dir)
     url = f"http://127.0.0.1:{port}"
     rec: dict = {"schema": SCHEMA, "prefix_cache": pc, "device": a.device, "recipe": recipe, "impl": a.impl,
+                 # the recipe's settings here, and every plugin setting (VLLM_LING_*) the caller passed on
                  "settings": {k: env[k] for k in ("MODEL", "CTX", "PREFIX_CACHE", "KV_CACHE_GIB", "EXTRA_ARGS",
-                                                  "WATCHDOG_ARGS", MODEL_ENV)},
+                                                  "WATCHDOG_ARGS")} | {k: v for k, v in sorted(env.items())
+                                                                       if k.startswith("VLLM_LING_")},
                  "bench_args": a.bench, "seconds": {}, "problems": []}
     print(f"=== {tag}: {recipe} on {a.model}, PREFIX_CACHE={pc}, {url}; {until - time.monotonic():.0f} s left",
           flush=True)
