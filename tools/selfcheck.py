@@ -72,6 +72,7 @@ class Requested:
     adaptive: bool = False  # DSpark's enable_adaptive_verification: the engine's config line does not print it
     dspark_fp8: bool = False  # the DSpark drafter's own quantization ling_fp8 (its speculative config's)
     kda_prefill: str | None = None  # --kda-prefill-backend (vLLM's auto | triton | flashkda ...), None when unset
+    kda_checkpoint: bool = False  # VLLM_LING_KDA_PREFILL_CHECKPOINT=1: in-prefill KDA checkpoints
 
     @classmethod
     def of(cls, args, env: Mapping[str, str]) -> Requested:
@@ -82,6 +83,7 @@ class Requested:
         return cls(eager=bool(args and args.enforce_eager), mtp="mtp" in method,
                    tuned_folder=env.get("VLLM_TUNED_CONFIG_FOLDER") or None, fp8=quantization == FP8_METHOD,
                    kda_gate_kernel=envs.raw(KDA_GATE_ENV, env).lower() == "kernel",
+                   kda_checkpoint=bool(envs.read(KDA_CHECKPOINT_ENV, env)),
                    draft_vocab=requested_path(env) is not None,
                    prefix_cache=bool(args is not None and args.values.get("enable_prefix_caching")),
                    dspark=method == "dspark", adaptive=bool(spec.get("enable_adaptive_verification")),
@@ -91,6 +93,7 @@ class Requested:
 
 FP8_METHOD = "ling_fp8"  # vllm_ling.fp8.NAME (not imported: this tool runs without vLLM's model code)
 KDA_GATE_ENV = "VLLM_LING_KDA_GATE"  # vllm_ling.kda_core.GATE_ENV (same reason)
+KDA_CHECKPOINT_ENV = "VLLM_LING_KDA_PREFILL_CHECKPOINT"  # vllm_ling.kda.CHECKPOINT_ENV (same reason)
 
 
 def inspect_log(log: str, asked: Requested, choice: dict | None = None) -> list[Verdict]:
@@ -112,6 +115,7 @@ def inspect_log(log: str, asked: Requested, choice: dict | None = None) -> list[
     verdicts.append(_fp8_verdict(log, asked.fp8))
     verdicts.append(_kda_gate_verdict(log, asked.kda_gate_kernel, on_cpu))
     verdicts.append(flashkda_verdict(log, asked.kda_prefill, on_cpu))
+    verdicts.append(checkpoint_verdict(log, asked.kda_checkpoint))
     verdicts.append(_draft_vocab_verdict(log, asked.draft_vocab))
     verdicts.append(prefix_cache_verdict(log, asked.prefix_cache))
     return verdicts
@@ -225,6 +229,20 @@ def flashkda_verdict(log: str, asked: str | None, on_cpu: bool) -> Verdict:
         return Verdict(FLASHKDA, False, "vLLM's in-tree model serves, with its own KDA layer (Triton chunk_kda)",
                        requested=requested)
     return Verdict(FLASHKDA, False, "no vllm-ling KDA prefill line in this launch", requested=requested)
+
+
+KDA_CHECKPOINTS = "KDA checkpoints"
+
+
+def checkpoint_verdict(log: str, asked: bool) -> Verdict:
+    """Whether KDA writes in-prefill checkpoints (startup_log.KDA_CHECKPOINT, logged once when asked for). Asked for
+    and off (a Triton prefill, or no prefix cache) is a failure: the setting does nothing there."""
+    found = startup_log.KDA_CHECKPOINT.search(log)
+    if found:
+        return Verdict(KDA_CHECKPOINTS, found["state"] == "ON", found["why"].strip(), requested=asked)
+    return Verdict(KDA_CHECKPOINTS, False, "asked for, but no vllm-ling KDA checkpoint line in this launch" if asked
+                   else f"{KDA_CHECKPOINT_ENV} unset: a prompt's last prefill pass ends at a block boundary",
+                   requested=asked)
 
 
 def _tuned_verdict(log: str, folder: str | None) -> Verdict:

@@ -72,7 +72,10 @@ def checkpoint_alignment(vllm_config, choice: flashkda.PrefillChoice) -> int | N
     kernel writes them, our torch path and FlashKDA; Triton chunk_kda cannot. Every KDA layer makes the same choice,
     as vLLM requires of all its Mamba groups. Why: without them vLLM ends a prefill pass at the last block boundary
     before a prompt's end to save the state there, one pass more a prompt (docs/speed.md §In-prefill checkpoints)."""
-    if not envs.read(CHECKPOINT_ENV) or getattr(vllm_config.cache_config, "mamba_cache_mode", None) != "align":
+    if not envs.read(CHECKPOINT_ENV):
+        return None
+    if getattr(vllm_config.cache_config, "mamba_cache_mode", None) != "align":
+        _say_checkpoints(False, f"{CHECKPOINT_ENV}=1, but the prefix cache is off: no state is checkpointed")
         return None
     if choice.kernel == flashkda.TRITON:
         _say_checkpoints(False, f"{CHECKPOINT_ENV}=1, but {flashkda.TRITON} cannot write them; FlashKDA and the CPU "

@@ -331,6 +331,28 @@ def test_flashkda_is_off_not_failed_on_the_cpu_engine_and_under_the_in_tree_mode
     assert v.failed and "in-tree model" in v.why
 
 
+def _checkpoint_line(state: str, why: str) -> str:
+    return f"INFO [kda.py:70] {startup_log.KDA_CHECKPOINT.text(state=state, why=why)}\n"
+
+
+def test_in_prefill_checkpoints_asked_for_are_on_or_fail_with_the_reason(vllm_parser):
+    """VLLM_LING_KDA_PREFILL_CHECKPOINT=1 (read from the server's environment): ON with the plugin's line; OFF
+    under Triton or without the prefix cache, a failure since it was asked for; unset, off and no failure."""
+    on = _by_name(inspect_log(V033_LOG + _checkpoint_line("ON", "FlashKDA writes the state"),
+                              Requested(kda_checkpoint=True)))["KDA checkpoints"]
+    assert on.on and not on.failed and on.why == "FlashKDA writes the state"
+    triton = _by_name(inspect_log(V033_LOG + _checkpoint_line("OFF", "Triton chunk_kda cannot write them"),
+                                  Requested(kda_checkpoint=True)))["KDA checkpoints"]
+    assert triton.failed and "cannot write them" in triton.why
+    silent = _by_name(inspect_log(V033_LOG, Requested(kda_checkpoint=True)))["KDA checkpoints"]
+    assert silent.failed and "no vllm-ling KDA checkpoint line" in silent.why
+    unset = _by_name(inspect_log(V033_LOG, Requested()))["KDA checkpoints"]
+    assert not unset.on and not unset.failed and "ends at a block boundary" in unset.why
+    args = ServeArgs.parse(["vllm", "serve", "/m"])
+    assert Requested.of(args, {"VLLM_LING_KDA_PREFILL_CHECKPOINT": "1"}).kda_checkpoint
+    assert not Requested.of(args, {}).kda_checkpoint
+
+
 def test_the_kda_prefill_request_is_read_from_the_serve_command(vllm_parser):
     named = ServeArgs.parse(["vllm", "serve", "/m", "--kda-prefill-backend", "flashkda"])
     assert Requested.of(named, {}).kda_prefill == "flashkda"
