@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
-from vllm_ling.kda_core import run_torch
+from vllm_ling.kda_core import _no_checkpoint_writer, run_torch
 
 H, D_HEAD, K_CONV, NUM_SPEC = 2, 8, 4, 1
 CH = 3 * H * D_HEAD  # q, k, v channels through the short conv
@@ -191,10 +192,6 @@ def test_an_in_prefill_checkpoint_holds_the_state_after_its_offset():
 def test_a_kernel_that_cannot_write_a_checkpoint_refuses_one():
     """Triton chunk_kda writes no in-prefill checkpoint: handed one, the step fails loudly instead of leaving the
     checkpoint block's stale state to be served as a cached prefix (the layer never declares them there)."""
-    import pytest
-
-    from vllm_ling.kda_core import _no_checkpoint_writer
-
     _no_checkpoint_writer(SimpleNamespace(checkpoint=None), "Triton chunk_kda")
     _no_checkpoint_writer(SimpleNamespace(), "Triton chunk_kda")
     with pytest.raises(RuntimeError, match="reached Triton chunk_kda, which cannot write it.*CHECKPOINT=0"):
