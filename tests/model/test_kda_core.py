@@ -1,5 +1,6 @@
 """The CPU KDA core under MTP verification: resuming from the accepted draft's state slot gives exactly what
-plain token-by-token decoding gives, whether the draft was accepted or rejected."""
+plain token-by-token decoding gives, whether the draft was accepted or rejected. And its in-prefill checkpoints:
+the state a prefill leaves at an offset inside its pass, as a prefill of that many tokens would."""
 
 from __future__ import annotations
 
