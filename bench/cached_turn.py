@@ -22,7 +22,7 @@ import random
 import statistics
 
 from ling_common.metrics import PREFIX_HITS, PREFIX_QUERIES
-from ling_tuning.step_kernels import request_kernels, timed
+from ling_tuning.step_kernels import greedy, request_kernels, timed
 
 # vLLM's counters as `LLM.get_metrics()` names them: the Prometheus family names, without the exposition's `_total`
 HITS, QUERIES = PREFIX_HITS.removesuffix("_total"), PREFIX_QUERIES.removesuffix("_total")
@@ -58,13 +58,8 @@ def _request(llm, prompt: list[int], max_tokens: int) -> tuple[float, float, flo
     """One greedy request: (seconds to its first token, seconds a decode step, prompt tokens the prefix cache
     gave it), the times from vLLM's request stats (first_token_latency; last_token_ts - first_token_ts over the
     tokens after the first)."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
     hits = _counters(llm)[1]
-    params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
-    out = llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)[0]
-    stats = out.metrics
+    stats = greedy(llm, prompt, max_tokens)[0].metrics
     if stats is None or not stats.first_token_ts:
         raise RuntimeError("vLLM returned no request stats (RequestOutput.metrics): the engine needs log stats on")
     step = (stats.last_token_ts - stats.first_token_ts) / (max_tokens - 1)

@@ -8,15 +8,21 @@ import time
 TOP_KERNELS = 80  # kernels a profile lists by name (30 until 2026-12-02: 171 µs of a plain step went unnamed)
 
 
-def timed(llm, prompt: list[int] | list[list[int]], max_tokens: int) -> float:
-    """Seconds to generate `max_tokens` greedily for one prompt, or for a batch of prompts decoding together."""
+def greedy(llm, prompt: list[int] | list[list[int]], max_tokens: int) -> list:
+    """vLLM's outputs of `max_tokens` greedy tokens (EOS ignored, no detokenizing) for one prompt of token ids, or
+    for a batch of prompts decoding together."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     prompts = prompt if prompt and isinstance(prompt[0], list) else [prompt]
     params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, detokenize=False)
+    return llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+
+
+def timed(llm, prompt: list[int] | list[list[int]], max_tokens: int) -> float:
+    """Seconds to generate `max_tokens` greedily for one prompt, or for a batch of prompts decoding together."""
     start = time.perf_counter()
-    llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    greedy(llm, prompt, max_tokens)
     return time.perf_counter() - start
 
 

@@ -349,9 +349,9 @@ def run_cuda_gate_in_kernel(qkv, f, b, gate: Gate, conv_w, conv_state, rec_state
                                            meta.non_spec_query_start_loc, into,
                                            None if checkpoint is None else checkpoint.checkpoint_offsets)
             if checkpoint is not None:  # the state and its conv window into the checkpoint block, as vLLM's Kimi
-                _checkpoint_exporter(conv_w.shape[1] - 1).export(checkpoint, raw_qkv=x_in, conv_state=conv_state,
-                                              recurrent_checkpoint=states, recurrent_state=rec_state,
-                                              cu_seqlens=meta.non_spec_query_start_loc)
+                _checkpoint_exporter(conv_w.shape[1] - 1).export(
+                    checkpoint, raw_qkv=x_in, conv_state=conv_state, recurrent_checkpoint=states,
+                    recurrent_state=rec_state, cu_seqlens=meta.non_spec_query_start_loc)
         else:
             _no_checkpoint_writer(meta, "Triton chunk_kda")
             o, h_t = kda.chunk_kda_with_fused_gate(

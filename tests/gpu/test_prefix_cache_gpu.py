@@ -30,14 +30,13 @@ from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without
 # on sys.path via gpu_helpers
 from model_helpers import NO_CLAMPS, first_difference, run_script, run_scripts  # noqa: E402
 from test_prefix_cache_engine import (  # noqa: E402
-    CHAIN_TARGETS, MAX_TOKENS, MTP, PARTIAL_GRAIN, _cases, _chain_rounds, _chains, _concurrent, _rounds,
+    CHAIN_TARGETS, CHECKPOINT_ENV, MAX_TOKENS, MTP, PARTIAL_GRAIN, _cases, _chain_rounds, _chains, _concurrent, _rounds,
 )
 
 POOL_BLOCKS = 48
 BOUNDARY_CASES = ("boundary", "boundary_plus_one", "mid_block")
 # side by side on one GPU: each engine sizes its own KV cache (vLLM's profiling would count the other's memory)
 SIDE_BY_SIDE = {"gpu_memory_utilization": 0.15}
-CHECKPOINT_ENV = "VLLM_LING_KDA_PREFILL_CHECKPOINT"  # in-prefill KDA checkpoints (vllm_ling/kda.py)
 
 
 def _base(model: str, rounds: list[dict], block: int) -> dict:

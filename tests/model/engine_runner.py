@@ -201,8 +201,9 @@ def _count_passes(model) -> None:
 
 def _passes(llm, spec: dict) -> dict[str, int]:
     """{"passes": forward passes so far} with `count_passes` (an eager engine: a CUDA graph replays no hook)."""
-    return {"passes": _on_model(llm, lambda model: _first_kda(model).ling_passes)[0]} if spec.get("count_passes") \
-        else {}
+    if not spec.get("count_passes"):
+        return {}
+    return {"passes": _on_model(llm, lambda model: _first_kda(model).ling_passes)[0]}
 
 
 def _prefix_counters(llm) -> dict[str, float]:
