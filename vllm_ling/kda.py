@@ -67,23 +67,24 @@ def _say_checkpoints(on: bool, why: str) -> None:
 
 
 def checkpoint_alignment(vllm_config, choice: flashkda.PrefillChoice) -> int | None:
-    """The token grid of this layer's in-prefill checkpoints, or None for none (vLLM's default). Asked for with
-    VLLM_LING_KDA_PREFILL_CHECKPOINT=1 and the prefix cache on (align mode), they are declared where the prefill
-    kernel writes them, our torch path and FlashKDA; Triton chunk_kda cannot. Every KDA layer makes the same choice,
-    as vLLM requires of all its Mamba groups. Why: without them vLLM ends a prefill pass at the last block boundary
-    before a prompt's end to save the state there, one pass more a prompt (docs/speed.md §In-prefill checkpoints)."""
+    """The token grid of this layer's in-prefill checkpoints, or None for none (vLLM's default). With
+    VLLM_LING_KDA_PREFILL_CHECKPOINT on (the default) and the prefix cache on (align mode), they are declared where
+    the prefill kernel writes them, our torch path and FlashKDA; Triton chunk_kda cannot. Every KDA layer makes the
+    same choice, as vLLM requires of all its Mamba groups. Why: without them vLLM ends a prefill pass at the last
+    block boundary before a prompt's end to save the state there, one pass more a prompt (docs/speed.md
+    §In-prefill checkpoints)."""
     if not envs.read(CHECKPOINT_ENV):
         return None
     if getattr(vllm_config.cache_config, "mamba_cache_mode", None) != "align":
-        _say_checkpoints(False, f"{CHECKPOINT_ENV}=1, but the prefix cache is off: no state is checkpointed")
+        _say_checkpoints(False, "the prefix cache is off: no state is checkpointed")
         return None
     if choice.kernel == flashkda.TRITON:
-        _say_checkpoints(False, f"{CHECKPOINT_ENV}=1, but {flashkda.TRITON} cannot write them; FlashKDA and the CPU "
-                                f"engine's torch path can")
+        _say_checkpoints(False, f"{flashkda.TRITON} cannot write them (FlashKDA and the CPU engine's torch path can): "
+                                f"vLLM ends a prompt's prefill pass at its last block boundary instead")
         return None
     alignment = compat.kda_checkpoint_alignment()
-    _say_checkpoints(True, f"{CHECKPOINT_ENV}=1: {choice.kernel} writes the state at the last block boundary "
-                           f"inside a prompt's final pass, on a {alignment}-token grid")
+    _say_checkpoints(True, f"{choice.kernel} writes the state at the last block boundary inside a prompt's final "
+                           f"pass, on a {alignment}-token grid ({CHECKPOINT_ENV}=0 turns them off)")
     return alignment
 
 

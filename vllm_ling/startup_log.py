@@ -65,7 +65,8 @@ KDA_GATE_FELL_BACK = Line("vllm-ling: KDA gate fell back to ours: {reason}", dic
 KDA_PREFILL_KERNELS = ("FlashKDA", "Triton chunk_kda", "torch chunk_kda")
 KDA_PREFILL = Line("vllm-ling: KDA prefill on {kernel} ({why})",
                    dict(kernel="|".join(map(re.escape, KDA_PREFILL_KERNELS)), why=r".+"))
-# vllm_ling.kda, once: KDA layers declare in-prefill checkpoints (VLLM_LING_KDA_PREFILL_CHECKPOINT=1), or cannot.
+# vllm_ling.kda, once: KDA layers declare in-prefill checkpoints (VLLM_LING_KDA_PREFILL_CHECKPOINT, on unless 0), or
+# cannot (no prefix cache, a Triton prefill).
 KDA_CHECKPOINT = Line("vllm-ling: KDA in-prefill checkpoints {state} ({why})", dict(state="ON|OFF", why=r".+"))
 # vllm_ling.draft.vocab, once the draft gathered its head rows.
 DRAFT_VOCAB = Line("vllm-ling: MTP draft proposes among {ids} of {vocab} tokens ({env}; {mib:.0f} MiB of head rows, "

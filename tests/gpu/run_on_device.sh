@@ -62,12 +62,13 @@
 #               needs graphs). 4.1 min on a fresh machine (Triton JIT), 1 warm (eager); writes dspark_smoke_kK_FLAGS.json
 #   turn        an agent's turn inside the engine (ling_bench.cached_turn): NEW tokens after a HISTORY the prefix
 #               cache holds vs the same length fresh, time to first token and decode after each, the kernels of a
-#               cached and a fresh turn; TURNS (16384+2048,32768+2048,61440+2048), TURN_ARGS (e.g. "--mode mtp") (~5)
-#   turn_ckpt   the same with in-prefill KDA checkpoints (VLLM_LING_KDA_PREFILL_CHECKPOINT=1): a cached turn in one
-#               prefill pass fewer, the lever's size beside `turn` on the same card                              (~5)
+#               cached and a fresh turn, without in-prefill KDA checkpoints (VLLM_LING_KDA_PREFILL_CHECKPOINT=0);
+#               TURNS (16384+2048,32768+2048,61440+2048), TURN_ARGS (e.g. "--mode mtp")  (4.8 for two turns, H200)
+#   turn_ckpt   the same with them (=1, the default): a cached turn in one prefill pass fewer, beside `turn` on the
+#               same card                                                             (4.1 for two turns, H200)
 #   prefix_cache  cached continuations equal uncached ones (bf16, CUDA graphs), hits with MTP and with DSpark on;
 #               agent turns with hits inside a block (DSpark's, --prefix-match-unit's); in-prefill KDA checkpoints
-#               (VLLM_LING_KDA_PREFILL_CHECKPOINT=1): five engines side by side (~6)
+#               (VLLM_LING_KDA_PREFILL_CHECKPOINT=1): five engines side by side (2.4 on a warm H200)
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
 #   agent_pc1 | agent_pc0  the agent workload (ling-bench --workload agent: 20-turn sessions that re-send their
@@ -123,8 +124,8 @@ case $STEP in
     fullsize_*) run 560 python3 -m ling_bench.fullsize /tmp/flash --mode "${STEP#fullsize_}" --out "$OUT/$STEP.json" ;;
     fs:*) name=${STEP#fs:}; name=${name%%:*}; args=${STEP#fs:*:}
         run "${FS_TIMEOUT:-560}" python3 -m ling_bench.fullsize /tmp/flash ${args//+/ } --out "$OUT/fs_$name.json" ;;
-    turn|turn_ckpt) [[ $STEP == turn_ckpt ]] && export VLLM_LING_KDA_PREFILL_CHECKPOINT=1
-        run "${FS_TIMEOUT:-560}" python3 -m ling_bench.fullsize /tmp/flash --fp8 w8a8 --prefill= --kernels \
+    turn|turn_ckpt) ckpt=0; [[ $STEP == turn_ckpt ]] && ckpt=1
+        VLLM_LING_KDA_PREFILL_CHECKPOINT=$ckpt run "${FS_TIMEOUT:-560}" python3 -m ling_bench.fullsize /tmp/flash --fp8 w8a8 --prefill= --kernels \
         --turn "${TURNS:-16384+2048,32768+2048,61440+2048}" ${TURN_ARGS:-} --out "$OUT/fs_$STEP.json" ;;
     engine_race) run 500 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_engine_compare_gpu.py ;;
     engine_moe) run "${ENGINE_TIMEOUT:-560}" python3 -m ling_tuning.engine_compare --model /tmp/flash \

@@ -10,12 +10,13 @@ its own (docs/dspark.md §KV block) and whose hits vLLM keeps whole (a DSpark dr
 target's hidden state alone, so no trailing block is dropped) and, the drafter's block being smaller, at the finer
 grain vLLM 0.34 then hashes at (`_hit_grain`). That grain gives hits inside a KDA block (partial hits), and a fourth
 engine asks for them with `--prefix-match-unit`: both run three agent turns each resuming from inside a block, which
-the CPU engine's attention gets wrong (test_prefix_cache_engine.py; the recipe keeps DSpark's cache off until they
-pass here). A fifth engine serves the plain engine's rounds with in-prefill KDA checkpoints written by FlashKDA
-(VLLM_LING_KDA_PREFILL_CHECKPOINT=1). Cached vs uncached (the same target after `reset_prefix_cache()` in the same
-engine), in bf16: greedy tokens equal up to the first place they part, and that place must be a near-tie (the two
-chosen tokens' logprobs within DECIDED nats) while the logprobs before it agree within BF16_FLIP_MAX_MARGIN; a
-sequence resuming from a wrong checkpoint fails both at once.
+the CPU engine's attention gets wrong (test_prefix_cache_engine.py) and an H200 too at the finer grain (the recipe
+keeps DSpark's cache off until its turns pass here). A fifth engine serves the plain engine's rounds with in-prefill
+KDA checkpoints written by FlashKDA (VLLM_LING_KDA_PREFILL_CHECKPOINT=1, the default, which the MTP and DSpark engines
+take too; the plain and the partial-hit engines set it to 0). Cached vs uncached (the same target after
+`reset_prefix_cache()` in the same engine), in bf16: greedy tokens equal up to the first place they part, and that
+place must be a near-tie (the two chosen tokens' logprobs within DECIDED nats) while the logprobs before it agree
+within BF16_FLIP_MAX_MARGIN; a sequence resuming from a wrong checkpoint fails both at once.
 Run on the device: LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_prefix_cache_gpu.py -q
 """
 
@@ -34,9 +35,17 @@ from test_prefix_cache_engine import (  # noqa: E402
 )
 
 POOL_BLOCKS = 48
+
+
+def _dspark_lead(block: int) -> int:
+    """Half a block more in the DSpark chains' first turn: its hits come at the drafter's 128-token grain, which at
+    the probe's 256-token block lands every chain prompt's hit on a whole block without it (seen on an H200)."""
+    return block // 2
 BOUNDARY_CASES = ("boundary", "boundary_plus_one", "mid_block")
-# side by side on one GPU: each engine sizes its own KV cache (vLLM's profiling would count the other's memory)
-SIDE_BY_SIDE = {"gpu_memory_utilization": 0.15}
+# side by side on one GPU: each engine sizes its own KV cache (vLLM's profiling would count the others' memory, and
+# asserts when another engine frees memory while it profiles; a fixed cache size skips that check)
+KV_BYTES = {"kv_cache_memory_bytes": 1 << 30}
+SIDE_BY_SIDE = {"gpu_memory_utilization": 0.15, "engine_kwargs": KV_BYTES}
 
 
 def _base(model: str, rounds: list[dict], block: int) -> dict:
@@ -57,16 +66,19 @@ def runs(tmp_path_factory) -> dict:
     block = probe["block_size"]
     flood = (POOL_BLOCKS // 3 + 2, 3 * block)  # more blocks than the pool holds, three blocks a prompt
     plain = {**_base(tiny, _rounds(block, flood), block),
-             "engine_kwargs": {"num_gpu_blocks_override": POOL_BLOCKS}}
+             "engine_kwargs": {**KV_BYTES, "num_gpu_blocks_override": POOL_BLOCKS}}
     mtp = {**_base(echo, _rounds(block, (0, 0)), block), "speculative_config": MTP}
     drafter = make_tiny_dspark(tmp / "drafter", echo, agree=True)
-    partial = {**_base(tiny, _chain_rounds(block), block), "engine_kwargs": {"prefix_match_unit": PARTIAL_GRAIN}}
-    dspark = {**_base(echo, _rounds(block, (0, 0)) + _chain_rounds(block), block), "speculative_config": {
-        "method": "dspark", "model": str(drafter), "num_speculative_tokens": 4, "attention_backend": "FLASH_ATTN"}}
+    partial = {**_base(tiny, _chain_rounds(block), block),
+               "engine_kwargs": {**KV_BYTES, "prefix_match_unit": PARTIAL_GRAIN}}
+    dspark = {**_base(echo, _rounds(block, (0, 0)) + _chain_rounds(block, _dspark_lead(block)), block),
+              "speculative_config": {"method": "dspark", "model": str(drafter), "num_speculative_tokens": 4,
+                                     "attention_backend": "FLASH_ATTN"}}
     out_plain, out_mtp, out_dspark, out_partial, out_checkpoints = run_scripts(
         [("engine_runner.py", plain, "plain"), ("engine_runner.py", mtp, "mtp"),
          ("engine_runner.py", dspark, "dspark"), ("engine_runner.py", partial, "partial"),
-         ("engine_runner.py", plain, "checkpoints")], tmp, GPU_ENV, envs=[{}, {}, {}, {}, {CHECKPOINT_ENV: "1"}])
+         ("engine_runner.py", plain, "checkpoints")], tmp, GPU_ENV,
+        envs=[{CHECKPOINT_ENV: "0"}, {}, {}, {CHECKPOINT_ENV: "0"}, {CHECKPOINT_ENV: "1"}])
     result = {"block": block, "flood": flood, "plain": out_plain, "mtp": out_mtp, "dspark": out_dspark,
               "partial": out_partial, "checkpoints": out_checkpoints}
     record("prefix_cache", result)
@@ -77,14 +89,34 @@ def _round(result: dict, name: str) -> dict:
     return next(r for r in result["rounds"] if r["name"] == name)
 
 
-def _assert_bf16_same(name: str, got: dict, want: dict) -> None:
+def _bf16_parting(got: dict, want: dict) -> str | None:
+    """Why a cached continuation is not the uncached one in bf16 terms, or None when it is: greedy tokens equal up to
+    the first place they part, the logprobs before it within BF16_FLIP_MAX_MARGIN, and that place a near-tie."""
     first = first_difference(got["token_ids"], want["token_ids"])
     upto = len(want["token_ids"]) if first is None else first
     drift = max((abs(a - b) for a, b in zip(got["logprobs"][:upto], want["logprobs"][:upto])), default=0.0)
-    assert drift <= BF16_FLIP_MAX_MARGIN, f"{name}: cached vs uncached logprobs differ by {drift:.3f} nats"
-    if first is not None:
-        gap = abs(got["logprobs"][first] - want["logprobs"][first])
-        assert gap < DECIDED, f"{name}: parts from the uncached run at new token {first}, not a tie ({gap:.3f})"
+    if drift > BF16_FLIP_MAX_MARGIN:
+        return f"cached vs uncached logprobs differ by {drift:.3f} nats"
+    if first is not None and (gap := abs(got["logprobs"][first] - want["logprobs"][first])) >= DECIDED:
+        return f"parts from the uncached run at new token {first}, not a tie ({gap:.3f})"
+    return None
+
+
+def _assert_bf16_same(name: str, got: dict, want: dict) -> None:
+    why = _bf16_parting(got, want)
+    assert why is None, f"{name}: {why}"
+
+
+def _chain_partings(result: dict, block: int, lead: int) -> tuple[dict[str, int], dict[str, str | None]]:
+    """Per chain round resumed from a cached state: its hits, and how it parts from its uncached reference."""
+    hits, parted = {}, {}
+    for chain in _chains(block, lead=lead):
+        for turn, ref in CHAIN_TARGETS.items():
+            r = _round(result, f"{chain}:{turn}")
+            hits[f"{chain}:{turn}"] = r["hits"]
+            parted[f"{chain}:{turn}"] = _bf16_parting(r["outputs"][0], _round(result, f"{chain}:{ref}")["outputs"][0])
+    assert any(h % block for h in hits.values()), f"every hit on a whole block, no partial hit ran: {hits}"
+    return hits, parted
 
 
 ENGINES = ["plain", "mtp", "dspark"]
@@ -163,22 +195,26 @@ def test_an_evicted_prefix_is_recomputed(runs):
     assert before == 2 * block and after < before, (before, after)
 
 
-@pytest.mark.parametrize("engine", ["partial", "dspark"])
-def test_agent_turns_resumed_inside_a_block_equal_the_uncached_run(runs, engine):
-    """Three agent turns with hits inside a KV block (partial hits: `--prefix-match-unit`, or DSpark's smaller
-    drafter block): each turn resumes from the state the previous prompt left at its last hashed position, and its
-    prefill then stays in that block (`same`) or crosses into the next (`next`). On the CPU engine vLLM's attention
-    gets every such resume wrong while the KDA state resumes exactly (tests/model/test_prefix_cache_engine.py); the
-    recipe keeps the cache off with DSpark until this passes (serve/serve-int4.sh, docs/dspark.md §Prefix cache)."""
-    result, block = runs[engine], runs["block"]
-    hits = {}
-    for chain in _chains(block):
-        for turn, ref in CHAIN_TARGETS.items():
-            r = _round(result, f"{chain}:{turn}")
-            hits[f"{chain}:{turn}"] = r["hits"]
-            want = _round(result, f"{chain}:{ref}")["outputs"][0]
-            _assert_bf16_same(f"{engine} {chain}:{turn}", r["outputs"][0], want)
-    assert any(h % block for h in hits.values()), f"{engine}: every hit on a whole block, no partial hit ran: {hits}"
+def test_dsparks_agent_turns_resumed_inside_a_block_equal_the_uncached_run(runs):
+    """Three agent turns whose hits land inside a KV block at the DSpark drafter's 128-token grain (`_dspark_lead`):
+    each turn resumes from the state the previous prompt left at its last hashed position, and its prefill then
+    stays in that block (`same`) or crosses into the next (`next`). The recipe keeps DSpark's prefix cache off until
+    this passes (serve/serve-int4.sh, docs/dspark.md §Prefix cache)."""
+    hits, parted = _chain_partings(runs["dspark"], runs["block"], _dspark_lead(runs["block"]))
+    assert not any(parted.values()), f"hits {hits}: {parted}"
+
+
+def test_partial_hits_at_a_fine_grain_serve_wrong_continuations(runs):
+    """`--prefix-match-unit 16`, the same three agent turns: on an H200 (vLLM 0.34, 2026-12-07) 4 of 6 resumes
+    part from their uncached runs (first logprobs 0.04-0.73 nats off), as every one does on the CPU engine, whose
+    attention over the partly filled block is to blame (tests/model/test_prefix_cache_engine.py); which side is
+    wrong on the GPU is not isolated. So the preflight refuses the flag on a GPU too (rule partial_prefix_hits). A GPU
+    that serves every resume right skips with the numbers: the refusal is then over-cautious there."""
+    hits, parted = _chain_partings(runs["partial"], runs["block"], 0)
+    wrong = {name: why for name, why in parted.items() if why}
+    if not wrong:
+        pytest.skip(f"every resume from inside a block equals its uncached run here (hits {hits})")
+    record("prefix_cache_partial_wrong", {"hits": hits, "wrong": wrong})
 
 
 def test_in_prefill_checkpoints_from_flashkda_keep_every_case(runs):

@@ -36,7 +36,7 @@ LOGPROB_TOL = 1e-4  # fp32; cached and uncached runs differ only in where prefil
 POOL_BLOCKS = 24  # the KV cache's blocks (num_gpu_blocks_override): the flood below evicts
 FLOOD = (4, 900)  # distinct prompts (count, tokens) run between the eviction case's warm prompt and its target
 MTP = {"method": "mtp", "num_speculative_tokens": 1}
-CHECKPOINT_ENV = "VLLM_LING_KDA_PREFILL_CHECKPOINT"  # in-prefill KDA checkpoints (vllm_ling/kda.py)
+CHECKPOINT_ENV = "VLLM_LING_KDA_PREFILL_CHECKPOINT"  # in-prefill KDA checkpoints (vllm_ling/kda.py), on by default
 
 
 def _tokens(n: int, rng: random.Random) -> list[int]:
@@ -89,25 +89,27 @@ def _rounds(block: int = BLOCK, flood: tuple[int, int] = FLOOD) -> list[dict]:
 PARTIAL_GRAIN = 16  # --prefix-match-unit of the partial-hit engine: hashes, and so hits, every 16 tokens
 
 
-def _chains(block: int = BLOCK, seed: int = 11) -> dict[str, list[list[int]]]:
+def _chains(block: int = BLOCK, seed: int = 11, lead: int = 0) -> dict[str, list[list[int]]]:
     """An agent's first three turns, each prompt the previous one plus new tokens (a reply and a tool output):
     `same`, where the second turn ends inside the block column the first one ended in (so the state it resumes from
-    and the one it leaves share that column), and `next`, where it ends in the following column."""
+    and the one it leaves share that column), and `next`, where it ends in the following column. `lead` more tokens
+    in the first turn move every prompt's end by that much: a coarser hit grain (a DSpark drafter's 128-token block
+    inside a 256-token KDA block) needs half a block of it for its hits to land inside a block."""
     rng = random.Random(seed)
     chains = {}
     for name, adds in (("same", (58, 78)), ("next", (block + 2, 60))):
-        turns = [_tokens(2 * block + 44, rng)]
+        turns = [_tokens(2 * block + lead + 44, rng)]
         for n in adds:
             turns.append(turns[-1] + _tokens(n, rng))
         chains[name] = turns
     return chains
 
 
-def _chain_rounds(block: int = BLOCK) -> list[dict]:
+def _chain_rounds(block: int = BLOCK, lead: int = 0) -> list[dict]:
     """Per chain: references for turns 2 and 3 on an emptied cache; the session (turn 1, 2, 3, each resuming from
     what the one before it left); turn 2 fresh and then turn 3 (a partial state left by a prompt that hit nothing)."""
     rounds = []
-    for name, (t1, t2, t3) in _chains(block).items():
+    for name, (t1, t2, t3) in _chains(block, lead=lead).items():
         rounds += [{"name": f"{name}:ref2", "reset": True, "prompts": [t2]},
                    {"name": f"{name}:ref3", "reset": True, "prompts": [t3]},
                    {"name": f"{name}:t1", "reset": True, "prompts": [t1]},
@@ -171,7 +173,7 @@ def runs(tmp_path_factory) -> dict:
             plain, partial, kda_only, checkpoints = run_scripts(
                 [("engine_runner.py", pooled, "plain"), ("engine_runner.py", partial, "partial"),
                  ("engine_runner.py", kda_only, "kda_only"), ("engine_runner.py", pooled, "checkpoints")],
-                tmp, CPU_ENGINE_ENV, envs=[{}, {}, {}, {CHECKPOINT_ENV: "1"}])
+                tmp, CPU_ENGINE_ENV, envs=[{CHECKPOINT_ENV: "0"}] * 3 + [{CHECKPOINT_ENV: "1"}])
             code = mtp.wait(timeout=TIMEOUT_S)
         finally:
             if mtp.poll() is None:

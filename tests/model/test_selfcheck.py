@@ -335,14 +335,17 @@ def _checkpoint_line(state: str, why: str) -> str:
     return f"INFO [kda.py:70] {startup_log.KDA_CHECKPOINT.text(state=state, why=why)}\n"
 
 
-def test_in_prefill_checkpoints_asked_for_are_on_or_fail_with_the_reason(vllm_parser):
-    """VLLM_LING_KDA_PREFILL_CHECKPOINT=1 (read from the server's environment): ON with the plugin's line; OFF
-    under Triton or without the prefix cache, a failure since it was asked for; unset, off and no failure."""
+def test_in_prefill_checkpoints_are_on_by_default_and_fail_only_when_set_and_off(vllm_parser):
+    """VLLM_LING_KDA_PREFILL_CHECKPOINT (read from the server's environment), on by default: ON with the plugin's
+    line; OFF under Triton or without the prefix cache, which fails only when the variable was set on; no line
+    (set to 0, or not our model) is off and no failure unless it was set on."""
     on = _by_name(inspect_log(V033_LOG + _checkpoint_line("ON", "FlashKDA writes the state"),
-                              Requested(kda_checkpoint=True)))["KDA checkpoints"]
+                              Requested()))["KDA checkpoints"]
     assert on.on and not on.failed and on.why == "FlashKDA writes the state"
-    triton = _by_name(inspect_log(V033_LOG + _checkpoint_line("OFF", "Triton chunk_kda cannot write them"),
-                                  Requested(kda_checkpoint=True)))["KDA checkpoints"]
+    off = V033_LOG + _checkpoint_line("OFF", "Triton chunk_kda cannot write them")
+    default = _by_name(inspect_log(off, Requested()))["KDA checkpoints"]
+    assert not default.on and not default.failed and "cannot write them" in default.why
+    triton = _by_name(inspect_log(off, Requested(kda_checkpoint=True)))["KDA checkpoints"]
     assert triton.failed and "cannot write them" in triton.why
     silent = _by_name(inspect_log(V033_LOG, Requested(kda_checkpoint=True)))["KDA checkpoints"]
     assert silent.failed and "no vllm-ling KDA checkpoint line" in silent.why
@@ -351,6 +354,7 @@ def test_in_prefill_checkpoints_asked_for_are_on_or_fail_with_the_reason(vllm_pa
     args = ServeArgs.parse(["vllm", "serve", "/m"])
     assert Requested.of(args, {"VLLM_LING_KDA_PREFILL_CHECKPOINT": "1"}).kda_checkpoint
     assert not Requested.of(args, {}).kda_checkpoint
+    assert not Requested.of(args, {"VLLM_LING_KDA_PREFILL_CHECKPOINT": "0"}).kda_checkpoint
 
 
 def test_the_kda_prefill_request_is_read_from_the_serve_command(vllm_parser):

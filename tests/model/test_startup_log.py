@@ -22,8 +22,9 @@ SAMPLES = [  # (line, the values it is written with)
     (startup_log.KDA_GATE_FELL_BACK, dict(reason="strides are (1, 2, 3); VLLM_LING_KDA_GATE=kernel serves as ours")),
     (startup_log.KDA_PREFILL, dict(kernel="Triton chunk_kda", why="FlashKDA's contract does not hold: CUDA "
                                    "capability (8, 0) (FlashKDA is built for majors (9, 10, 12))")),
-    (startup_log.KDA_CHECKPOINT, dict(state="ON", why="VLLM_LING_KDA_PREFILL_CHECKPOINT=1: FlashKDA writes the state "
-                                                     "at the last block boundary (on a 16-token grid)")),
+    (startup_log.KDA_CHECKPOINT, dict(state="ON", why="FlashKDA writes the state at the last block boundary inside a "
+                                                     "prompt's final pass, on a 16-token grid "
+                                                     "(VLLM_LING_KDA_PREFILL_CHECKPOINT=0 turns them off)")),
     (startup_log.DRAFT_VOCAB, dict(ids=32768, vocab=157184, env="VLLM_LING_DRAFT_VOCAB", mib=21.0,
                                    dtype="torch.float8_e4m3fn")),
 ]

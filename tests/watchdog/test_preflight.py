@@ -25,6 +25,9 @@ def free(host, port):
     return None
 
 
+NO_IN_PREFILL = {"VLLM_LING_KDA_PREFILL_CHECKPOINT": "0"}  # the plugin's in-prefill KDA checkpoints off
+
+
 def verdicts(cmd, dev=GB10, host=SPARK, env=None, bind=free, **cfg):
     args, config = ServeArgs.parse(shlex.split(cmd)), load_config(overrides=cfg)
     return {v.rule: v for v in check(args, config, dev, host, env or {}, bind=bind)}
@@ -192,21 +195,23 @@ def test_enforce_eager_is_a_warning_not_a_refusal():
     assert v.verdict == "warn" and "20.8 tok/s eager vs 22.9" in v.message
 
 
-def test_hits_inside_a_kda_block_are_refused_on_the_cpu_engine_and_a_warning_on_a_gpu():
-    """--prefix-match-unit (or a DSpark drafter's smaller block) gives partial hits: every one wrong on the CPU
-    engine's attention (tests/model/test_prefix_cache_engine.py), an agent's turns unchecked on a GPU. Whole-block
-    hits (the default) and no prefix cache pass."""
+def test_hits_inside_a_kda_block_are_refused_and_dsparks_a_warning_on_a_gpu():
+    """--prefix-match-unit gives partial hits: wrong on the CPU engine's attention (tests/model/
+    test_prefix_cache_engine.py) and in an H200's agent turns (tests/gpu/test_prefix_cache_gpu.py), so refused on
+    both. A DSpark drafter's smaller block gives them too: refused on the CPU engine, a warning on a GPU, where its
+    one resume inside a block has passed. Whole-block hits (the default) and no prefix cache pass."""
     pmu = RECIPE + " --prefix-match-unit 16"
     v = verdicts(pmu, dev=CPU)["partial_prefix_hits"]
     assert v.verdict == "refuse" and "--prefix-match-unit 16 makes vLLM resume" in v.message
     assert "serves every such resume wrong" in v.message and "Safe: drop --prefix-match-unit" in v.message
     assert v.values == {"prefix_match_unit": 16, "dspark": False, "device": "cpu"}
+    gpu = verdicts(pmu, dev=H200)["partial_prefix_hits"]
+    assert gpu.verdict == "refuse" and "4 of 6 agent turns" in gpu.message and "Safe: drop" in gpu.message
     cached = DSPARK_RECIPE.replace(" --no-enable-prefix-caching", " --enable-prefix-caching")
-    for cmd in (pmu, cached):
-        w = verdicts(cmd, dev=H200)["partial_prefix_hits"]
-        assert w.verdict == "warn" and "an agent's turns have not been checked yet" in w.message, cmd
-    assert "DSpark drafter's own, smaller KV block" in verdicts(cached)["partial_prefix_hits"].message
-    assert "--no-enable-prefix-caching with DSpark" in verdicts(cached)["partial_prefix_hits"].message
+    assert verdicts(cached, dev=CPU)["partial_prefix_hits"].verdict == "refuse"
+    w = verdicts(cached, dev=H200)["partial_prefix_hits"]
+    assert w.verdict == "warn" and "DSpark drafter's own, smaller KV block" in w.message
+    assert "--no-enable-prefix-caching with DSpark" in w.message and "4 of 6 agent turns" in w.message
     for cmd in (RECIPE, pmu + " --no-enable-prefix-caching", DSPARK_RECIPE):
         assert verdicts(cmd, dev=H200)["partial_prefix_hits"].verdict == "ok", cmd
 
@@ -450,21 +455,34 @@ def test_a_model_bigger_than_the_machine_is_told_so_with_numbers_that_add_up():
     v = verdicts(RECIPE.replace("--gpu-memory-utilization 0.72", "--kv-cache-memory-bytes 4294967296"), dev=CPU,
                  host=box)["memory_fit"]
     assert v.verdict == "refuse" and "this machine cannot serve this model" in v.message
-    assert "= 77.0 GiB, and with the host reserve 8.0 GiB that is 85.0 GiB, more than the 23.5 GiB" in v.message
+    assert "= 77.1 GiB, and with the host reserve 8.0 GiB that is 85.1 GiB, more than the 23.5 GiB" in v.message
     assert "free memory" not in v.message and "page cache" not in v.message and "79.7" not in v.message
 
 
 def test_prefix_caching_adds_one_kda_checkpoint_page_per_layer_as_vllm_counts_it():
     """vLLM's align mode keeps, per KDA layer, the running state, one page per draft token and one block-boundary
-    checkpoint (MambaSpec.max_memory_usage_bytes): one sequence's state grows by exactly one page per layer."""
+    checkpoint (MambaSpec.max_memory_usage_bytes): one sequence's state grows by exactly one page per layer, and by
+    one more for our in-prefill checkpoints, on by default."""
     page = load_config().state_bytes_per_seq  # 35 KDA layers x one page
-    on = verdicts(RECIPE + " --max-num-seqs 2 --enable-prefix-caching")["memory_fit"].values
+    on = verdicts(RECIPE + " --max-num-seqs 2 --enable-prefix-caching", env=NO_IN_PREFILL)["memory_fit"].values
     off = verdicts(RECIPE + " --max-num-seqs 2 --no-enable-prefix-caching")["memory_fit"].values
-    unset = verdicts(RECIPE + " --max-num-seqs 2")["memory_fit"].values  # vLLM's default: on for hybrid models
+    # vLLM's default: on for hybrid models
+    unset = verdicts(RECIPE + " --max-num-seqs 2", env=NO_IN_PREFILL)["memory_fit"].values
     assert (on["state_pages"], off["state_pages"], unset["state_pages"]) == (3, 2, 3)  # MTP k=1
     assert on["kv"] - off["kv"] == page and on["state"] == 3 * page and unset["kv"] == on["kv"]
-    plain = verdicts("vllm serve m --max-model-len 131072 --gpu-memory-utilization 0.72 --enable-prefix-caching")
-    assert plain["memory_fit"].values["state_pages"] == 2
+    default = verdicts(RECIPE + " --max-num-seqs 2 --enable-prefix-caching")["memory_fit"].values
+    assert default["state_pages"] == 4 and default["kv"] - on["kv"] == page
+    plain = "vllm serve m --max-model-len 131072 --gpu-memory-utilization 0.72 --enable-prefix-caching"
+    assert verdicts(plain, env=NO_IN_PREFILL)["memory_fit"].values["state_pages"] == 2
+    assert verdicts(plain)["memory_fit"].values["state_pages"] == 3
+
+
+def test_the_in_prefill_checkpoint_default_is_the_plugins():
+    """The watchdog restates the plugin's default (it may not import the plugin); the two must agree."""
+    from ling_watchdog import preflight
+    from vllm_ling import envs
+
+    assert preflight.KDA_CHECKPOINT_DEFAULT == envs.VARIABLES[preflight.KDA_CHECKPOINT_ENV].default
 
 
 def test_a_kv_cache_that_cannot_hold_the_checkpoint_is_refused_with_the_numbers_and_a_safe_size():
@@ -474,11 +492,15 @@ def test_a_kv_cache_that_cannot_hold_the_checkpoint_is_refused_with_the_numbers_
     enough_without = off["memory_fit"].values["kv"]  # one sequence's MLA KV + one state page per layer
     cmd = f"vllm serve m --max-model-len {ctx} --kv-cache-memory-bytes {enough_without}"
     assert verdicts(cmd + " --no-enable-prefix-caching")["memory_fit"].verdict == "ok"
-    v = verdicts(cmd + " --enable-prefix-caching")["memory_fit"]
+    v = verdicts(cmd + " --enable-prefix-caching", env=NO_IN_PREFILL)["memory_fit"]
     assert v.verdict == "refuse" and v.values["kv"] == enough_without + page
     assert f"less than the {enough_without + page:,} B one {ctx}-token sequence needs, its KDA state " in v.message
     assert "(2 pages per layer: with prefix caching, one is the block-boundary checkpoint)" in v.message
     assert "Safe: --kv-cache-memory-bytes 1G or a lower --max-model-len." in v.message
+    default = verdicts(cmd + " --enable-prefix-caching")["memory_fit"]  # our in-prefill checkpoints too
+    assert default.values["kv"] == enough_without + 2 * page
+    assert "(3 pages per layer: with prefix caching, one is the block-boundary checkpoint, one our in-prefill " \
+           "checkpoint)" in default.message
 
 
 # --- the DSpark drafter: its weights, its KV, its K ---------------------------------------------------------
@@ -502,11 +524,11 @@ def test_a_dspark_drafter_from_the_hub_is_counted_with_the_cards_numbers_and_say
            "count, assumed" in v.message
     k4 = verdicts(DSPARK_RECIPE.replace('-dspark"}', '-dspark","num_speculative_tokens":4}'), dev=H200)
     assert k4["memory_fit"].values["state_pages"] == 1 + 4
-    cached = verdicts(DSPARK_RECIPE.replace("--no-enable-prefix-caching", "--enable-prefix-caching"), dev=H200)
+    cached = verdicts(DSPARK_RECIPE.replace("--no-enable-prefix-caching", "--enable-prefix-caching"), dev=H200,
+                      env=NO_IN_PREFILL)
     assert cached["memory_fit"].values["state_pages"] == 1 + 8 + 1  # and the prefix-cache checkpoint
-    asked = verdicts(DSPARK_RECIPE.replace("--no-enable-prefix-caching", "--enable-prefix-caching"), dev=H200,
-                     env={"VLLM_LING_KDA_PREFILL_CHECKPOINT": "1"})
-    assert asked["memory_fit"].values["state_pages"] == 1 + 8 + 2  # and the in-prefill checkpoint block
+    asked = verdicts(DSPARK_RECIPE.replace("--no-enable-prefix-caching", "--enable-prefix-caching"), dev=H200)
+    assert asked["memory_fit"].values["state_pages"] == 1 + 8 + 2  # and the in-prefill checkpoint block (default)
     assert verdicts(DSPARK_RECIPE, dev=H200, env={"VLLM_LING_KDA_PREFILL_CHECKPOINT": "1"})[
         "memory_fit"].values["state_pages"] == 1 + 8  # no prefix cache, no checkpoint of either kind
 
@@ -524,7 +546,7 @@ def test_a_local_drafter_is_read_its_files_measured_its_config_giving_kv_and_blo
     v = verdicts(cmd, dev=H200)["memory_fit"]
     assert v.values["drafter"] == 3_000_000 and f"DSpark drafter: 1 shards in {tmp_path}" in v.message
     assert v.values["kv_per_token"] == load_config().kv_bytes_per_token + 2 * 2 * 4 * 128 * 2
-    assert v.values["state_pages"] == 1 + 4 + 1 and "assumed" not in v.message
+    assert v.values["state_pages"] == 1 + 4 + 2 and "assumed" not in v.message  # both checkpoints (prefix cache)
 
 
 def test_dspark_on_a_spark_at_the_recipes_context_is_refused_with_a_context_that_fits():
