@@ -35,17 +35,17 @@ from test_prefix_cache_engine import (  # noqa: E402
 )
 
 POOL_BLOCKS = 48
+BOUNDARY_CASES = ("boundary", "boundary_plus_one", "mid_block")
+# side by side on one GPU: each engine sizes its own KV cache (vLLM's profiling would count the others' memory, and
+# asserts when another engine frees memory while it profiles; a fixed cache size skips that check)
+KV_BYTES = {"kv_cache_memory_bytes": 1 << 30}
+SIDE_BY_SIDE = {"gpu_memory_utilization": 0.15, "engine_kwargs": KV_BYTES}
 
 
 def _dspark_lead(block: int) -> int:
     """Half a block more in the DSpark chains' first turn: its hits come at the drafter's 128-token grain, which at
     the probe's 256-token block lands every chain prompt's hit on a whole block without it (seen on an H200)."""
     return block // 2
-BOUNDARY_CASES = ("boundary", "boundary_plus_one", "mid_block")
-# side by side on one GPU: each engine sizes its own KV cache (vLLM's profiling would count the others' memory, and
-# asserts when another engine frees memory while it profiles; a fixed cache size skips that check)
-KV_BYTES = {"kv_cache_memory_bytes": 1 << 30}
-SIDE_BY_SIDE = {"gpu_memory_utilization": 0.15, "engine_kwargs": KV_BYTES}
 
 
 def _base(model: str, rounds: list[dict], block: int) -> dict:
