@@ -68,7 +68,7 @@
 #               same card                                                             (4.1 for two turns, H200)
 #   prefix_cache  cached continuations equal uncached ones (bf16, CUDA graphs), hits with MTP and with DSpark on;
 #               agent turns with hits inside a block (DSpark's, --prefix-match-unit's); in-prefill KDA checkpoints
-#               (VLLM_LING_KDA_PREFILL_CHECKPOINT=1): five engines side by side (2.4 on a warm H200)
+#               (VLLM_LING_KDA_PREFILL_CHECKPOINT=1): six engines side by side (2.4 with five on a warm H200)
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
 #   agent_pc1 | agent_pc0  the agent workload (ling-bench --workload agent: 20-turn sessions that re-send their

@@ -11,12 +11,13 @@ target's hidden state alone, so no trailing block is dropped) and, the drafter's
 grain vLLM 0.34 then hashes at (`_hit_grain`). That grain gives hits inside a KDA block (partial hits), and a fourth
 engine asks for them with `--prefix-match-unit`: both run three agent turns each resuming from inside a block, which
 the CPU engine's attention gets wrong (test_prefix_cache_engine.py) and an H200 too at the finer grain (the recipe
-keeps DSpark's cache off until its turns pass here). A fifth engine serves the plain engine's rounds with in-prefill
-KDA checkpoints written by FlashKDA (VLLM_LING_KDA_PREFILL_CHECKPOINT=1, the default, which the MTP and DSpark engines
-take too; the plain and the partial-hit engines set it to 0). Cached vs uncached (the same target after
-`reset_prefix_cache()` in the same engine), in bf16: greedy tokens equal up to the first place they part, and that
-place must be a near-tie (the two chosen tokens' logprobs within DECIDED nats) while the logprobs before it agree
-within BF16_FLIP_MAX_MARGIN; a sequence resuming from a wrong checkpoint fails both at once.
+keeps DSpark's cache off until its turns pass here); a fifth runs those turns with the MLA layers silenced, to tell
+which side goes wrong. A sixth engine serves the plain engine's rounds with in-prefill KDA checkpoints written by
+FlashKDA (VLLM_LING_KDA_PREFILL_CHECKPOINT=1, the default, which the MTP and DSpark engines take too; the plain and
+the partial-hit engines set it to 0). Cached vs uncached (the same target after `reset_prefix_cache()` in the same
+engine), in bf16: greedy tokens equal up to the first place they part, and that place must be a near-tie (the two
+chosen tokens' logprobs within DECIDED nats) while the logprobs before it agree within BF16_FLIP_MAX_MARGIN; a
+sequence resuming from a wrong checkpoint fails both at once.
 Run on the device: LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_prefix_cache_gpu.py -q
 """
 
@@ -32,6 +33,7 @@ from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without
 from model_helpers import NO_CLAMPS, first_difference, run_script, run_scripts  # noqa: E402
 from test_prefix_cache_engine import (  # noqa: E402
     CHAIN_TARGETS, CHECKPOINT_ENV, MAX_TOKENS, MTP, PARTIAL_GRAIN, _cases, _chain_rounds, _chains, _concurrent, _rounds,
+    _without_attention,
 )
 
 POOL_BLOCKS = 48
@@ -71,16 +73,17 @@ def runs(tmp_path_factory) -> dict:
     drafter = make_tiny_dspark(tmp / "drafter", echo, agree=True)
     partial = {**_base(tiny, _chain_rounds(block), block),
                "engine_kwargs": {**KV_BYTES, "prefix_match_unit": PARTIAL_GRAIN}}
+    kda_only = {**partial, "model": str(_without_attention(ensure_tiny(seed=0), tmp / "kda-only"))}
     dspark = {**_base(echo, _rounds(block, (0, 0)) + _chain_rounds(block, _dspark_lead(block)), block),
               "speculative_config": {"method": "dspark", "model": str(drafter), "num_speculative_tokens": 4,
                                      "attention_backend": "FLASH_ATTN"}}
-    out_plain, out_mtp, out_dspark, out_partial, out_checkpoints = run_scripts(
+    out_plain, out_mtp, out_dspark, out_partial, out_kda_only, out_checkpoints = run_scripts(
         [("engine_runner.py", plain, "plain"), ("engine_runner.py", mtp, "mtp"),
          ("engine_runner.py", dspark, "dspark"), ("engine_runner.py", partial, "partial"),
-         ("engine_runner.py", plain, "checkpoints")], tmp, GPU_ENV,
-        envs=[{CHECKPOINT_ENV: "0"}, {}, {}, {CHECKPOINT_ENV: "0"}, {CHECKPOINT_ENV: "1"}])
+         ("engine_runner.py", kda_only, "kda_only"), ("engine_runner.py", plain, "checkpoints")], tmp, GPU_ENV,
+        envs=[{CHECKPOINT_ENV: "0"}, {}, {}, {CHECKPOINT_ENV: "0"}, {CHECKPOINT_ENV: "0"}, {CHECKPOINT_ENV: "1"}])
     result = {"block": block, "flood": flood, "plain": out_plain, "mtp": out_mtp, "dspark": out_dspark,
-              "partial": out_partial, "checkpoints": out_checkpoints}
+              "partial": out_partial, "kda_only": out_kda_only, "checkpoints": out_checkpoints}
     record("prefix_cache", result)
     return result
 
@@ -215,6 +218,18 @@ def test_partial_hits_at_a_fine_grain_serve_wrong_continuations(runs):
     if not wrong:
         pytest.skip(f"every resume from inside a block equals its uncached run here (hits {hits})")
     record("prefix_cache_partial_wrong", {"hits": hits, "wrong": wrong})
+
+
+def test_the_kda_state_resumes_inside_a_block(runs):
+    """The same `--prefix-match-unit 16` turns on a copy of the tiny checkpoint whose MLA layers add nothing (their
+    output projection zeroed, as on the CPU engine): the sequence reaches the logits through the KDA state alone, so
+    these resumes must equal the uncached run. Passing while the whole model's go wrong puts the GPU's error on the
+    attention side, as on the CPU engine; failing puts it on the KDA state (ours or vLLM's copy of it)."""
+    hits, parted = _chain_partings(runs["kda_only"], runs["block"], 0)
+    assert not any(parted.values()), f"hits {hits}: {parted}"
+    refs = {tuple(_round(runs["kda_only"], f"{c}:{r}")["outputs"][0]["token_ids"])
+            for c in _chains(runs["block"]) for r in ("ref2", "ref3")}
+    assert len(refs) == 4, "KDA alone continued different prompts identically: the check could not tell them apart"
 
 
 def test_in_prefill_checkpoints_from_flashkda_keep_every_case(runs):
