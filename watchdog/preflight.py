@@ -484,8 +484,9 @@ def state_pages(args: ServeArgs, cfg: Config, env: Mapping[str, str] | None = No
     `MambaSpec.max_memory_usage_bytes`, 0.32-0.34: 2 + num_speculative_blocks + num_prefill_checkpoint_blocks in
     align mode): the running state plus one per draft token, and with prefix caching (mamba_cache_mode "align") one
     more, the block-boundary checkpoint the next block's state is copied from, and one more again for our KDA layers'
-    in-prefill checkpoints, on unless the serve environment sets the plugin's setting off (counted whenever on: the
-    Triton prefill, which declares none, then counts one page too many)."""
+    in-prefill checkpoints, on unless the serve environment sets the plugin's setting off (counted whenever on: a
+    Triton prefill, which declares none, and a drafter without the setting given, which the plugin leaves without
+    them, then count one page too many)."""
     return 1 + spec_tokens(args, cfg) + ((2 if in_prefill_checkpoints(env) else 1) if prefix_caching(args) else 0)
 
 

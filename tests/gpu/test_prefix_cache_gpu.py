@@ -13,11 +13,12 @@ engine asks for them with `--prefix-match-unit`: both run three agent turns each
 the CPU engine's attention gets wrong (test_prefix_cache_engine.py) and an H200 too at the finer grain (the recipe
 keeps DSpark's cache off until its turns pass here); a fifth runs those turns with the MLA layers silenced, to tell
 which side goes wrong. A sixth engine serves the plain engine's rounds with in-prefill KDA checkpoints written by
-FlashKDA (VLLM_LING_KDA_PREFILL_CHECKPOINT=1, the default, which the MTP and DSpark engines take too; the plain and
-the partial-hit engines set it to 0). Cached vs uncached (the same target after `reset_prefix_cache()` in the same
-engine), in bf16: greedy tokens equal up to the first place they part, and that place must be a near-tie (the two
-chosen tokens' logprobs within DECIDED nats) while the logprobs before it agree within BF16_FLIP_MAX_MARGIN; a
-sequence resuming from a wrong checkpoint fails both at once.
+FlashKDA (VLLM_LING_KDA_PREFILL_CHECKPOINT=1, the default without a drafter); the MTP and DSpark engines ask for them
+too (with a drafter the plugin leaves them off unless asked, until these pass); the plain, partial-hit and KDA-only
+engines set it to 0. Cached vs uncached (the same target after `reset_prefix_cache()` in the same engine), in bf16:
+greedy tokens equal up to the first place they part, and that place must be a near-tie (the two chosen tokens'
+logprobs within DECIDED nats) while the logprobs before it agree within BF16_FLIP_MAX_MARGIN; a sequence resuming from
+a wrong checkpoint fails both at once.
 Run on the device: LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_prefix_cache_gpu.py -q
 """
 
@@ -81,7 +82,8 @@ def runs(tmp_path_factory) -> dict:
         [("engine_runner.py", plain, "plain"), ("engine_runner.py", mtp, "mtp"),
          ("engine_runner.py", dspark, "dspark"), ("engine_runner.py", partial, "partial"),
          ("engine_runner.py", kda_only, "kda_only"), ("engine_runner.py", plain, "checkpoints")], tmp, GPU_ENV,
-        envs=[{CHECKPOINT_ENV: "0"}, {}, {}, {CHECKPOINT_ENV: "0"}, {CHECKPOINT_ENV: "0"}, {CHECKPOINT_ENV: "1"}])
+        envs=[{CHECKPOINT_ENV: "0"}, {CHECKPOINT_ENV: "1"}, {CHECKPOINT_ENV: "1"}, {CHECKPOINT_ENV: "0"},
+              {CHECKPOINT_ENV: "0"}, {CHECKPOINT_ENV: "1"}])
     result = {"block": block, "flood": flood, "plain": out_plain, "mtp": out_mtp, "dspark": out_dspark,
               "partial": out_partial, "kda_only": out_kda_only, "checkpoints": out_checkpoints}
     record("prefix_cache", result)

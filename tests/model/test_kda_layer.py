@@ -118,3 +118,35 @@ def test_the_gate_switch_on_cuda_defaults_to_the_kernels_and_refuses_unknown_val
             kda.gate_in_kernel()
     finally:
         kda._gate_in_kernel.cache_clear()
+
+
+@pytest.mark.parametrize("env, spec, kernel, want", [
+    (None, 0, "torch chunk_kda", True),  # the default: on where the prefill writes them
+    (None, 0, "FlashKDA", True),
+    (None, 0, "Triton chunk_kda", False),  # Triton cannot write one
+    ("0", 0, "FlashKDA", False),
+    (None, 1, "FlashKDA", False),  # a drafter: not by default (not yet run so on a GPU)
+    ("1", 3, "FlashKDA", True),  # ... unless asked for
+])
+def test_in_prefill_checkpoints_follow_the_rule(monkeypatch, env, spec, kernel, want):
+    """vllm_ling.kda.checkpoint_alignment: with the prefix cache (align mode), declared on FlashKDA's 16-token grid
+    where the prefill kernel writes them, by default without a drafter, with one only when the variable says 1;
+    never without the prefix cache."""
+    pytest.importorskip("vllm")
+    from types import SimpleNamespace
+
+    from vllm_ling import kda
+    from vllm_ling.flashkda import PrefillChoice
+
+    if env is None:
+        monkeypatch.delenv(kda.CHECKPOINT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(kda.CHECKPOINT_ENV, env)
+    choice = PrefillChoice(kernel, "test", "auto")
+
+    def config(mode: str | None):
+        drafter = SimpleNamespace(num_speculative_tokens=spec) if spec else None
+        return SimpleNamespace(cache_config=SimpleNamespace(mamba_cache_mode=mode), speculative_config=drafter)
+
+    assert kda.checkpoint_alignment(config("align"), choice) == (16 if want else None)
+    assert kda.checkpoint_alignment(config("none"), choice) is None
