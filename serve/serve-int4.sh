@@ -166,7 +166,7 @@ fi
 if [[ $PREFIX_CACHE == 1 && $SPEC == dspark ]]; then
     # The drafter's 128-token KV block makes vLLM hash prompts every 128 tokens and resume a cached prompt from
     # inside a 1,920-token block (a partial hit). On the CPU engine vLLM's attention gets every such resume wrong
-    # (our KDA state resumes exactly); on an H200 so do 4 of 6 agent turns at a finer grain (--prefix-match-unit 16),
+    # (our KDA state resumes exactly); on an H200 so do all 6 agent turns at a finer grain (--prefix-match-unit 16),
     # while DSpark's one resume inside a block passed and its agent turns have not run yet
     # (tests/gpu/test_prefix_cache_gpu.py).
     if [[ -z $PREFIX_CACHE_GIVEN ]]; then

@@ -301,8 +301,8 @@ def check_partial_hits(args: ServeArgs, dev: Device) -> Verdict:
     left mid-block. vLLM hashes prompts finer than the KDA block, and so serves them, when `--prefix-match-unit` asks
     it to or a DSpark drafter's own KV block is smaller (docs/dspark.md §Prefix cache). The CPU engine's attention
     over the partly filled block gets every such resume wrong (tests/model/test_prefix_cache_engine.py), and on an
-    H200 (vLLM 0.34) 4 of 6 agent turns resumed at `--prefix-match-unit 16` part from the uncached run
-    (tests/gpu/test_prefix_cache_gpu.py): refused. DSpark's hits, at its 128-token block, have passed one resume
+    H200 (vLLM 0.34) all 6 agent turns resumed at `--prefix-match-unit 16` differ from the uncached run, where
+    whole-block resumes are bit-identical (tests/gpu/test_prefix_cache_gpu.py): refused. DSpark's hits, at its 128-token block, have passed one resume
     inside a block on that GPU and none wrong yet: a warning there, refused on the CPU engine."""
     rule = "partial_prefix_hits"
     unit, dspark = args.prefix_match_unit, args.speculative.get("method") == "dspark"
@@ -313,8 +313,9 @@ def check_partial_hits(args: ServeArgs, dev: Device) -> Verdict:
     safe = ("Safe: " + ("drop --prefix-match-unit (hits then land on whole KDA blocks)" if unit is not None
                         else "--no-enable-prefix-caching with DSpark (the recipe's default)"))
     resumes = f"{why} makes vLLM resume cached prompts from inside a KV block"
-    gpu = ("on an H200 (vLLM 0.34, bf16) 4 of 6 agent turns resumed at --prefix-match-unit 16 part from the "
-           "uncached run, their first logprobs 0.04-0.73 nats off")
+    gpu = ("on an H200 (vLLM 0.34, bf16) all 6 agent turns resumed at --prefix-match-unit 16 differ from the "
+           "uncached run (4 in their greedy tokens; first logprobs 0.04-0.73 nats off) where whole-block resumes "
+           "are bit-identical")
     if dev.kind == "cpu":
         return _refuse(rule, f"{resumes}, and the CPU engine serves every such resume wrong: its logprobs part from "
                        f"the uncached run's by 0.005-0.66 nats in fp32, from vLLM's attention over the partly filled "

@@ -210,8 +210,9 @@ def test_dsparks_agent_turns_resumed_inside_a_block_equal_the_uncached_run(runs)
 
 
 def test_partial_hits_at_a_fine_grain_serve_wrong_continuations(runs):
-    """`--prefix-match-unit 16`, the same three agent turns: on an H200 (vLLM 0.34, 2026-12-07) 4 of 6 resumes
-    part from their uncached runs (first logprobs 0.04-0.73 nats off), as every one does on the CPU engine, whose
+    """`--prefix-match-unit 16`, the same three agent turns: on an H200 (vLLM 0.34, 2026-12-07) all 6 resumes differ
+    from their uncached runs (4 in their greedy tokens; first logprobs 0.04-0.73 nats off; 3 beyond the bf16 bounds
+    held here) where whole-block resumes are bit-identical, as every one does on the CPU engine, whose
     attention over the partly filled block is to blame (tests/model/test_prefix_cache_engine.py); which side is
     wrong on the GPU is not isolated. So the preflight refuses the flag on a GPU too (rule partial_prefix_hits). A GPU
     that serves every resume right skips with the numbers: the refusal is then over-cautious there."""

@@ -206,12 +206,12 @@ def test_hits_inside_a_kda_block_are_refused_and_dsparks_a_warning_on_a_gpu():
     assert "serves every such resume wrong" in v.message and "Safe: drop --prefix-match-unit" in v.message
     assert v.values == {"prefix_match_unit": 16, "dspark": False, "device": "cpu"}
     gpu = verdicts(pmu, dev=H200)["partial_prefix_hits"]
-    assert gpu.verdict == "refuse" and "4 of 6 agent turns" in gpu.message and "Safe: drop" in gpu.message
+    assert gpu.verdict == "refuse" and "all 6 agent turns" in gpu.message and "Safe: drop" in gpu.message
     cached = DSPARK_RECIPE.replace(" --no-enable-prefix-caching", " --enable-prefix-caching")
     assert verdicts(cached, dev=CPU)["partial_prefix_hits"].verdict == "refuse"
     w = verdicts(cached, dev=H200)["partial_prefix_hits"]
     assert w.verdict == "warn" and "DSpark drafter's own, smaller KV block" in w.message
-    assert "--no-enable-prefix-caching with DSpark" in w.message and "4 of 6 agent turns" in w.message
+    assert "--no-enable-prefix-caching with DSpark" in w.message and "all 6 agent turns" in w.message
     for cmd in (RECIPE, pmu + " --no-enable-prefix-caching", DSPARK_RECIPE):
         assert verdicts(cmd, dev=H200)["partial_prefix_hits"].verdict == "ok", cmd
 
