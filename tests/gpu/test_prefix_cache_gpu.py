@@ -33,8 +33,8 @@ from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without
 # on sys.path via gpu_helpers
 from model_helpers import NO_CLAMPS, first_difference, run_script, run_scripts  # noqa: E402
 from test_prefix_cache_engine import (  # noqa: E402
-    CHAIN_TARGETS, CHECKPOINT_ENV, MAX_TOKENS, MTP, PARTIAL_GRAIN, _cases, _chain_rounds, _chains, _concurrent, _rounds,
-    _without_attention,
+    CHECKPOINT_ENV, MAX_TOKENS, MTP, PARTIAL_GRAIN, _cases, _chain_rounds, _concurrent, _distinct_references, _resumed,
+    _round, _rounds, _without_attention,
 )
 
 POOL_BLOCKS = 48
@@ -90,10 +90,6 @@ def runs(tmp_path_factory) -> dict:
     return result
 
 
-def _round(result: dict, name: str) -> dict:
-    return next(r for r in result["rounds"] if r["name"] == name)
-
-
 def _bf16_parting(got: dict, want: dict) -> str | None:
     """Why a cached continuation is not the uncached one in bf16 terms, or None when it is: greedy tokens equal up to
     the first place they part, the logprobs before it within BF16_FLIP_MAX_MARGIN, and that place a near-tie."""
@@ -112,16 +108,12 @@ def _assert_bf16_same(name: str, got: dict, want: dict) -> None:
     assert why is None, f"{name}: {why}"
 
 
-def _chain_partings(result: dict, block: int, lead: int) -> tuple[dict[str, int], dict[str, str | None]]:
+def _chain_partings(result: dict, block: int) -> tuple[dict[str, int], dict[str, str | None]]:
     """Per chain round resumed from a cached state: its hits, and how it parts from its uncached reference."""
-    hits, parted = {}, {}
-    for chain in _chains(block, lead=lead):
-        for turn, ref in CHAIN_TARGETS.items():
-            r = _round(result, f"{chain}:{turn}")
-            hits[f"{chain}:{turn}"] = r["hits"]
-            parted[f"{chain}:{turn}"] = _bf16_parting(r["outputs"][0], _round(result, f"{chain}:{ref}")["outputs"][0])
+    resumed = _resumed(result)
+    hits = {name: _round(result, name)["hits"] for name, _, _ in resumed}
     assert any(h % block for h in hits.values()), f"every hit on a whole block, no partial hit ran: {hits}"
-    return hits, parted
+    return hits, {name: _bf16_parting(got, want) for name, got, want in resumed}
 
 
 ENGINES = ["plain", "mtp", "dspark"]
@@ -205,7 +197,7 @@ def test_dsparks_agent_turns_resumed_inside_a_block_equal_the_uncached_run(runs)
     each turn resumes from the state the previous prompt left at its last hashed position, and its prefill then
     stays in that block (`same`) or crosses into the next (`next`). The recipe keeps DSpark's prefix cache off until
     this passes (serve/serve-int4.sh, docs/dspark.md §Prefix cache)."""
-    hits, parted = _chain_partings(runs["dspark"], runs["block"], _dspark_lead(runs["block"]))
+    hits, parted = _chain_partings(runs["dspark"], runs["block"])
     assert not any(parted.values()), f"hits {hits}: {parted}"
 
 
@@ -216,7 +208,7 @@ def test_partial_hits_at_a_fine_grain_serve_wrong_continuations(runs):
     attention over the partly filled block is to blame (tests/model/test_prefix_cache_engine.py); which side is
     wrong on the GPU is not isolated. So the preflight refuses the flag on a GPU too (rule partial_prefix_hits). A GPU
     that serves every resume right skips with the numbers: the refusal is then over-cautious there."""
-    hits, parted = _chain_partings(runs["partial"], runs["block"], 0)
+    hits, parted = _chain_partings(runs["partial"], runs["block"])
     wrong = {name: why for name, why in parted.items() if why}
     if not wrong:
         pytest.skip(f"every resume from inside a block equals its uncached run here (hits {hits})")
@@ -228,11 +220,10 @@ def test_the_kda_state_resumes_inside_a_block(runs):
     output projection zeroed, as on the CPU engine): the sequence reaches the logits through the KDA state alone, so
     these resumes must equal the uncached run. Passing while the whole model's go wrong puts the GPU's error on the
     attention side, as on the CPU engine; failing puts it on the KDA state (ours or vLLM's copy of it)."""
-    hits, parted = _chain_partings(runs["kda_only"], runs["block"], 0)
+    hits, parted = _chain_partings(runs["kda_only"], runs["block"])
     assert not any(parted.values()), f"hits {hits}: {parted}"
-    refs = {tuple(_round(runs["kda_only"], f"{c}:{r}")["outputs"][0]["token_ids"])
-            for c in _chains(runs["block"]) for r in ("ref2", "ref3")}
-    assert len(refs) == 4, "KDA alone continued different prompts identically: the check could not tell them apart"
+    assert _distinct_references(runs["kda_only"]) == 4, \
+        "KDA alone continued different prompts identically: the check could not tell them apart"
 
 
 def test_in_prefill_checkpoints_from_flashkda_keep_every_case(runs):
