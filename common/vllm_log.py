@@ -58,6 +58,8 @@ ERROR = re.compile(r"(?:^|ERROR .*?\] )((?:[a-z_]\w*\.)*[A-Z]\w*(?:Error|Excepti
 # conversion of the INT4 experts), which then served (tests/watchdog/data/vllm034_h100_mtp_load_oom.txt).
 ALLOC_RETRY = re.compile(r"CUDACachingAllocator\.cpp:\d+\] memory allocation failed with OOM on device \d+ while "
                          r"trying to allocate (\d+) bytes \(free: (\d+), total: (\d+)\)")
+# The INT4 experts' backend, 0.33 quoted, 0.34 not (fused_moe/oracle/base.py make_log_backend)
+WNA16_BACKEND = re.compile(r"Using '?(\w+)'? WNA16 MoE (?:LoRA )?backend")
 # Logged, not fatal by themselves: a plugin that failed to load (vLLM carries on, maybe with the wrong
 # model: W1) and a Triton kernel over GB10's 101,376 B of shared memory (W3, W5, W6).
 ALERTS = (re.compile(r"Failed to load plugin"), re.compile(r"OutOfResources.*shared memory"))
@@ -106,10 +108,11 @@ def parse(line: str) -> LogEvent | None:
 
 
 def served_int4_backend(log: str) -> tuple[str, str] | None:
-    """(backend, as logged) of the INT4 MoE experts from vLLM's start-up log, or None. 0.33 names its backend
-    ('HUMMING', 'MARLIN', 'TRITON', ...) after a line naming the one method class all of them share
+    """(backend, as logged) of the INT4 MoE experts from vLLM's start-up log, or None. 0.33 and 0.34 name their
+    backend (0.33 `Using 'MARLIN' WNA16 MoE backend.`, 0.34 `Using HUMMING WNA16 MoE backend.`, unquoted, maybe with
+    "out of potential backends: [...]") after a line naming the one method class all of them share
     (CompressedTensorsWNA16MoEMethod), so the backend line wins; a log without it names only the class."""
-    named = re.search(r"Using '(\w+)' WNA16 MoE backend", log)  # 0.33 also logs the method class, earlier
+    named = WNA16_BACKEND.search(log)
     if named:
         return named.group(1).lower(), named.group(1)
     method = re.search(r"Using (CompressedTensorsWNA16\w*MoEMethod)", log)

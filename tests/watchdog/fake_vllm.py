@@ -117,8 +117,8 @@ def engine(args: argparse.Namespace, argv: list[str]) -> None:
     threading.Thread(target=watch_worker, args=(worker,), daemon=True).start()
     who, n = "EngineCore", args.fake_shards
     say(who, "INFO", "Initializing a V1 LLM engine (v0.34.0) with config: model='fake', ...")
-    say(who, "INFO", "Using CompressedTensorsWNA16MoEMethod")  # real vLLM 0.33 logs the method class first
-    say(who, "INFO", "Using 'MARLIN' WNA16 MoE backend.")
+    say(who, "INFO", "Using CompressedTensorsWNA16MoEMethod")  # real vLLM 0.33 and 0.34 log the method class first
+    say(who, "INFO", "Using MARLIN WNA16 MoE backend.")  # 0.34's form (0.33 quotes the name)
     say(who, "INFO", "Filesystem type for checkpoints: ext4. Checkpoint size: 71.70 GiB. Available RAM: 115.00 GiB.")
     for k in range(n + 1):
         pct = round(100 * k / n)

@@ -2,7 +2,7 @@
 from pathlib import Path
 
 import pytest
-from ling_common.vllm_log import parse
+from ling_common.vllm_log import parse, served_int4_backend
 
 
 @pytest.mark.parametrize("line, shard, total", [
@@ -98,3 +98,21 @@ def test_exception_lines_count_only_at_the_end_of_a_traceback(line, kind, text):
     assert (ev.kind if ev else None) == kind
     if text is not None:
         assert ev.text == text
+
+
+@pytest.mark.parametrize(("log", "want"), [
+    ("INFO [int_wna16.py:157] Using 'MARLIN' WNA16 MoE backend.", ("marlin", "MARLIN")),  # 0.33
+    ("INFO [int_wna16.py:356] Using HUMMING WNA16 MoE backend.", ("humming", "HUMMING")),  # 0.34
+    ("Using MARLIN WNA16 MoE backend out of potential backends: ['HUMMING', 'MARLIN', 'TRITON'].", ("marlin", "MARLIN")),
+    ("INFO Using CompressedTensorsWNA16MoEMethod", ("triton", "CompressedTensorsWNA16MoEMethod")),
+    ("INFO Using CompressedTensorsWNA16MoEMethod\nINFO Using TRITON WNA16 MoE backend.", ("triton", "TRITON")),
+    ("WNA16 MoE backend 'MARLIN' does not support the configuration", None),
+])
+def test_the_int4_backend_line_of_each_release(log, want):
+    assert served_int4_backend(log) == want
+
+
+def test_a_real_034_log_names_its_int4_backend():
+    """vLLM 0.34 stopped quoting the backend; reading the method class instead called every backend triton."""
+    real = (Path(__file__).with_name("data") / "vllm034_h100_mtp_load_oom.txt").read_text()
+    assert served_int4_backend(real) == ("humming", "HUMMING")
