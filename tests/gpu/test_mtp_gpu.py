@@ -29,7 +29,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("vllm")
 from criteria import (BF16_FLIP_MAX_MARGIN, DECIDED_AGREEMENT, FP8_LOSSLESS_SLACK, acceptance_slack,  # noqa: E402
-                      decided_disagreements)
+                      decided_agreement_holds, decided_disagreements)
 from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without CUDA)
 # on sys.path via gpu_helpers
 from model_helpers import FP8_MERGED, NO_CLAMPS, first_difference, random_prompts, run_scripts  # noqa: E402
@@ -179,9 +179,9 @@ def test_identical_prompts_decoded_side_by_side_agree(pair):
     """Two sequences of one prompt in one batch decode alike where the model is sure, with and without MTP (the H200
     verify bug parted them at the first token, a sequence reading another's state anywhere it likes). They may part
     at a near-tie: the two copies reach the engine in different chunks of the batch (678 prompt tokens, 512 per
-    step), so their bf16 rounding differs, and session 12 saw the plain copies part after ~10 tokens where the fp32
+    step), so their bf16 rounding differs, and an H200 run saw the plain copies part after ~10 tokens where the fp32
     oracle's margin was 0.07 nat. So: each copy agrees with the oracle (teacher-forced on its own tokens) on decided
-    positions, and where the copies first part the oracle's margin is one bf16 can flip (FP8 can flip more)."""
+    positions (one bf16 flip allowed in a copy's ~100: an H100 run on vLLM 0.34 had one in 97), and where the copies first part the oracle's margin is one bf16 can flip (FP8 can flip more)."""
     name, plain, spec, _ = pair
     length = PROMPT_LENGTHS[TWICE]
     for kind, run in (("plain", plain), ("MTP", spec)):
@@ -189,7 +189,8 @@ def test_identical_prompts_decoded_side_by_side_agree(pair):
         for copy, tokens, ref in (("first", first, run["scored"][TWICE]), ("second", second, run["scored"][-1])):
             check = _decided_agreement(length, tokens, ref)
             bar = FP8_COPY_AGREEMENT if _fp8(name) else DECIDED_AGREEMENT
-            assert _share([check]) >= bar, f"{name}, {kind}, {copy} copy: {check}"
+            assert decided_agreement_holds(check["decided"], check["decided_disagree"], bar), \
+                f"{name}, {kind}, {copy} copy: {check}"
         part = first_difference(first, second)
         if part is not None and not _fp8(name):
             margin = run["scored"][TWICE]["margin"][length + part]
