@@ -37,9 +37,11 @@
 #                confidence-driven verification width   compute capability 10.x, not on a GB10 or an H100:
 #                ("enable_adaptive_verification": true;  docs/dspark.md §Adaptive width)
 #                needs CUDA graphs, so no --enforce-eager); 0 = fixed K
-#   PREFIX_CACHE 1: --enable-prefix-caching (vLLM       1; 0 with SPEC=dspark (docs/dspark.md §Prefix cache)
-#                checkpoints KDA's state at block boundaries, mamba_cache_mode "align": an agent's next turn
-#                prefills only what is new; docs/vllm-seams.md §Prefix cache); 0: --no-enable-prefix-caching
+#   PREFIX_CACHE 1: --enable-prefix-caching (vLLM       1; 0 with SPEC=dspark and
+#                checkpoints KDA's state at block        VLLM_LING_KDA_PREFILL_CHECKPOINT=0
+#                boundaries, mamba_cache_mode "align":   (docs/dspark.md §Prefix cache)
+#                an agent's next turn prefills only what is new; docs/vllm-seams.md §Prefix cache);
+#                0: --no-enable-prefix-caching
 #   TOOL_PARSER, REASONING_PARSER                      ling3, ling3
 #   DEVICE       auto | cuda | cpu                     auto (nvidia-smi present = cuda)
 #   VLLM_CMD     the launcher                          "vllm serve" (cuda) or
@@ -165,18 +167,18 @@ if [[ $PREFIX_CACHE == 1 && $DEVICE == cpu ]] && (( 10#$MTP_K > 0 )); then
 fi
 if [[ $PREFIX_CACHE == 1 && $SPEC == dspark ]]; then
     # The drafter's 128-token KV block makes vLLM hash prompts every 128 tokens and resume a cached prompt from
-    # inside a 1,920-token block (a partial hit). On the CPU engine vLLM's attention gets every such resume wrong
-    # (our KDA state resumes exactly); on an H200 so do all 6 agent turns at a finer grain (--prefix-match-unit 16),
-    # while DSpark's one resume inside a block passed and its agent turns have not run yet
-    # (tests/gpu/test_prefix_cache_gpu.py).
-    if [[ -z $PREFIX_CACHE_GIVEN ]]; then
-        echo "note: SPEC=dspark: prefix caching off (the drafter's block makes vLLM resume cached prompts from" \
-             "inside a KV block, not yet shown correct on a GPU for an agent's turns; docs/dspark.md §Prefix" \
-             "cache). PREFIX_CACHE=1 turns it on" >&2
+    # inside a 1,920-token block (a partial hit). On a GPU an agent's turns resumed so equal the uncached run with our
+    # in-prefill KDA checkpoints (on by default); without them, turns resumed inside a block at a finer grain go wrong.
+    # (tests/gpu/test_prefix_cache_gpu.py; the preflight's rule partial_prefix_hits). DSpark has no CPU engine.
+    why=""
+    [[ ${VLLM_LING_KDA_PREFILL_CHECKPOINT:-1} == 0 ]] && why="VLLM_LING_KDA_PREFILL_CHECKPOINT=0: resumes from \
+inside a KV block are not shown right without in-prefill KDA checkpoints"
+    if [[ -n $why && -z $PREFIX_CACHE_GIVEN ]]; then
+        echo "note: SPEC=dspark: prefix caching off ($why; docs/dspark.md §Prefix cache)." \
+             "PREFIX_CACHE=1 turns it on" >&2
         PREFIX_CACHE=0
-    else
-        echo "warning: SPEC=dspark with PREFIX_CACHE=1: vLLM resumes cached prompts from inside a KV block, not" \
-             "yet shown correct on a GPU for an agent's turns (docs/dspark.md §Prefix cache)" >&2
+    elif [[ -n $why ]]; then
+        echo "warning: SPEC=dspark with PREFIX_CACHE=1: $why (docs/dspark.md §Prefix cache)" >&2
     fi
 fi
 if [[ $PREFIX_CACHE == 1 ]]; then ARGS+=(--enable-prefix-caching); else ARGS+=(--no-enable-prefix-caching); fi

@@ -72,16 +72,12 @@ def checkpoint_alignment(vllm_config, choice: flashkda.PrefillChoice) -> int | N
     the prefill kernel writes them, our torch path and FlashKDA; Triton chunk_kda cannot. Every KDA layer makes the
     same choice, as vLLM requires of all its Mamba groups. Why: without them vLLM ends a prefill pass at the last
     block boundary before a prompt's end to save the state there, one pass more a prompt (docs/speed.md
-    §In-prefill checkpoints). With a drafter (MTP, DSpark) they are declared only when the variable is set to 1:
-    that combination has not yet run on a GPU."""
+    §In-prefill checkpoints). A drafter (MTP, DSpark) changes nothing here: its engines keep every prefix-cache case
+    with them (tests/gpu/test_prefix_cache_gpu.py)."""
     if not envs.read(CHECKPOINT_ENV):
         return None
     if getattr(vllm_config.cache_config, "mamba_cache_mode", None) != "align":
         _say_checkpoints(False, "the prefix cache is off: no state is checkpointed")
-        return None
-    if compat.num_speculative_tokens(vllm_config) and not envs.raw(CHECKPOINT_ENV):
-        _say_checkpoints(False, f"not by default with speculative decoding, not yet verified with a drafter on a GPU; "
-                                f"{CHECKPOINT_ENV}=1 asks for them")
         return None
     if choice.kernel == flashkda.TRITON:
         _say_checkpoints(False, f"{flashkda.TRITON} cannot write them (FlashKDA and the CPU engine's torch path can): "

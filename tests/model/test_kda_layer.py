@@ -125,13 +125,12 @@ def test_the_gate_switch_on_cuda_defaults_to_the_kernels_and_refuses_unknown_val
     (None, 0, "FlashKDA", True),
     (None, 0, "Triton chunk_kda", False),  # Triton cannot write one
     ("0", 0, "FlashKDA", False),
-    (None, 1, "FlashKDA", False),  # a drafter: not by default (not yet run so on a GPU)
-    ("1", 3, "FlashKDA", True),  # ... unless asked for
+    (None, 1, "FlashKDA", True),  # a drafter changes nothing
+    ("0", 3, "FlashKDA", False),
 ])
 def test_in_prefill_checkpoints_follow_the_rule(monkeypatch, env, spec, kernel, want):
     """vllm_ling.kda.checkpoint_alignment: with the prefix cache (align mode), declared on FlashKDA's 16-token grid
-    where the prefill kernel writes them, by default without a drafter, with one only when the variable says 1;
-    never without the prefix cache."""
+    where the prefill kernel writes them, by default, with a drafter or without; never without the prefix cache."""
     pytest.importorskip("vllm")
     from types import SimpleNamespace
 

@@ -374,17 +374,23 @@ def test_the_cpu_engine_with_mtp_serves_without_prefix_caching_and_says_why():
     assert "--enable-prefix-caching" in shlex.split(script(DEVICE="cuda").stdout)  # MTP on a GPU keeps it
 
 
-def test_dspark_serves_without_prefix_caching_unless_asked_and_says_why():
-    """The drafter's small KV block gives vLLM partial hits (a cached prompt resumed from inside a KV block), which
-    the CPU engine's attention serves wrong and a GPU has not yet served for an agent's turns
-    (tests/model/test_prefix_cache_engine.py): off by default with SPEC=dspark, on with a warning when asked."""
+def test_dspark_serves_with_prefix_caching_where_its_resumes_were_shown_right():
+    """The drafter's small KV block gives vLLM partial hits (a cached prompt resumed from inside a KV block): right on
+    a GPU with our in-prefill KDA checkpoints (tests/gpu/test_prefix_cache_gpu.py), so on by default there; off by
+    default, saying why, with the checkpoints turned off; asked for anyway, on with a warning."""
+    def prefix_caching(r) -> bool:
+        assert r.returncode == 0, r.stderr
+        return ServeArgs.parse(shlex.split(r.stdout.split(" -- ", 1)[1])).values["enable_prefix_caching"]
+
     r = script("serve-int4.sh", DEVICE="cuda", SPEC="dspark")
-    cmd = shlex.split(r.stdout.split(" -- ", 1)[1])
-    assert r.returncode == 0 and ServeArgs.parse(cmd).values["enable_prefix_caching"] is False
-    assert "note: SPEC=dspark: prefix caching off" in r.stderr and "PREFIX_CACHE=1 turns it on" in r.stderr
-    asked = script("serve-int4.sh", DEVICE="cuda", SPEC="dspark", PREFIX_CACHE="1")
-    assert "--enable-prefix-caching" in shlex.split(asked.stdout) and "warning: SPEC=dspark with PREFIX_CACHE=1" \
-        in asked.stderr
+    assert prefix_caching(r) is True and "prefix caching" not in r.stderr
+    no_checkpoints, why = {"VLLM_LING_KDA_PREFILL_CHECKPOINT": "0"}, "without in-prefill KDA checkpoints"
+    off = script("serve-int4.sh", DEVICE="cuda", SPEC="dspark", **no_checkpoints)
+    assert prefix_caching(off) is False and "note: SPEC=dspark: prefix caching off" in off.stderr
+    assert why in off.stderr and "PREFIX_CACHE=1 turns it on" in off.stderr
+    asked = script("serve-int4.sh", DEVICE="cuda", SPEC="dspark", PREFIX_CACHE="1", **no_checkpoints)
+    assert prefix_caching(asked) is True and "warning: SPEC=dspark with PREFIX_CACHE=1" in asked.stderr
+    assert why in asked.stderr
     for spec in ("mtp", "off"):  # no drafter block of its own: hits stay on whole blocks, the cache stays on
         other = script("serve-int4.sh", DEVICE="cuda", SPEC=spec)
         assert "--enable-prefix-caching" in shlex.split(other.stdout) and "prefix caching" not in other.stderr
@@ -422,9 +428,9 @@ def test_spec_dspark_passes_vllms_dspark_flags_with_the_drafters_own_k_unless_ds
     assert spec_config(cmd) == {"method": "dspark", "model": "org/drafter", "num_speculative_tokens": 4}
     a = ServeArgs.parse(cmd)
     assert a.speculative == spec_config(cmd) and a.error is None  # vLLM's own parser takes it
-    _, plain = dry_run("serve-int4.sh", DEVICE="cuda", CTX="81920", PREFIX_CACHE="0")
+    _, plain = dry_run("serve-int4.sh", DEVICE="cuda", CTX="81920")
     i = cmd.index("--speculative-config")
-    assert cmd[:i] + cmd[i + 2:] == plain  # nothing else changes but the context (81,920 tokens) and the cache
+    assert cmd[:i] + cmd[i + 2:] == plain  # nothing else changes but the context (81,920 tokens)
     assert "131072" in dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark", CTX="131072")[1]  # CTX still wins
 
 
