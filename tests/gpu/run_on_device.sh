@@ -67,8 +67,9 @@
 #   turn_ckpt   the same with them (=1, the default): a cached turn in one prefill pass fewer, beside `turn` on the
 #               same card                                                             (4.1 for two turns, H200)
 #   prefix_cache  cached continuations equal uncached ones (bf16, CUDA graphs), hits with MTP and with DSpark on;
-#               agent turns with hits inside a block (DSpark's, --prefix-match-unit's); in-prefill KDA checkpoints
-#               (VLLM_LING_KDA_PREFILL_CHECKPOINT=1): six engines side by side (2.4 with five on a warm H200)
+#               agent turns with hits inside a block (DSpark's, --prefix-match-unit's with and without in-prefill
+#               KDA checkpoints, and KDA alone); in-prefill checkpoints (VLLM_LING_KDA_PREFILL_CHECKPOINT=1): seven
+#               engines side by side (3.5 with six on a fresh H100, the bundle's assembly apart)
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
 #   agent_pc1 | agent_pc0  the agent workload (ling-bench --workload agent: 20-turn sessions that re-send their

@@ -10,15 +10,14 @@ its own (docs/dspark.md §KV block) and whose hits vLLM keeps whole (a DSpark dr
 target's hidden state alone, so no trailing block is dropped) and, the drafter's block being smaller, at the finer
 grain vLLM 0.34 then hashes at (`_hit_grain`). That grain gives hits inside a KDA block (partial hits), and a fourth
 engine asks for them with `--prefix-match-unit`: both run three agent turns each resuming from inside a block, which
-the CPU engine's attention gets wrong (test_prefix_cache_engine.py) and an H200 too at the finer grain (the recipe
-keeps DSpark's cache off until its turns pass here); a fifth runs those turns with the MLA layers silenced, to tell
-which side goes wrong. A sixth engine serves the plain engine's rounds with in-prefill KDA checkpoints written by
-FlashKDA (VLLM_LING_KDA_PREFILL_CHECKPOINT=1, the default without a drafter); the MTP and DSpark engines ask for them
-too (with a drafter the plugin leaves them off unless asked, until these pass); the plain, partial-hit and KDA-only
-engines set it to 0. Cached vs uncached (the same target after `reset_prefix_cache()` in the same engine), in bf16:
-greedy tokens equal up to the first place they part, and that place must be a near-tie (the two chosen tokens'
-logprobs within DECIDED nats) while the logprobs before it agree within BF16_FLIP_MAX_MARGIN; a sequence resuming from
-a wrong checkpoint fails both at once.
+the CPU engine's attention gets wrong (test_prefix_cache_engine.py) and GPUs too at the finer grain without in-prefill
+checkpoints; a fifth runs those turns with the MLA layers silenced (the KDA state's side), a seventh with in-prefill
+checkpoints. A sixth engine serves the plain engine's rounds with in-prefill KDA checkpoints written by FlashKDA
+(VLLM_LING_KDA_PREFILL_CHECKPOINT=1, the default); the MTP and DSpark engines have them too; the plain, partial-hit
+and KDA-only engines set it to 0. Cached vs uncached (the same target after `reset_prefix_cache()` in the same
+engine), in bf16: greedy tokens equal up to the first place they part, and that place must be a near-tie (the two
+chosen tokens' logprobs within DECIDED nats) while the logprobs before it agree within BF16_FLIP_MAX_MARGIN; a
+sequence resuming from a wrong checkpoint fails both at once.
 Run on the device: LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_prefix_cache_gpu.py -q
 """
 
@@ -78,14 +77,11 @@ def runs(tmp_path_factory) -> dict:
     dspark = {**_base(echo, _rounds(block, (0, 0)) + _chain_rounds(block, _dspark_lead(block)), block),
               "speculative_config": {"method": "dspark", "model": str(drafter), "num_speculative_tokens": 4,
                                      "attention_backend": "FLASH_ATTN"}}
-    out_plain, out_mtp, out_dspark, out_partial, out_kda_only, out_checkpoints = run_scripts(
-        [("engine_runner.py", plain, "plain"), ("engine_runner.py", mtp, "mtp"),
-         ("engine_runner.py", dspark, "dspark"), ("engine_runner.py", partial, "partial"),
-         ("engine_runner.py", kda_only, "kda_only"), ("engine_runner.py", plain, "checkpoints")], tmp, GPU_ENV,
-        envs=[{CHECKPOINT_ENV: "0"}, {CHECKPOINT_ENV: "1"}, {CHECKPOINT_ENV: "1"}, {CHECKPOINT_ENV: "0"},
-              {CHECKPOINT_ENV: "0"}, {CHECKPOINT_ENV: "1"}])
-    result = {"block": block, "flood": flood, "plain": out_plain, "mtp": out_mtp, "dspark": out_dspark,
-              "partial": out_partial, "kda_only": out_kda_only, "checkpoints": out_checkpoints}
+    engines = {"plain": (plain, "0"), "mtp": (mtp, "1"), "dspark": (dspark, "1"), "partial": (partial, "0"),
+               "kda_only": (kda_only, "0"), "checkpoints": (plain, "1"), "partial_checkpoints": (partial, "1")}
+    outs = run_scripts([("engine_runner.py", spec, name) for name, (spec, _) in engines.items()], tmp, GPU_ENV,
+                       envs=[{CHECKPOINT_ENV: on} for _, on in engines.values()])
+    result = {"block": block, "flood": flood, **dict(zip(engines, outs))}
     record("prefix_cache", result)
     return result
 
@@ -215,15 +211,29 @@ def test_partial_hits_at_a_fine_grain_serve_wrong_continuations(runs):
     record("prefix_cache_partial_wrong", {"hits": hits, "wrong": wrong})
 
 
+@pytest.mark.xfail(strict=True, reason="on an H100 (vLLM 0.34, 2026-12-07) 4 of 6 resumes parted from the uncached "
+                   "run by 0.26-0.59 nats: the KDA state resumed inside a block without in-prefill checkpoints is "
+                   "wrong (rule partial_prefix_hits refuses such hits); passing means that changed")
 def test_the_kda_state_resumes_inside_a_block(runs):
     """The same `--prefix-match-unit 16` turns on a copy of the tiny checkpoint whose MLA layers add nothing (their
     output projection zeroed, as on the CPU engine): the sequence reaches the logits through the KDA state alone, so
     these resumes must equal the uncached run. Passing while the whole model's go wrong puts the GPU's error on the
-    attention side, as on the CPU engine; failing puts it on the KDA state (ours or vLLM's copy of it)."""
+    attention side, as on the CPU engine; failing puts it on the KDA state (ours or vLLM's copy of it). Without
+    in-prefill checkpoints vLLM ends a prefill pass at the hashed position inside the block to save the state there
+    (`mamba_partial_cache_hit`, v1/core/sched/scheduler.py)."""
     hits, parted = _chain_partings(runs["kda_only"], runs["block"])
     assert not any(parted.values()), f"hits {hits}: {parted}"
     assert _distinct_references(runs["kda_only"]) == 4, \
         "KDA alone continued different prompts identically: the check could not tell them apart"
+
+
+def test_in_prefill_checkpoints_resume_agent_turns_inside_a_block(runs):
+    """The `--prefix-match-unit 16` turns again, with in-prefill checkpoints: FlashKDA writes the state at the hashed
+    position inside the final pass instead of vLLM ending a pass there. DSpark's turns, at its 128-token grain, equal
+    the uncached run so; if these do at the 16-token grain too, the pass vLLM ends inside a block (without the
+    checkpoints) is what goes wrong, and the preflight's refusal of `--prefix-match-unit` can ask for them instead."""
+    hits, parted = _chain_partings(runs["partial_checkpoints"], runs["block"])
+    assert not any(parted.values()), f"hits {hits}: {parted}"
 
 
 def test_in_prefill_checkpoints_from_flashkda_keep_every_case(runs):
