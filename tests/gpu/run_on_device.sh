@@ -68,8 +68,9 @@
 #               same card                                                             (4.1 for two turns, H200)
 #   prefix_cache  cached continuations equal uncached ones (bf16, CUDA graphs), hits with MTP and with DSpark on;
 #               agent turns with hits inside a block (DSpark's, --prefix-match-unit's with and without in-prefill
-#               KDA checkpoints, and KDA alone); in-prefill checkpoints (VLLM_LING_KDA_PREFILL_CHECKPOINT=1): seven
-#               engines side by side (3.5 with six on a fresh H100, the bundle's assembly apart)
+#               KDA checkpoints, and KDA alone, each also scored by the fp32 oracle); in-prefill checkpoints
+#               (VLLM_LING_KDA_PREFILL_CHECKPOINT=1): seven engines side by side, then four oracles (3.5 with six
+#               engines and no oracle on a fresh H100, the bundle's assembly apart)
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
 #   agent_pc1 | agent_pc0  the agent workload (ling-bench --workload agent: 20-turn sessions that re-send their

@@ -17,7 +17,9 @@ checkpoints. A sixth engine serves the plain engine's rounds with in-prefill KDA
 and KDA-only engines set it to 0. Cached vs uncached (the same target after `reset_prefix_cache()` in the same
 engine), in bf16: greedy tokens equal up to the first place they part, and that place must be a near-tie (the two
 chosen tokens' logprobs within DECIDED nats) while the logprobs before it agree within BF16_FLIP_MAX_MARGIN; a
-sequence resuming from a wrong checkpoint fails both at once.
+sequence resuming from a wrong checkpoint fails both at once. The agent turns resumed inside a block are also scored
+by the fp32 oracle, each against its own tokens, which tells a wrong resume from one whose bf16 rounding differs
+from its reference's (the two prefill in different passes).
 Run on the device: LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_prefix_cache_gpu.py -q
 """
 
@@ -32,8 +34,8 @@ from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without
 # on sys.path via gpu_helpers
 from model_helpers import NO_CLAMPS, first_difference, run_script, run_scripts  # noqa: E402
 from test_prefix_cache_engine import (  # noqa: E402
-    CHECKPOINT_ENV, MAX_TOKENS, MTP, PARTIAL_GRAIN, _cases, _chain_rounds, _concurrent, _distinct_references, _resumed,
-    _round, _rounds, _without_attention,
+    CHAIN_TARGETS, CHECKPOINT_ENV, MAX_TOKENS, MTP, PARTIAL_GRAIN, _cases, _chain_rounds, _chains, _concurrent,
+    _distinct_references, _resumed, _round, _rounds, _without_attention,
 )
 
 POOL_BLOCKS = 48
@@ -82,8 +84,46 @@ def runs(tmp_path_factory) -> dict:
     outs = run_scripts([("engine_runner.py", spec, name) for name, (spec, _) in engines.items()], tmp, GPU_ENV,
                        envs=[{CHECKPOINT_ENV: on} for _, on in engines.values()])
     result = {"block": block, "flood": flood, **dict(zip(engines, outs))}
+    chained = [name for name in engines if name in ORACLE_JUDGED]
+    scored = run_scripts([("oracle.py", {"model": engines[name][0]["model"], "prompts": [], "device": "cuda",
+                                         "score": _chain_sequences(engines[name][0], result[name])}, f"{name}-oracle")
+                          for name in chained], tmp)
+    for name, oracle in zip(chained, scored):
+        result[name]["oracle_error"] = _oracle_errors(engines[name][0], result[name], oracle["scored"])
     record("prefix_cache", result)
     return result
+
+
+# the engines whose agent turns resume from inside a block, each continuation also scored by the fp32 oracle
+ORACLE_JUDGED = ("dspark", "partial", "kda_only", "partial_checkpoints")
+
+
+def _chain_pairs() -> list[tuple[str, str]]:
+    """(resumed round, its uncached reference round) of every chain."""
+    return [(f"{c}:{t}", f"{c}:{ref}") for c in _chains() for t, ref in CHAIN_TARGETS.items()]
+
+
+def _chain_sequences(spec: dict, result: dict) -> list[list[int]]:
+    """Prompt + continuation of each resumed round and its reference, in _chain_pairs order, for the oracle."""
+    prompts = {r["name"]: r["prompts"][0] for r in spec["rounds"]}
+    return [prompts[name] + _round(result, name)["outputs"][0]["token_ids"]
+            for pair in _chain_pairs() for name in pair]
+
+
+def _oracle_errors(spec: dict, result: dict, scored: list[dict]) -> dict[str, dict[str, float]]:
+    """Per resumed round, the largest |engine logprob - fp32 oracle logprob| over its continuation's tokens, the
+    oracle teacher-forced on the engine's own tokens, for the resumed run and its uncached reference. bf16 noise
+    moves a logprob by p99 0.18 nats (criteria.DECIDED); a resume from a wrong state moves it further than its
+    reference's, whatever the two runs' different prefill passes do to their bf16 rounding."""
+    prompts = {r["name"]: r["prompts"][0] for r in spec["rounds"]}
+    errors, it = {}, iter(scored)
+    for pair in _chain_pairs():
+        worst = []
+        for name in pair:
+            got, ref, start = _round(result, name)["outputs"][0], next(it), len(prompts[name])
+            worst.append(max(abs(a - ref["logprobs"][start + i]) for i, a in enumerate(got["logprobs"])))
+        errors[pair[0]] = {"cached": worst[0], "reference": worst[1]}
+    return errors
 
 
 def _bf16_parting(got: dict, want: dict) -> str | None:
@@ -248,3 +288,17 @@ def test_in_prefill_checkpoints_from_flashkda_keep_every_case(runs):
     for i, got in enumerate(_round(result, "concurrent")["outputs"]):
         _assert_bf16_same(f"checkpoints concurrent{i}", got, _round(result, f"ref:concurrent{i}")["outputs"][0])
     assert [r["hits"] for r in result["rounds"]] == [r["hits"] for r in plain["rounds"]]
+
+
+def test_resumes_inside_a_block_are_judged_by_the_fp32_oracle_too(runs):
+    """Each agent turn resumed from inside a block, and its uncached reference, against the fp32 oracle teacher-forced
+    on its own tokens (`_oracle_errors`): recorded for every such engine, so that a resume parting from its reference
+    (whose prefill passes, and so bf16 rounding, differ) is told wrong or merely rounded differently. DSpark's resumes
+    stay within BF16_FLIP_MAX_MARGIN of the oracle, as a right resume must."""
+    errors = {name: runs[name]["oracle_error"] for name in ORACLE_JUDGED}
+    record("prefix_cache_oracle_errors", errors)
+    references = max(e["reference"] for judged in errors.values() for e in judged.values())
+    if references > BF16_FLIP_MAX_MARGIN:
+        pytest.skip(f"an uncached reference is {references:.3f} nats off the oracle itself: the bound says nothing")
+    off = {name: e for name, e in errors["dspark"].items() if e["cached"] > BF16_FLIP_MAX_MARGIN}
+    assert not off, f"DSpark's resumes off the fp32 oracle beyond {BF16_FLIP_MAX_MARGIN} nats: {off}"
