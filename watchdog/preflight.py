@@ -302,9 +302,9 @@ def check_partial_hits(args: ServeArgs, dev: Device, env: Mapping[str, str] | No
     it to or a DSpark drafter's own KV block is smaller (docs/dspark.md §Prefix cache). The CPU engine's attention
     over the partly filled block gets every such resume wrong (tests/model/test_prefix_cache_engine.py). On GPUs
     (vLLM 0.34, bf16) the agent turns resumed at `--prefix-match-unit 16` without in-prefill checkpoints differ from
-    the uncached run, the KDA state's side included (tests/gpu/test_prefix_cache_gpu.py): refused. DSpark's turns,
-    resumed at its 128-token grain with in-prefill checkpoints, equal the uncached run: ok on a GPU with them, a
-    warning without them, refused on the CPU engine."""
+    the uncached run beyond the bf16 bounds, with the attention layers silenced too
+    (tests/gpu/test_prefix_cache_gpu.py): refused. DSpark's turns, resumed at its 128-token grain with in-prefill
+    checkpoints, equal the uncached run: ok on a GPU with them, a warning without them, refused on the CPU engine."""
     rule = "partial_prefix_hits"
     unit, dspark = args.prefix_match_unit, args.speculative.get("method") == "dspark"
     if not prefix_caching(args) or (unit is None and not dspark):
@@ -315,7 +315,7 @@ def check_partial_hits(args: ServeArgs, dev: Device, env: Mapping[str, str] | No
     resumes = f"{why} makes vLLM resume cached prompts from inside a KV block"
     gpu = ("on GPUs (vLLM 0.34, bf16) agent turns resumed at --prefix-match-unit 16 without in-prefill checkpoints "
            "differ from the uncached run (an H200: all 6, first logprobs 0.04-0.73 nats off; an H100: 3 of 6, and "
-           "4 of 6 with the attention layers silenced, so the KDA state too) where whole-block resumes are "
+           "4 of 6 with the attention layers silenced) where whole-block resumes are "
            "bit-identical")
     if dev.kind == "cpu":
         safe = ("Safe: " + ("drop --prefix-match-unit (hits then land on whole KDA blocks)" if unit is not None

@@ -252,8 +252,8 @@ def test_partial_hits_at_a_fine_grain_serve_wrong_continuations(runs):
 
 
 @pytest.mark.xfail(strict=True, reason="on an H100 (vLLM 0.34, 2026-12-07) 4 of 6 resumes parted from the uncached "
-                   "run by 0.26-0.59 nats: the KDA state resumed inside a block without in-prefill checkpoints is "
-                   "wrong (rule partial_prefix_hits refuses such hits); passing means that changed")
+                   "run by 0.26-0.59 nats, beyond the bf16 bounds, without in-prefill checkpoints (rule "
+                   "partial_prefix_hits refuses such hits); passing means that changed")
 def test_the_kda_state_resumes_inside_a_block(runs):
     """The same `--prefix-match-unit 16` turns on a copy of the tiny checkpoint whose MLA layers add nothing (their
     output projection zeroed, as on the CPU engine): the sequence reaches the logits through the KDA state alone, so
