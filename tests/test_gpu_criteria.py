@@ -4,7 +4,7 @@ narrow enough to catch a real loss. The model test's decode check scores ~420 de
 How much a bar catches depends on how the two runs' misses relate. A fault in ours breaks tokens the reference gets
 right (ours' misses a superset of the reference's): caught below. Two runs of one model whose misses are unrelated
 give the widest slack: a 10-point loss is then caught in ~80% of trials at 418 tokens and ~37% at 209 (simulated in
-session 14's review; not pinned here); engines and their reference share weights and rounding, so their misses
+a review of the bar; not pinned here); engines and their reference share weights and rounding, so their misses
 mostly coincide."""
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ def _gap(ours: list[bool], ref: list[bool]) -> float:
 @pytest.mark.parametrize("n, p, points", [(N, 0.88, 0.01), (TEACHER_FORCED, 0.80, 0.005)])
 def test_two_equally_good_runs_with_unrelated_misses_stay_within_the_slack(n, p, points):
     """Equal quality, misses independent (the widest the slack gets): within it in at least 99% of 2,000 trials,
-    where the fixed bar alone fails a fifth of them or more. Decode: 88% (session 14's FP8 decode), a 1-point bar
-    (36% failed at 209 tokens). Teacher-forced, all positions: 80% (session 15's int4_fp8_ourgate and its floor,
+    where the fixed bar alone fails a fifth of them or more. Decode: 88% (an H200 FP8 decode run), a 1-point bar
+    (36% failed at 209 tokens). Teacher-forced, all positions: 80% (an H200 run's int4_fp8_ourgate and its floor,
     0.7975 against 0.8074), the old half-point bar."""
     rng = random.Random(0)
     within = within_fixed = 0

@@ -1,6 +1,6 @@
 """The GPU tests import what our packages really define. Without CUDA they skip at `import gpu_helpers`, before
-any later import runs, so a renamed or removed name (session 13 removed `router_gemm.BLOCK_E`, which
-tests/gpu/test_router_gemm_gpu.py still imported) would surface only on the device, costing a lease. This reads
+any later import runs, so a renamed or removed name (a refactor removed `router_gemm.BLOCK_E`, which
+tests/gpu/test_router_gemm_gpu.py still imported) would surface only on the device, costing device time. This reads
 every `from <our module> import NAME` in tests/gpu/*.py, module-level or in a function, and checks NAME exists."""
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def test_every_name_the_gpu_tests_import_from_our_packages_exists(monkeypatch):
 
 
 def test_a_missing_name_is_found(tmp_path):
-    """Negative control: the import session 13 broke, and a module that is not there."""
+    """Negative control: the import that refactor broke, and a module that is not there."""
     pytest.importorskip("vllm")
     (tmp_path / "test_x_gpu.py").write_text("from vllm_ling.ops.router_gemm import BLOCK_E, MAX_TOKENS\n"
                                             "def f():\n    from vllm_ling.nowhere import thing\n")

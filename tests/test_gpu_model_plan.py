@@ -1,6 +1,6 @@
-"""The GPU model test's bookkeeping, checked on the CPU with made-up outputs (a lease lost to a plumbing bug costs
+"""The GPU model test's bookkeeping, checked on the CPU with made-up outputs (device time lost to a plumbing bug costs
 30 minutes): every configuration gets the slices of the oracle runs that score it, FP8 ones the FP8 reference of
-their own implementation, and the FP8 premise check fails where engine and reference disagree (session 15)."""
+their own implementation, and the FP8 premise check fails where engine and reference disagree."""
 
 from __future__ import annotations
 

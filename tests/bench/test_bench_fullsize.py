@@ -175,7 +175,7 @@ def test_busy_time_is_the_union_of_kernel_intervals_across_streams():
 @pytest.mark.parametrize("gib, util", [(79.6, 0.95), (99.9, 0.95), (100, 0.85), (139.8, 0.85), (None, 0.85)])
 def test_default_util_leaves_an_80gb_card_room_for_the_full_size_weights(gib, util):
     """At 0.85 an H100's 79.6 GiB gives the engine 67.7 GiB, less than the 67.3-71.9 GiB of full-size weights
-    plus activations; the H200's leases keep 0.85, and so does the CPU engine (no card: None)."""
+    plus activations; the H200 runs keep 0.85, and so does the CPU engine (no card: None)."""
     from ling_bench.fullsize import default_util
 
     assert default_util(None if gib is None else int(gib * 2**30)) == util

@@ -7,7 +7,7 @@ RAW_DIR holds the engine and oracle `*.out.json` of one run (the device keeps th
 test's records (`model_<name>_vs_oracle.json`, `model_<name>_fp8_cost.json`) into OUT_DIR and prints every
 criterion of test_teacher_forced_top1_and_logprob_error and test_fp8_costs_no_more_than_the_reference_fp8 with
 its verdict, through the test's own functions: a criterion added after a device run is checked on that run's data
-(runs from session 15 on: before, the FP8 references were one per checkpoint, under other job names).
+(the later runs: the earliest had one FP8 reference per checkpoint, under other job names).
 """
 
 from __future__ import annotations

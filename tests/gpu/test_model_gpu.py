@@ -56,9 +56,9 @@ from vllm_ling.fp8 import DEFAULT_SCHEME  # noqa: E402
 from ling_tools.selfcheck import Requested, inspect_log  # noqa: E402
 
 TOKEN_BUDGET = 256
-MAX_TOKENS = 64  # a request (32 until session 14): ~420 decided tokens in all, a paired-noise bar 1/sqrt(2) as wide
+MAX_TOKENS = 64  # a request (32 at first): ~420 decided tokens in all, a paired-noise bar 1/sqrt(2) as wide
 FLOOR_SLACK = 0.005
-FP8_COST_SLACK = 0.02  # agreement points; ~1,550 decided positions, paired; session 6 measured 0.1-0.6
+FP8_COST_SLACK = 0.02  # agreement points; ~1,550 decided positions, paired; an H200 measured 0.1-0.6
 REL_ERR_FACTOR = 1.5  # an engine in bf16 may add half again the reference's own bf16 error, no more
 FP8 = {"quantization": "ling_fp8"}
 OURS, INTREE = {"VLLM_LING_MODEL": "vllm-ling"}, {"VLLM_LING_MODEL": "vllm"}

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every GPU step of ling_tuning on the lent H200, in about 7 minutes. From the repository root:
+# Every GPU step of ling_tuning on the H200, in about 7 minutes. From the repository root:
 #   source .devbundle/N/activate.sh || exit 1; bash tests/gpu/tuning_run.sh
 # (carry [".devbundle/N"], N the bundle's last chunk; each other chunk K stashed first on the same warm machine
 # by its own call, carry [".devbundle/K"], command `bash .devbundle/K/stash.sh`: tests/gpu/run_on_device.sh's

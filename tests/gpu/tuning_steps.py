@@ -1,5 +1,5 @@
 """Every GPU step of the tuner in one process (one vLLM import, one set of weights), each step
-catching and recording its own failure. Run by tests/gpu/tuning_run.sh on the lent H200 (lab scaffolding: it
+catching and recording its own failure. Run by tests/gpu/tuning_run.sh on the H200 (lab scaffolding: it
 stays out of the installed package):
 
     python3 tests/gpu/tuning_steps.py --out "$OUT"

@@ -108,7 +108,7 @@ def test_the_engine_verdict_rules_the_written_choice_and_the_recipe_reads_hummin
 
 
 def test_the_cli_writes_its_report_after_every_engine(tmp_path):
-    """A device call cut short by its time limit must keep the backends that finished (session 7 lost Marlin's)."""
+    """A device call cut short by its time limit must keep the backends that finished (one such device run lost Marlin's)."""
     from ling_tuning import engine_compare
 
     out, seen = tmp_path / "r.json", []

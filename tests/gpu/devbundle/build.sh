@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build a vLLM bundle for the lent H200 (no network there; a call carries <= 64 MiB).
+# Build a vLLM bundle for the device H200 (no network there; a call carries <= 64 MiB).
 # vLLM 0.33 and 0.34 need torch 2.14.0+cu130, triton 3.8 and NCCL >= 2.30, none of which the device image has
 # (torch 2.11, NCCL 2.28), so they travel too, with the small packages in deps-RELEASE.txt.
 # Usage, from the project root:  bash tests/gpu/devbundle/build.sh 0.34|0.33 [OUTDIR]
