@@ -1,4 +1,4 @@
-"""The repository cites only its own docs (issue #13): every `docs/<file>.md §<Heading>` (and `docs/ops-walls.md
+"""The repository cites only its own docs: every `docs/<file>.md §<Heading>` (and `docs/ops-walls.md
 W<n>`) in a .py/.sh/.md file names a file and a heading that exist, and nothing points at the notes that used to
 live outside the repository."""
 

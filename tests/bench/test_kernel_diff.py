@@ -39,7 +39,7 @@ def test_every_name_has_a_family():
 
 
 def test_an_mtp_profile_per_verify_step_is_per_token_times_tokens_a_step():
-    """Session 13's verify step: 128 tokens over 66.3 verify steps; the families and 'unlisted' add up to the total."""
+    """A recorded verify step: 128 tokens over 66.3 verify steps; the families and 'unlisted' add up to the total."""
     plain, mtp = load(PLAIN), load(MTP)
     assert tokens_per_step(plain) == 1.0 and tokens_per_step(mtp) == pytest.approx(128 / 66.333, rel=1e-3)
     per_token, _ = by_family(mtp, per_step=False)

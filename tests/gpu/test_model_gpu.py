@@ -315,7 +315,7 @@ def test_fp8_costs_no_more_than_the_reference_fp8(costs, name):
 def test_the_fp8_reference_rounds_kdas_projections_as_the_engine_serves_them(runs, name):
     """The FP8 reference's premise (FP8_MERGED), against the engine's own quant methods: each merged linear
     (`served_as`) is FP8 on the engine exactly where the reference rounds that layer's first member (KDA's q_proj).
-    Session 15's in-tree engine kept its 1,540-wide qkvb_proj BF16 while the one shared reference rounded q, k, v."""
+    An H200 run's in-tree engine kept its 1,540-wide qkvb_proj BF16 while the one shared reference rounded q, k, v."""
     methods, rounded = runs[name].engine["quant_methods"], set(runs[name].fp8_names)
     for group in FP8_MERGED[_implementation(name)]:
         merged = {key: method for key, method in methods.items() if key.endswith(f".{group['served_as']}")}

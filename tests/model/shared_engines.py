@@ -163,7 +163,7 @@ class SharedEngines:
         self.results.setdefault(run.name, {}).update({n: out["jobs"][first] for n, first in run.alias.items()})
 
     def _paths(self, job: dict, stem: str) -> dict:
-        """A request's output files (`capture_path`, declared as a bare name) placed in this session's folder."""
+        """A request's output files (`capture_path`, declared as a bare name) placed in this pytest session's folder."""
         if "capture_path" not in job:
             return job
         return {**job, "capture_path": str(self.tmp / f"{stem}-{job['capture_path']}")}
