@@ -2,7 +2,7 @@
 from pathlib import Path
 
 import pytest
-from ling_common.vllm_log import parse, served_int4_backend
+from ling_common.vllm_log import MILESTONES, parse, served_int4_backend
 
 
 @pytest.mark.parametrize("line, shard, total", [
@@ -115,4 +115,15 @@ def test_the_int4_backend_line_of_each_release(log, want):
 def test_a_real_034_log_names_its_int4_backend():
     """vLLM 0.34 stopped quoting the backend; reading the method class instead called every backend triton."""
     real = (Path(__file__).with_name("data") / "vllm034_h100_mtp_load_oom.txt").read_text()
+    assert served_int4_backend(real) == ("humming", "HUMMING")
+
+
+def test_a_real_034_server_log_passes_every_start_up_milestone_in_order():
+    """vLLM 0.34 serving the full-size model with dummy weights on an H100 under the watchdog (the recipe without MTP,
+    2026-12-06; the last 300 lines of its serve.log): each start-up milestone the loading rule reads, once and in
+    order (dummy weights log no shards and no "Loading weights took"), the INT4 backend, the stop; no fatal line."""
+    real = (Path(__file__).with_name("data") / "vllm034_h100_server.txt").read_text()
+    kinds = [ev.kind for line in real.splitlines() if (ev := parse(line))]
+    assert [k for k in kinds if k in dict(MILESTONES)] == [k for k, _ in MILESTONES if k != "weights_loaded"]
+    assert "stop_requested" in kinds and not {"fatal", "error", "alert"} & set(kinds)
     assert served_int4_backend(real) == ("humming", "HUMMING")
