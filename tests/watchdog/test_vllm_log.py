@@ -103,7 +103,7 @@ def test_exception_lines_count_only_at_the_end_of_a_traceback(line, kind, text):
 @pytest.mark.parametrize(("log", "want"), [
     ("INFO [int_wna16.py:157] Using 'MARLIN' WNA16 MoE backend.", ("marlin", "MARLIN")),  # 0.33
     ("INFO [int_wna16.py:356] Using HUMMING WNA16 MoE backend.", ("humming", "HUMMING")),  # 0.34
-    ("Using MARLIN WNA16 MoE backend out of potential backends: ['HUMMING', 'MARLIN', 'TRITON'].", ("marlin", "MARLIN")),
+    ("Using MARLIN WNA16 MoE backend out of potential backends: ['HUMMING', 'MARLIN'].", ("marlin", "MARLIN")),
     ("INFO Using CompressedTensorsWNA16MoEMethod", ("triton", "CompressedTensorsWNA16MoEMethod")),
     ("INFO Using CompressedTensorsWNA16MoEMethod\nINFO Using TRITON WNA16 MoE backend.", ("triton", "TRITON")),
     ("WNA16 MoE backend 'MARLIN' does not support the configuration", None),
