@@ -168,8 +168,8 @@ fi
 if [[ $PREFIX_CACHE == 1 && $SPEC == dspark ]]; then
     # The drafter's 128-token KV block makes vLLM hash prompts every 128 tokens and resume a cached prompt from
     # inside a 1,920-token block (a partial hit). On a GPU an agent's turns resumed so equal the uncached run with our
-    # in-prefill KDA checkpoints (on by default); without them, turns resumed inside a block at a finer grain go wrong.
-    # (tests/gpu/test_prefix_cache_gpu.py; the preflight's rule partial_prefix_hits). DSpark has no CPU engine.
+    # in-prefill KDA checkpoints (on by default); without them, turns resumed inside a block at a finer grain part
+    # from it (tests/gpu/test_prefix_cache_gpu.py; the preflight's rule partial_prefix_hits). DSpark has no CPU engine.
     why=""
     [[ ${VLLM_LING_KDA_PREFILL_CHECKPOINT:-1} == 0 ]] && why="VLLM_LING_KDA_PREFILL_CHECKPOINT=0: resumes from \
 inside a KV block are not shown right without in-prefill KDA checkpoints"
