@@ -165,19 +165,19 @@ if [[ $PREFIX_CACHE == 1 && $DEVICE == cpu ]] && (( 10#$MTP_K > 0 )); then
          "docs/vllm-seams.md §Prefix cache)" >&2
     PREFIX_CACHE=0
 fi
-if [[ $PREFIX_CACHE == 1 && $SPEC == dspark ]]; then
+CHECKPOINTS=${VLLM_LING_KDA_PREFILL_CHECKPOINT:-1}  # the plugin's flag: on for 1, true or yes (vllm_ling/envs.py)
+if [[ $PREFIX_CACHE == 1 && $SPEC == dspark && ! ${CHECKPOINTS,,} =~ ^(1|true|yes)$ ]]; then
     # The drafter's 128-token KV block makes vLLM hash prompts every 128 tokens and resume a cached prompt from
     # inside a 1,920-token block (a partial hit). On a GPU an agent's turns resumed so equal the uncached run with our
     # in-prefill KDA checkpoints (on by default); without them, turns resumed inside a block at a finer grain part
     # from it (tests/gpu/test_prefix_cache_gpu.py; the preflight's rule partial_prefix_hits). DSpark has no CPU engine.
-    why=""
-    [[ ${VLLM_LING_KDA_PREFILL_CHECKPOINT:-1} == 0 ]] && why="VLLM_LING_KDA_PREFILL_CHECKPOINT=0: resumes from \
-inside a KV block are not shown right without in-prefill KDA checkpoints"
-    if [[ -n $why && -z $PREFIX_CACHE_GIVEN ]]; then
+    why="VLLM_LING_KDA_PREFILL_CHECKPOINT=$CHECKPOINTS: resumes from inside a KV block are not shown right without \
+in-prefill KDA checkpoints"
+    if [[ -z $PREFIX_CACHE_GIVEN ]]; then
         echo "note: SPEC=dspark: prefix caching off ($why; docs/dspark.md §Prefix cache)." \
              "PREFIX_CACHE=1 turns it on" >&2
         PREFIX_CACHE=0
-    elif [[ -n $why ]]; then
+    else
         echo "warning: SPEC=dspark with PREFIX_CACHE=1: $why (docs/dspark.md §Prefix cache)" >&2
     fi
 fi

@@ -391,6 +391,9 @@ def test_dspark_serves_with_prefix_caching_where_its_resumes_were_shown_right():
     asked = script("serve-int4.sh", DEVICE="cuda", SPEC="dspark", PREFIX_CACHE="1", **no_checkpoints)
     assert prefix_caching(asked) is True and "warning: SPEC=dspark with PREFIX_CACHE=1" in asked.stderr
     assert why in asked.stderr
+    for value, cached in (("false", False), ("no", False), ("True", True), ("", True)):  # the plugin's flag rule
+        r = script("serve-int4.sh", DEVICE="cuda", SPEC="dspark", VLLM_LING_KDA_PREFILL_CHECKPOINT=value)
+        assert prefix_caching(r) is cached, value
     for spec in ("mtp", "off"):  # no drafter block of its own: hits stay on whole blocks, the cache stays on
         other = script("serve-int4.sh", DEVICE="cuda", SPEC=spec)
         assert "--enable-prefix-caching" in shlex.split(other.stdout) and "prefix caching" not in other.stderr
