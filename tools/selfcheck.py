@@ -72,9 +72,7 @@ class Requested:
     adaptive: bool = False  # DSpark's enable_adaptive_verification: the engine's config line does not print it
     dspark_fp8: bool = False  # the DSpark drafter's own quantization ling_fp8 (its speculative config's)
     kda_prefill: str | None = None  # --kda-prefill-backend (vLLM's auto | triton | flashkda ...), None when unset
-    # VLLM_LING_KDA_PREFILL_CHECKPOINT set on, or DSpark with the prefix cache and the variable not 0: its resumes
-    # from inside a KV block are shown right with in-prefill checkpoints only (docs/dspark.md §Prefix cache)
-    kda_checkpoint: bool = False
+    kda_checkpoint: bool = False  # VLLM_LING_KDA_PREFILL_CHECKPOINT set on, not left to its default
 
     @classmethod
     def of(cls, args, env: Mapping[str, str]) -> Requested:
@@ -83,12 +81,10 @@ class Requested:
         method = str(spec.get("method", ""))
         quantization = str((args.values.get("quantization") if args is not None else None) or "")
         prefix_cache = bool(args is not None and args.values.get("enable_prefix_caching"))
-        checkpoints = envs.read(KDA_CHECKPOINT_ENV, env)
         return cls(eager=bool(args and args.enforce_eager), mtp="mtp" in method,
                    tuned_folder=env.get("VLLM_TUNED_CONFIG_FOLDER") or None, fp8=quantization == FP8_METHOD,
                    kda_gate_kernel=envs.raw(KDA_GATE_ENV, env).lower() == "kernel",
-                   kda_checkpoint=checkpoints and (bool(envs.raw(KDA_CHECKPOINT_ENV, env))
-                                                   or (method == "dspark" and prefix_cache)),
+                   kda_checkpoint=bool(envs.raw(KDA_CHECKPOINT_ENV, env)) and envs.read(KDA_CHECKPOINT_ENV, env),
                    draft_vocab=requested_path(env) is not None, prefix_cache=prefix_cache,
                    dspark=method == "dspark", adaptive=bool(spec.get("enable_adaptive_verification")),
                    dspark_fp8=method == "dspark" and spec.get("quantization") == FP8_METHOD,
@@ -241,8 +237,8 @@ KDA_CHECKPOINTS = "KDA checkpoints"
 def checkpoint_verdict(log: str, asked: bool) -> Verdict:
     """Whether KDA writes in-prefill checkpoints (startup_log.KDA_CHECKPOINT, logged once unless
     VLLM_LING_KDA_PREFILL_CHECKPOINT=0). On by default, they are off without the prefix cache or under a Triton
-    prefill, which the line says; only a launch that asks for them (`Requested.kda_checkpoint`: the variable set on,
-    or DSpark with the prefix cache) and gets them off fails."""
+    prefill, which the line says; only a launch that asks for them (`Requested.kda_checkpoint`: the variable set on)
+    and gets them off fails."""
     found = startup_log.KDA_CHECKPOINT.search(log)
     if found:
         return Verdict(KDA_CHECKPOINTS, found["state"] == "ON", found["why"].strip(), requested=asked)

@@ -75,7 +75,7 @@ VARIABLES: dict[str, Variable] = _declare(
              "ends a pass there (one pass fewer a turn; an H200's cached 61K+2K turn 0.41 -> 0.28 s to its first "
              "token, docs/speed.md §In-prefill checkpoints), with a drafter (MTP, DSpark) or without. `0` = vLLM's "
              "own boundary pass.",
-             ("vllm_ling.kda", "ling_watchdog.preflight", "ling_tools.selfcheck", "serve/serve-int4.sh")),
+             ("vllm_ling.kda", "ling_watchdog.preflight", "ling_tools.selfcheck")),
     Variable("VLLM_LING_ROUTER", "choice", "ours",
              "The MoE router: `ours` (one Triton kernel) or `vllm` (vLLM's grouped_topk).",
              ("vllm_ling.ops.routing", "ling_bench.fullsize"), ("ours", "vllm")),

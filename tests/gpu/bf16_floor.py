@@ -1,9 +1,11 @@
 """bf16's own floor on a tiny checkpoint: the transformers reference in bf16 against itself in fp32.
 
-    python3 tests/gpu/bf16_floor.py [CHECKPOINT] [--device cuda]
+    python3 tests/gpu/bf16_floor.py [CHECKPOINT | --variant NAME] [--chains] [--device cuda]
 
-Same prompts as test_model_gpu.py. Prints top-1 agreement (all positions and decided ones, margin >= 0.2 nat),
-the relative top-20 logprob error and the margin distribution: the best any bf16 engine can do here.
+Same prompts as test_model_gpu.py, or with `--chains` the prefix-cache tests' agent turns (~550-900 tokens,
+tests/model/test_prefix_cache_engine.py at a 256-token block). Prints top-1 agreement (all positions and decided
+ones, margin >= 0.2 nat), the relative top-20 logprob error, the margin distribution and the largest |Δ logprob| of
+the fp32 top-1 token: the best any bf16 engine can do here, and so the least a bf16 resume can be judged to.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+from pathlib import Path
 
 sys.modules["fla"] = None  # type: ignore[assignment]  # transformers' torch KDA path (see tests/model/oracle.py)
 sys.modules["causal_conv1d"] = None  # type: ignore[assignment]
@@ -28,10 +31,12 @@ def main() -> None:
 
     p = argparse.ArgumentParser()
     p.add_argument("model", nargs="?", default=None)
+    p.add_argument("--variant", default="stable_router", help="the tiny checkpoint's variant, without CHECKPOINT")
+    p.add_argument("--chains", action="store_true", help="the prefix-cache agent turns instead of the model prompts")
     p.add_argument("--device", default="cpu")
     a = p.parse_args()
-    path = a.model or str(ensure_tiny(variant="stable_router"))
-    prompts = model_prompts()
+    path = a.model or str(ensure_tiny(variant=a.variant))
+    prompts = _chain_prompts() if a.chains else model_prompts()
     models = {dt: BailingHybridForCausalLM.from_pretrained(path, dtype=dt).to(a.device).eval()
               for dt in (torch.float32, torch.bfloat16)}
     ref, low = [], []
@@ -50,7 +55,16 @@ def main() -> None:
     print(f"{path}: {len(same)} positions; top-1 agreement {same.float().mean():.4f}, on {int(decided.sum())} "
           f"decided {same[decided].float().mean():.4f}; relative top-{TOPK} logprob error "
           f"{(err.pow(2).sum() / top.values.pow(2).sum()).sqrt():.3e}; |Δ logprob| median {err.abs().median():.3f} "
-          f"p99 {err.abs().quantile(0.99):.3f}; margin median {statistics.median(margin.tolist()):.2f}")
+          f"p99 {err.abs().quantile(0.99):.3f}; margin median {statistics.median(margin.tolist()):.2f}; top-1 "
+          f"|Δ logprob| max {err[:, 0].abs().max():.3f}")
+
+
+def _chain_prompts() -> list[list[int]]:
+    """Every turn of the prefix-cache tests' agent chains at the GPU's 256-token block."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "model"))
+    from test_prefix_cache_engine import _chains
+
+    return [turn for turns in _chains(256).values() for turn in turns]
 
 
 if __name__ == "__main__":

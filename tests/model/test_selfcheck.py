@@ -355,13 +355,8 @@ def test_in_prefill_checkpoints_are_on_by_default_and_fail_only_when_set_and_off
     assert Requested.of(args, {"VLLM_LING_KDA_PREFILL_CHECKPOINT": "1"}).kda_checkpoint
     assert not Requested.of(args, {}).kda_checkpoint
     assert not Requested.of(args, {"VLLM_LING_KDA_PREFILL_CHECKPOINT": "0"}).kda_checkpoint
-    # DSpark with the prefix cache asks for them: its resumes inside a block are shown right with them only
-    dspark = ["--speculative-config", '{"method": "dspark", "model": "d"}']
-    cached = ServeArgs.parse(["vllm", "serve", "/m", *dspark, "--enable-prefix-caching"])
-    assert Requested.of(cached, {}).kda_checkpoint
-    assert not Requested.of(cached, {"VLLM_LING_KDA_PREFILL_CHECKPOINT": "0"}).kda_checkpoint
-    assert not Requested.of(ServeArgs.parse(["vllm", "serve", "/m", *dspark, "--no-enable-prefix-caching"]), {}
-                            ).kda_checkpoint
+    dspark = ["--speculative-config", '{"method": "dspark", "model": "d"}', "--enable-prefix-caching"]
+    assert not Requested.of(ServeArgs.parse(["vllm", "serve", "/m", *dspark]), {}).kda_checkpoint  # asks nothing
 
 
 def test_the_kda_prefill_request_is_read_from_the_serve_command(vllm_parser):
