@@ -4,7 +4,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "model"))
-from model_helpers import random_prompts  # noqa: E402  (standard library only at import)
+from model_helpers import first_difference, random_prompts  # noqa: E402  (standard library only at import)
 
 # 8 concurrent requests; 517 and 1000 exceed the 256-token budget (chunked prefill carries KDA state)
 PROMPT_LENGTHS = [1, 9, 63, 64, 65, 200, 517, 1000]
@@ -61,3 +61,16 @@ def paired_slack(ours: list[bool], ref: list[bool], points: float) -> float:
     n = len(ours)
     discordant = sum(a != b for a, b in zip(ours, ref))
     return max(points, 3 * discordant ** 0.5 / max(n, 1))
+
+
+def bf16_parting(got: dict, want: dict) -> str | None:
+    """Why a cached continuation is not the uncached one in bf16 terms, or None when it is: greedy tokens equal up to
+    the first place they part, the logprobs before it within BF16_FLIP_MAX_MARGIN, and that place a near-tie."""
+    first = first_difference(got["token_ids"], want["token_ids"])
+    upto = len(want["token_ids"]) if first is None else first
+    drift = max((abs(a - b) for a, b in zip(got["logprobs"][:upto], want["logprobs"][:upto])), default=0.0)
+    if drift > BF16_FLIP_MAX_MARGIN:
+        return f"cached vs uncached logprobs differ by {drift:.3f} nats"
+    if first is not None and (gap := abs(got["logprobs"][first] - want["logprobs"][first])) >= DECIDED:
+        return f"parts from the uncached run at new token {first}, not a tie ({gap:.3f})"
+    return None

