@@ -1,6 +1,6 @@
 """bf16's own floor on a tiny checkpoint: the transformers reference in bf16 against itself in fp32.
 
-    python3 tests/gpu/bf16_floor.py [CHECKPOINT | --variant NAME] [--chains] [--device cuda]
+    python3 tests/gpu/bf16_floor.py [CHECKPOINT | --variant NAME] [--chains] [--low float16] [--device cuda]
 
 Same prompts as test_model_gpu.py, or with `--chains` the prefix-cache tests' agent turns (~550-900 tokens,
 tests/model/test_prefix_cache_engine.py at a 256-token block). Prints top-1 agreement (all positions and decided
@@ -33,18 +33,20 @@ def main() -> None:
     p.add_argument("model", nargs="?", default=None)
     p.add_argument("--variant", default="stable_router", help="the tiny checkpoint's variant, without CHECKPOINT")
     p.add_argument("--chains", action="store_true", help="the prefix-cache agent turns instead of the model prompts")
+    p.add_argument("--low", choices=("bfloat16", "float16"), default="bfloat16", help="the dtype held to fp32")
     p.add_argument("--device", default="cpu")
     a = p.parse_args()
+    low_dtype = getattr(torch, a.low)
     path = a.model or str(ensure_tiny(variant=a.variant))
     prompts = _chain_prompts() if a.chains else model_prompts()
     models = {dt: BailingHybridForCausalLM.from_pretrained(path, dtype=dt).to(a.device).eval()
-              for dt in (torch.float32, torch.bfloat16)}
+              for dt in (torch.float32, low_dtype)}
     ref, low = [], []
     with torch.no_grad():
         for ids in prompts:
             x = torch.tensor([ids], device=a.device)
             ref.append(torch.log_softmax(models[torch.float32](x).logits[0].float(), -1).cpu())
-            low.append(torch.log_softmax(models[torch.bfloat16](x).logits[0].float(), -1).cpu())
+            low.append(torch.log_softmax(models[low_dtype](x).logits[0].float(), -1).cpu())
     ref, low = torch.cat(ref), torch.cat(low)
     top2 = ref.topk(2, -1).values
     margin = top2[:, 0] - top2[:, 1]
@@ -52,7 +54,7 @@ def main() -> None:
     top = ref.topk(TOPK, -1)
     err = low.gather(-1, top.indices) - top.values
     decided = margin >= DECIDED
-    print(f"{path}: {len(same)} positions; top-1 agreement {same.float().mean():.4f}, on {int(decided.sum())} "
+    print(f"{path} ({a.low}): {len(same)} positions; top-1 agreement {same.float().mean():.4f}, on {int(decided.sum())} "
           f"decided {same[decided].float().mean():.4f}; relative top-{TOPK} logprob error "
           f"{(err.pow(2).sum() / top.values.pow(2).sum()).sqrt():.3e}; |Δ logprob| median {err.abs().median():.3f} "
           f"p99 {err.abs().quantile(0.99):.3f}; margin median {statistics.median(margin.tolist()):.2f}; top-1 "
