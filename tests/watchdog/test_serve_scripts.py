@@ -428,9 +428,9 @@ def test_spec_dspark_passes_vllms_dspark_flags_with_the_drafters_own_k_unless_ds
     assert spec_config(cmd) == {"method": "dspark", "model": "org/drafter", "num_speculative_tokens": 4}
     a = ServeArgs.parse(cmd)
     assert a.speculative == spec_config(cmd) and a.error is None  # vLLM's own parser takes it
-    _, plain = dry_run("serve-int4.sh", DEVICE="cuda", CTX="81920")
+    _, plain = dry_run("serve-int4.sh", DEVICE="cuda", CTX="81920", PREFIX_CACHE="0")
     i = cmd.index("--speculative-config")
-    assert cmd[:i] + cmd[i + 2:] == plain  # nothing else changes but the context (81,920 tokens)
+    assert cmd[:i] + cmd[i + 2:] == plain  # nothing else changes but the context (81,920 tokens) and the prefix cache
     assert "131072" in dry_run("serve-int4.sh", DEVICE="cuda", SPEC="dspark", CTX="131072")[1]  # CTX still wins
 
 
