@@ -26,7 +26,8 @@ from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without
 from model_helpers import run_script, run_scripts  # noqa: E402
 from test_prefix_cache_engine import PARTIAL_GRAIN, _chain_rounds, _resumed, _round, _without_attention  # noqa: E402
 from test_prefix_cache_gpu import (  # noqa: E402
-    CHAIN_VARIANT, KV_BYTES, _base, _chain_outputs, _dspark, _dspark_lead, _oracle_errors,
+    CHAIN_VARIANT, KV_BYTES, _assert_resumes_with_the_oracle, _base, _chain_outputs, _dspark, _dspark_lead,
+    _oracle_errors,
 )
 
 DTYPE = "float16"
@@ -77,9 +78,4 @@ def test_resumes_inside_a_block_stay_with_the_fp32_oracle(runs, engine):
     (`partial`) the preflight's refusal stands; with the MLA layers silenced (`kda_only`) the KDA state is wrong; with
     DSpark the recipe's choice to serve it without the prefix cache stands (docs/dspark.md §Prefix cache). Passing for
     `dspark` is what it would take to serve DSpark with the cache."""
-    errors = runs[engine]["oracle_error"]
-    references = max(e["reference"] for e in errors.values())
-    if references > FP16_MARGIN:
-        pytest.skip(f"{engine}: an uncached reference is {references:.3f} nats off the oracle itself: {errors}")
-    off = {name: e for name, e in errors.items() if e["cached"] > FP16_MARGIN}
-    assert not off, f"{engine}: resumes off the fp32 oracle beyond {FP16_MARGIN} nats: {off}"
+    _assert_resumes_with_the_oracle(engine, runs[engine]["oracle_error"], FP16_MARGIN)

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -25,30 +24,12 @@ sys.path.insert(0, str(Path(__file__).parents[1] / "gpu"))
 from criteria import bf16_parting  # noqa: E402
 from model_helpers import CPU_ENGINE_ENV, first_difference, run_scripts  # noqa: E402
 from test_prefix_cache_engine import (  # noqa: E402
-    CHECKPOINT_ENV, PARTIAL_GRAIN, _chain_rounds, _resumed, _round, _spec, _without_attention,
+    CHECKPOINT_ENV, PARTIAL_GRAIN, _chain_rounds, _resumed, _round, _silenced, _spec,
 )
 
 
-def _without_kda(model: Path, out: Path) -> Path:
-    """A copy of `model` whose KDA layers add nothing (their output projection `o_proj` zeroed)."""
-    import torch
-    from safetensors.torch import load_file, save_file
-
-    from vllm_ling.layout import is_mla_layer
-
-    shutil.copytree(model, out)
-    config = json.loads((out / "config.json").read_text())
-    names = {f"model.layers.{i}.attention.o_proj.weight" for i in range(config["num_hidden_layers"])
-             if not is_mla_layer(config, i)}
-    shards = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
-    for shard in {shards[n] for n in names}:
-        tensors = load_file(out / shard)
-        tensors.update({n: torch.zeros_like(tensors[n]) for n in names if shards[n] == shard})
-        save_file(tensors, out / shard, metadata={"format": "pt"})
-    return out
-
-
 def partings(result: dict) -> dict[str, dict]:
+    """Per chain round resumed from a cached state: its hit, where it parts, its drift before, the bf16 verdict."""
     rows = {}
     for name, got, want in _resumed(result):
         first = first_difference(got["token_ids"], want["token_ids"])
@@ -66,11 +47,13 @@ def main() -> None:
     p.add_argument("variants", nargs="*", default=["stable_router", "mtp_echo"])
     p.add_argument("--silence", choices=("kda", "mla"), help="zero this layer kind's output projection")
     a = p.parse_args()
-    silence = {"kda": _without_kda, "mla": _without_attention, None: lambda model, out: model}[a.silence]
     with tempfile.TemporaryDirectory(prefix="partial-hit-size-") as tmp:
-        models = [silence(ensure_tiny(variant=v), Path(tmp) / v) for v in a.variants]
-        specs = [("engine_runner.py", _spec(str(m), _chain_rounds(), engine_kwargs={"prefix_match_unit": PARTIAL_GRAIN}),
-                  v) for v, m in zip(a.variants, models)]
+        models = [ensure_tiny(variant=v) for v in a.variants]
+        if a.silence:
+            models = [_silenced(m, Path(tmp) / v, mla=a.silence == "mla") for v, m in zip(a.variants, models)]
+        grain = {"prefix_match_unit": PARTIAL_GRAIN}
+        specs = [("engine_runner.py", _spec(str(m), _chain_rounds(), engine_kwargs=grain), v)
+                 for v, m in zip(a.variants, models)]
         outs = run_scripts(specs, Path(tmp), CPU_ENGINE_ENV, envs=[{CHECKPOINT_ENV: "0"}] * len(specs))
     for v, out in zip(a.variants, outs):
         print(v, json.dumps(partings(out)))

@@ -128,8 +128,14 @@ def _spec(model: str, rounds: list[dict], **extra) -> dict:
 
 
 def _without_attention(model: Path, out: Path) -> Path:
-    """A copy of `model` whose MLA layers add nothing (their output projection `dense` zeroed): the sequence then
-    reaches the logits through the KDA layers' state alone, so a resume's error there is KDA's."""
+    """A copy of `model` whose MLA layers add nothing: the sequence then reaches the logits through the KDA layers'
+    state alone, so a resume's error there is KDA's."""
+    return _silenced(model, out, mla=True)
+
+
+def _silenced(model: Path, out: Path, *, mla: bool) -> Path:
+    """A copy of `model` whose MLA layers (`mla`) or KDA layers (else) add nothing: their output projection (MLA
+    `dense`, KDA `o_proj`) zeroed."""
     import shutil
 
     import torch
@@ -139,8 +145,8 @@ def _without_attention(model: Path, out: Path) -> Path:
 
     shutil.copytree(model, out)
     config = json.loads((out / "config.json").read_text())
-    names = {f"model.layers.{i}.attention.dense.weight" for i in range(config["num_hidden_layers"])
-             if is_mla_layer(config, i)}
+    names = {f"model.layers.{i}.attention.{'dense' if mla else 'o_proj'}.weight"
+             for i in range(config["num_hidden_layers"]) if is_mla_layer(config, i) == mla}
     shards = json.loads((out / "model.safetensors.index.json").read_text())["weight_map"]
     for shard in {shards[n] for n in names}:
         tensors = load_file(out / shard)
