@@ -341,7 +341,7 @@ def test_sub_block_hits_serve_wrong_continuations_on_vllm_cpu(runs):
     what goes wrong (seen on an AVX2-only machine, 2026-12-07), which is why the watchdog's preflight refuses the flag
     on the CPU engine (rule partial_prefix_hits). A CPU engine that serves every resume right (another vllm-cpu, or
     another vector unit's attention kernel) skips with the numbers: the refusal is then over-cautious there, and
-    these rounds should be held to equality (the GPU twin does so for vLLM 0.34's GPU path)."""
+    these rounds should be held to equality (tests/gpu/test_prefix_cache_fp16_gpu.py judges a GPU's)."""
     partial = runs["partial"]
     hits = _partial_hits(partial)
     drift = {name: _parted(got, want) for name, got, want in _resumed(partial)}  # inf: the tokens part
