@@ -1,4 +1,5 @@
-# Diagnostic kept with its output (run from the repository root): python3 results/cpu-2026-12-07-partial-hit-size/cow_probe.py
+# Diagnostic kept with its output (run from the repository root; FIXED=1 uses vLLM 0.34's copy, VARIANT=default the
+# whole default checkpoint): python3 results/cpu-2026-12-07-partial-hit-size/cow_probe.py
 import json, os, sys
 sys.path[:0] = ["tests/model", "tests/gpu"]
 from model_helpers import CPU_ENGINE_ENV
@@ -8,6 +9,8 @@ import torch
 import vllm.v1.worker.gpu_model_runner as gmr
 import vllm.v1.worker.utils as wu
 orig = wu.copy_kv_cache_blocks_inplace
+sys.path.insert(0, 'results/cpu-2026-12-07-partial-hit-size')
+from copy_fixed import copy_fixed as FIX
 LOG = []
 def logged(kv_caches, num_blocks, copies):
     kv = list(kv_caches)
@@ -18,7 +21,7 @@ def logged(kv_caches, num_blocks, copies):
         paths.append("storage" if st.nbytes() == num_blocks * stride else "unflatten")
     LOG.append({"copies": [tuple(x) for x in copies], "num_blocks": num_blocks, "shapes": [str(s) for s in shapes],
                 "paths": sorted(set(paths)), "n_caches": len(kv)})
-    return orig(kv, num_blocks, copies)
+    return FIX(kv, num_blocks, copies) if os.environ.get('FIXED') else orig(kv, num_blocks, copies)
 gmr.copy_kv_cache_blocks_inplace = logged
 import vllm.v1.core.single_type_kv_cache_manager as st
 COW = []
@@ -37,7 +40,7 @@ from ling_tools.tiny import ensure_tiny
 from test_prefix_cache_engine import _spec, _chain_rounds, _silenced, PARTIAL_GRAIN
 import partial_hit_size, shutil
 out = Path("/tmp/cow/mla"); shutil.rmtree(out, ignore_errors=True)
-model = _silenced(ensure_tiny(variant="stable_router"), out, mla=False)
+model = _silenced(ensure_tiny(variant="stable_router"), out, mla=False) if os.environ.get("VARIANT") is None else ensure_tiny(variant=os.environ["VARIANT"])
 spec = _spec(str(model), _chain_rounds(), engine_kwargs={"prefix_match_unit": PARTIAL_GRAIN})
 res = engine_runner.run(spec)
 print("COPIES", json.dumps(LOG)[:600])
