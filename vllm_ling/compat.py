@@ -20,6 +20,7 @@ import dataclasses
 import importlib
 import importlib.util
 import os
+import sys
 from functools import cache, partial
 from typing import Any, Callable, Iterable
 
@@ -419,6 +420,56 @@ def install_humming_swiglustep_limit() -> bool:
         return False
     if not getattr(module.get_humming_activation, "_vllm_ling", False):
         module.get_humming_activation = _humming_with_limit(module.get_humming_activation)
+    return True
+
+
+# --- Copy-on-write of a partly filled block
+# A prefix-cache hit that ends inside a KV block gives the resumed request private copies of that block, one per KV
+# group (`copy_kv_cache_blocks_inplace`, v1/worker/utils.py). A hybrid model overlays its layer kinds on one tensor:
+# a KDA state view spans a page's leading bytes, an attention view the whole page, at the same address. vLLM 0.32 and
+# 0.33 copy each address once, whichever view comes first, so the attention block keeps zeros in most rows and the
+# resume continues from a wrong context; 0.34 copies each view geometry (FINDINGS.md §10). Older releases get 0.34's
+# rule through a wrapper around their own function.
+KV_BLOCK_COPY = "copy_kv_cache_blocks_inplace"
+KV_BLOCK_COPY_MODULES = ("vllm.v1.worker.utils", "vllm.v1.worker.gpu_model_runner", "vllm.v1.worker.gpu.model_runner")
+
+
+def _copy_each_view_geometry(original: Callable[..., None]) -> Callable[..., None]:
+    def copy_kv_cache_blocks_inplace(kv_caches: Iterable[torch.Tensor], num_blocks: int, copies: Any) -> None:
+        """`original` once per round of views, no two at one address in a round: each geometry at an address is
+        copied, as vLLM 0.34's own function does."""
+        rounds: list[list[torch.Tensor]] = []
+        geometries: dict[tuple, list[tuple]] = {}
+        for view in kv_caches:
+            at = geometries.setdefault((view.device, view.data_ptr()), [])
+            geometry = (tuple(view.shape), tuple(view.stride()), view.element_size())
+            if geometry in at:
+                continue
+            at.append(geometry)
+            if len(at) > len(rounds):
+                rounds.append([])
+            rounds[len(at) - 1].append(view)
+        for views in rounds:
+            original(views, num_blocks, copies)
+
+    copy_kv_cache_blocks_inplace._vllm_ling = True  # type: ignore[attr-defined]
+    copy_kv_cache_blocks_inplace.__wrapped__ = original  # type: ignore[attr-defined]
+    return copy_kv_cache_blocks_inplace
+
+
+def install_kv_block_copy_per_view() -> bool:
+    """On vLLM 0.32 and 0.33, put `_copy_each_view_geometry` in place of `copy_kv_cache_blocks_inplace` where it is
+    defined and in the model runners already imported (a runner imported later binds the replaced one). Returns
+    whether it is in place; False on releases that copy each view themselves. Idempotent."""
+    if release() not in ("0.32", "0.33"):
+        return False
+    utils = importlib.import_module(KV_BLOCK_COPY_MODULES[0])
+    current = getattr(utils, KV_BLOCK_COPY)
+    patched = current if getattr(current, "_vllm_ling", False) else _copy_each_view_geometry(current)
+    for name in KV_BLOCK_COPY_MODULES:
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, KV_BLOCK_COPY):
+            setattr(module, KV_BLOCK_COPY, patched)
     return True
 
 

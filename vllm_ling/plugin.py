@@ -62,6 +62,7 @@ def _register() -> str:
     serving, why = compat.serving_model()
     compat.register_config_class(BailingMoeV3Config)
     compat.install_dspark_draft_config()  # Ling's DSpark drafter onto vLLM's Qwen3 DSpark path (docs/dspark.md)
+    compat.install_kv_block_copy_per_view()  # resumes inside a KV block copy every view (vLLM 0.32/0.33)
     smem_guard.install_once()  # GB10: KDA autotuners within 101,376 B, whichever model serves
     _install_moe_align()
     ours = serving == compat.OURS

