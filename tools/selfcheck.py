@@ -80,12 +80,12 @@ class Requested:
         spec = args.speculative if args is not None else {}
         method = str(spec.get("method", ""))
         quantization = str((args.values.get("quantization") if args is not None else None) or "")
-        prefix_cache = bool(args is not None and args.values.get("enable_prefix_caching"))
         return cls(eager=bool(args and args.enforce_eager), mtp="mtp" in method,
                    tuned_folder=env.get("VLLM_TUNED_CONFIG_FOLDER") or None, fp8=quantization == FP8_METHOD,
                    kda_gate_kernel=envs.raw(KDA_GATE_ENV, env).lower() == "kernel",
                    kda_checkpoint=bool(envs.raw(KDA_CHECKPOINT_ENV, env)) and envs.read(KDA_CHECKPOINT_ENV, env),
-                   draft_vocab=requested_path(env) is not None, prefix_cache=prefix_cache,
+                   draft_vocab=requested_path(env) is not None,
+                   prefix_cache=bool(args is not None and args.values.get("enable_prefix_caching")),
                    dspark=method == "dspark", adaptive=bool(spec.get("enable_adaptive_verification")),
                    dspark_fp8=method == "dspark" and spec.get("quantization") == FP8_METHOD,
                    kda_prefill=(args.values.get("kda_prefill_backend") if args is not None else None) or None)
@@ -237,13 +237,12 @@ KDA_CHECKPOINTS = "KDA checkpoints"
 def checkpoint_verdict(log: str, asked: bool) -> Verdict:
     """Whether KDA writes in-prefill checkpoints (startup_log.KDA_CHECKPOINT, logged once unless
     VLLM_LING_KDA_PREFILL_CHECKPOINT=0). On by default, they are off without the prefix cache or under a Triton
-    prefill, which the line says; only a launch that asks for them (`Requested.kda_checkpoint`: the variable set on)
-    and gets them off fails."""
+    prefill, which the line says; only a launch that sets the variable on and gets them off fails."""
     found = startup_log.KDA_CHECKPOINT.search(log)
     if found:
         return Verdict(KDA_CHECKPOINTS, found["state"] == "ON", found["why"].strip(), requested=asked)
-    return Verdict(KDA_CHECKPOINTS, False, "asked for, but no vllm-ling KDA checkpoint line in this "
-                   "launch" if asked else f"no vllm-ling KDA checkpoint line ({KDA_CHECKPOINT_ENV}=0, or not our "
+    return Verdict(KDA_CHECKPOINTS, False, f"{KDA_CHECKPOINT_ENV} set, but no vllm-ling KDA checkpoint line in this "
+                   f"launch" if asked else f"no vllm-ling KDA checkpoint line ({KDA_CHECKPOINT_ENV}=0, or not our "
                    f"model): a prompt's last prefill pass ends at a block boundary", requested=asked)
 
 

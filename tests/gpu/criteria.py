@@ -67,12 +67,17 @@ def paired_slack(ours: list[bool], ref: list[bool], points: float) -> float:
     return max(points, 3 * discordant ** 0.5 / max(n, 1))
 
 
+def parting(got: dict, want: dict) -> tuple[int | None, float]:
+    """Where a continuation's greedy tokens leave another's (None: never), and its largest logprob difference before."""
+    first = first_difference(got["token_ids"], want["token_ids"])
+    upto = len(want["token_ids"]) if first is None else first
+    return first, max((abs(a - b) for a, b in zip(got["logprobs"][:upto], want["logprobs"][:upto])), default=0.0)
+
+
 def bf16_parting(got: dict, want: dict) -> str | None:
     """Why a cached continuation is not the uncached one in bf16 terms, or None when it is: greedy tokens equal up to
     the first place they part, the logprobs before it within BF16_FLIP_MAX_MARGIN, and that place a near-tie."""
-    first = first_difference(got["token_ids"], want["token_ids"])
-    upto = len(want["token_ids"]) if first is None else first
-    drift = max((abs(a - b) for a, b in zip(got["logprobs"][:upto], want["logprobs"][:upto])), default=0.0)
+    first, drift = parting(got, want)
     if drift > BF16_FLIP_MAX_MARGIN:
         return f"cached vs uncached logprobs differ by {drift:.3f} nats"
     if first is not None and (gap := abs(got["logprobs"][first] - want["logprobs"][first])) >= DECIDED:

@@ -26,8 +26,7 @@ from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without
 from model_helpers import run_script, run_scripts  # noqa: E402
 from test_prefix_cache_engine import PARTIAL_GRAIN, _chain_rounds, _resumed, _round, _without_attention  # noqa: E402
 from test_prefix_cache_gpu import (  # noqa: E402
-    CHAIN_VARIANT, KV_BYTES, _assert_resumes_with_the_oracle, _base, _chain_outputs, _dspark, _dspark_lead,
-    _oracle_errors,
+    CHAIN_VARIANT, KV_BYTES, _assert_resumes_with_the_oracle, _base, _dspark, _dspark_lead, _judge_by_the_oracle,
 )
 
 DTYPE = "float16"
@@ -54,12 +53,7 @@ def runs(tmp_path_factory) -> dict:
     }
     outs = run_scripts([("engine_runner.py", spec, name) for name, spec in engines.items()], tmp, GPU_ENV)
     result = {"block": block, "dtype": DTYPE, **dict(zip(engines, outs))}
-    chained = {name: _chain_outputs(spec, result[name]) for name, spec in engines.items()}
-    scored = run_scripts([("oracle.py", {"model": engines[name]["model"], "prompts": [], "device": "cuda",
-                                         "score": [prompt + out["token_ids"] for prompt, out in outputs]},
-                           f"{name}-oracle") for name, outputs in chained.items()], tmp)
-    for (name, outputs), oracle in zip(chained.items(), scored):
-        result[name]["oracle_error"] = _oracle_errors(outputs, oracle["scored"])
+    _judge_by_the_oracle(engines, result, tmp)
     record("prefix_cache_fp16", result)
     return result
 

@@ -101,12 +101,7 @@ def runs(tmp_path_factory) -> dict:
     outs = run_scripts([("engine_runner.py", spec, name) for name, (spec, _) in engines.items()], tmp, GPU_ENV,
                        envs=[{CHECKPOINT_ENV: on} for _, on in engines.values()])
     result = {"block": block, "flood": flood, **dict(zip(engines, outs))}
-    chained = {name: _chain_outputs(engines[name][0], result[name]) for name in ORACLE_JUDGED}
-    scored = run_scripts([("oracle.py", {"model": engines[name][0]["model"], "prompts": [], "device": "cuda",
-                                         "score": [prompt + out["token_ids"] for prompt, out in outputs]},
-                           f"{name}-oracle") for name, outputs in chained.items()], tmp)
-    for (name, outputs), oracle in zip(chained.items(), scored):
-        result[name]["oracle_error"] = _oracle_errors(outputs, oracle["scored"])
+    _judge_by_the_oracle({name: engines[name][0] for name in ORACLE_JUDGED}, result, tmp)
     record("prefix_cache", result)
     record("prefix_cache_oracle_errors", {name: result[name]["oracle_error"] for name in ORACLE_JUDGED})
     return result
@@ -115,6 +110,17 @@ def runs(tmp_path_factory) -> dict:
 # the engines whose agent turns resume from inside a block, each continuation also scored by the fp32 oracle
 ORACLE_JUDGED = ("dspark", "dspark_turns", "partial", "kda_only")
 DSPARK_TURNS = ("dspark", "dspark_turns")
+
+
+def _judge_by_the_oracle(specs: dict[str, dict], result: dict, tmp) -> None:
+    """Each named engine's chain rounds (`specs`, its spec) scored by the fp32 oracle on the GPU: its
+    `oracle_error` (`_oracle_errors`) set in `result`."""
+    chained = {name: _chain_outputs(spec, result[name]) for name, spec in specs.items()}
+    scored = run_scripts([("oracle.py", {"model": specs[name]["model"], "prompts": [], "device": "cuda",
+                                         "score": [prompt + out["token_ids"] for prompt, out in outputs]},
+                           f"{name}-oracle") for name, outputs in chained.items()], tmp)
+    for (name, outputs), oracle in zip(chained.items(), scored):
+        result[name]["oracle_error"] = _oracle_errors(outputs, oracle["scored"])
 
 
 def _chain_outputs(spec: dict, result: dict) -> list[tuple[list[int], dict]]:

@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parents[1] / "gpu"))
-from criteria import bf16_parting  # noqa: E402
-from model_helpers import CPU_ENGINE_ENV, first_difference, run_scripts  # noqa: E402
+from criteria import bf16_parting, parting  # noqa: E402
+from model_helpers import CPU_ENGINE_ENV, run_scripts  # noqa: E402
 from test_prefix_cache_engine import (  # noqa: E402
     CHECKPOINT_ENV, PARTIAL_GRAIN, _chain_rounds, _resumed, _round, _silenced, _spec,
 )
@@ -33,9 +33,7 @@ def partings(result: dict) -> dict[str, dict]:
     """Per chain round resumed from a cached state: its hit, where it parts, its drift before, the bf16 verdict."""
     rows = {}
     for name, got, want in _resumed(result):
-        first = first_difference(got["token_ids"], want["token_ids"])
-        upto = len(want["token_ids"]) if first is None else first
-        drift = max((abs(a - b) for a, b in zip(got["logprobs"][:upto], want["logprobs"][:upto])), default=0.0)
+        first, drift = parting(got, want)
         rows[name] = {"hit": _round(result, name)["hits"], "first_parting": first, "logprob_drift": round(drift, 4),
                       "bf16_bounds": bf16_parting(got, want)}
     return rows
