@@ -87,6 +87,8 @@
 #               AGENT_IMPL=vllm serves vLLM's in-tree model instead of ours (files agent_pcN_vllm.*)
 # A machine idle for 30 s goes back (and the bundle must be stashed again: ~2.2 min): run the stash
 # and every working step back to back, and fix code before them, not between steps.
+# Ask for the machine with the first stash call alone: when none can be started, every later call of a batch is
+# refused too, each at 15 s of device time (a batch of 24 costs 6 min with nothing run).
 # Results land in $OUT. At most 8 files come back, so the per-test records (model_*.json, mtp_*.json, ...) are
 # merged at the end into one $OUT/records.json ({name: record}); split it with `python3 -c` or read it whole.
 set -uo pipefail
