@@ -7,10 +7,10 @@ test_prefix_cache_gpu.py cannot see errors that small: bf16 moves these agent tu
 nats there. fp16 keeps three more mantissa bits: p99 0.019, at most 0.020 (`python3 tests/gpu/bf16_floor.py --chains
 --low float16`, transformers on the CPU). So three engines serve the agent turns in fp16 on `stable_router`, side by
 side: at `--prefix-match-unit 16`, the same with the MLA layers silenced (the KDA state's side), and with DSpark (K=4,
-a random drafter) at its own 128-token grain. FlashKDA takes bf16 only, so their KDA prefills run on Triton chunk_kda
-and write no in-prefill checkpoints. Each resumed turn and its uncached reference are then scored by the fp32 oracle
-on their own tokens: a right resume stays within FP16_MARGIN of it, as its reference does; where a reference does not,
-the engine's own fp16 error is too large to judge by and its test skips with the numbers.
+a random drafter) at its own 128-token grain, eager. FlashKDA takes bf16 only, so their KDA prefills run on Triton
+chunk_kda and write no in-prefill checkpoints. Each resumed turn and its uncached reference are then scored by the
+fp32 oracle on their own tokens: a right resume stays within FP16_MARGIN of it, as its reference does; where a
+reference does not, the engine's own fp16 error is too large to judge by and its test skips with the numbers.
 Run on the device: bash tests/gpu/run_on_device.sh prefix_cache_fp16
 """
 
@@ -30,6 +30,7 @@ from test_prefix_cache_gpu import (  # noqa: E402
 )
 
 DTYPE = "float16"
+FP16_EAGER = {"dtype": DTYPE, "enforce_eager": True}
 JUDGED = ("partial", "kda_only", "dspark")
 
 
@@ -41,14 +42,16 @@ def runs(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("prefix-cache-fp16")
     stable = ensure_tiny(variant=CHAIN_VARIANT)
     probe = run_script("engine_runner.py", {**_base(str(stable), [{"name": "probe", "prompts": [[11, 12, 13]]}], 16),
-                                            "dtype": DTYPE, "enforce_eager": True}, tmp, "probe", GPU_ENV)
+                                            **FP16_EAGER}, tmp, "probe", GPU_ENV)
     block = probe["block_size"]
-    partial = {**_base(str(stable), _chain_rounds(block), block), "dtype": DTYPE,
+    # eager: the question is the state a resume starts from, which CUDA graphs do not change (test_prefix_cache_gpu.py
+    # serves these turns with them); with graphs, three fresh fp16 engines outran 400 s on an H100 before a token
+    partial = {**_base(str(stable), _chain_rounds(block), block), **FP16_EAGER,
                "engine_kwargs": {**KV_BYTES, "prefix_match_unit": PARTIAL_GRAIN}}
     engines = {
         "partial": partial,
         "kda_only": {**partial, "model": str(_without_attention(stable, tmp / "kda-only"))},
-        "dspark": {**_base(str(stable), _chain_rounds(block, _dspark_lead(block)), block), "dtype": DTYPE,
+        "dspark": {**_base(str(stable), _chain_rounds(block, _dspark_lead(block)), block), **FP16_EAGER,
                    "speculative_config": _dspark(make_tiny_dspark(tmp / "drafter", stable))},
     }
     outs = run_scripts([("engine_runner.py", spec, name) for name, spec in engines.items()], tmp, GPU_ENV)
