@@ -66,3 +66,31 @@ def test_a_fault_that_breaks_the_references_tokens_is_caught(n, p, points, loss,
 def test_paired_slack_is_the_floor_when_runs_agree_everywhere():
     same = [True, False] * 100
     assert paired_slack(same, same, 0.01) == 0.01
+
+
+def _run(tokens: list[int], logprobs: list[float]) -> dict:
+    return {"token_ids": tokens, "logprobs": logprobs}
+
+
+def test_a_resume_within_the_fp16_drift_and_parting_at_a_tie_passes():
+    """A right fp16 resume on the CPU engine drifts by 0.004-0.012 nats and keeps its tokens; one that parts where two
+    tokens are within the bound (a tie) is rounding too."""
+    from criteria import FP16_DRIFT, fp16_parting
+
+    want = _run([5, 6, 7, 8], [-0.5, -0.2, -1.0, -0.7])
+    assert fp16_parting(_run([5, 6, 7, 8], [-0.51, -0.21, -0.99, -0.71]), want) is None
+    assert fp16_parting(_run([5, 6, 9, 8], [-0.51, -0.2, -1.0 + FP16_DRIFT / 2, -0.7]), want) is None
+
+
+@pytest.mark.parametrize(("tokens", "logprobs", "why"), [
+    ([5, 6, 7, 8], [-0.5, -0.2, -1.04, -0.7], "differ by 0.040"),  # a wrong resume's drift (0.034-0.070 on the CPU)
+    ([5, 9, 7, 8], [-0.5, -0.32, -1.0, -0.7], "parts from the uncached run at new token 1, not a tie"),
+])
+def test_a_wrong_resume_is_caught_by_the_fp16_bounds_but_not_by_bf16s(tokens, logprobs, why):
+    """The CPU engine's wrong fp16 resumes move by 0.034-0.070 nats or part away from a tie; bf16's bounds (0.5 nats,
+    a tie below 0.2) pass both, which is why the fp16 test exists."""
+    from criteria import bf16_parting, fp16_parting
+
+    want = _run([5, 6, 7, 8], [-0.5, -0.2, -1.0, -0.7])
+    assert why in (fp16_parting(_run(tokens, logprobs), want) or "")
+    assert bf16_parting(_run(tokens, logprobs), want) is None
