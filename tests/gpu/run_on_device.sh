@@ -67,11 +67,12 @@
 #   turn_ckpt   the same with them (=1, the default): a cached turn in one prefill pass fewer, beside `turn` on the
 #               same card                                                             (4.1 for two turns, H200)
 #   prefix_cache  cached continuations equal uncached ones (bf16, CUDA graphs), hits with MTP and with DSpark on;
-#               agent turns with hits inside a block (DSpark's on two targets, --prefix-match-unit's, and KDA alone,
-#               each also scored by the fp32 oracle); in-prefill checkpoints (VLLM_LING_KDA_PREFILL_CHECKPOINT=1):
-#               seven engines side by side, then four oracles                 (4.1 with seven on an H100)
-#   prefix_cache_fp16  the agent turns with hits inside a block in fp16, where the fp32 oracle can judge them
-#               (--prefix-match-unit 16, KDA alone, DSpark): three eager engines, then three oracles. With CUDA
+#               agent turns with hits inside a block (DSpark's on two targets, --prefix-match-unit's, and KDA
+#               alone); in-prefill checkpoints (VLLM_LING_KDA_PREFILL_CHECKPOINT=1): seven engines side by side
+#               (4.1 with seven and four oracles on an H100)
+#   prefix_cache_fp16  the agent turns with hits inside a block in fp16, where a wrong resume stands out from the
+#               rounding (--prefix-match-unit 16, KDA alone, DSpark): three eager engines, then three fp32
+#               oracles to check the fp16 engines. With CUDA
 #               graphs it outran 400 s on a fresh H100 (7 min with the bundle's assembly) while its engines warmed up
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)

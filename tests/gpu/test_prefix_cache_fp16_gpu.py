@@ -26,9 +26,11 @@ from criteria import FP16_MARGIN, fp16_parting, parting  # noqa: E402
 from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without CUDA)
 # on sys.path via gpu_helpers
 from model_helpers import run_script, run_scripts  # noqa: E402
-from test_prefix_cache_engine import PARTIAL_GRAIN, _chain_rounds, _resumed, _round, _without_attention  # noqa: E402
+from test_prefix_cache_engine import (  # noqa: E402
+    PARTIAL_GRAIN, _chain_pairs, _chain_rounds, _resumed, _round, _without_attention,
+)
 from test_prefix_cache_gpu import (  # noqa: E402
-    CHAIN_VARIANT, KV_BYTES, _base, _dspark, _dspark_lead, _judge_by_the_oracle,
+    CHAIN_VARIANT, KV_BYTES, _base, _dspark, _dspark_lead,
 )
 
 DTYPE = "float16"
@@ -64,6 +66,33 @@ def runs(tmp_path_factory) -> dict:
                                    for round_name, got, want in _resumed(result[name])}
     record("prefix_cache_fp16", result)
     return result
+
+
+def _judge_by_the_oracle(specs: dict[str, dict], result: dict, tmp) -> None:
+    """Each engine's chain rounds (`specs`: name -> spec) scored by the fp32 oracle on the GPU, as `oracle_error`
+    (`_oracle_errors`) in its `result`."""
+    chained = {name: _chain_outputs(spec, result[name]) for name, spec in specs.items()}
+    scored = run_scripts([("oracle.py", {"model": specs[name]["model"], "prompts": [], "device": "cuda",
+                                         "score": [prompt + out["token_ids"] for prompt, out in outputs]},
+                           f"{name}-oracle") for name, outputs in chained.items()], tmp)
+    for (name, outputs), oracle in zip(chained.items(), scored):
+        result[name]["oracle_error"] = _oracle_errors(outputs, oracle["scored"])
+
+
+def _chain_outputs(spec: dict, result: dict) -> list[tuple[list[int], dict]]:
+    """(prompt, output) of each resumed chain round and of its reference, in `_chain_pairs` order."""
+    prompts = {r["name"]: r["prompts"][0] for r in spec["rounds"]}
+    return [(prompts[name], _round(result, name)["outputs"][0]) for pair in _chain_pairs() for name in pair]
+
+
+def _oracle_errors(outputs: list[tuple[list[int], dict]], scored: list[dict]) -> dict[str, dict[str, float]]:
+    """Per resumed round, the largest |engine logprob - fp32 oracle logprob| over its continuation's tokens, the
+    oracle teacher-forced on the engine's own tokens (`scored`, one per `_chain_outputs` entry), for the resumed run
+    and its uncached reference."""
+    worst = [max(abs(a - ref["logprobs"][len(prompt) + i]) for i, a in enumerate(out["logprobs"]))
+             for (prompt, out), ref in zip(outputs, scored, strict=True)]
+    return {name: {"cached": worst[2 * k], "reference": worst[2 * k + 1]}
+            for k, (name, _) in enumerate(_chain_pairs())}
 
 
 @pytest.mark.parametrize("engine", JUDGED)

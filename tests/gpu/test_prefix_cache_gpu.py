@@ -20,12 +20,12 @@ bf16: greedy tokens equal up to the first place they part, and that place must b
 logprobs within DECIDED nats) while the logprobs before it agree within BF16_FLIP_MAX_MARGIN; a sequence resuming from
 a wrong checkpoint fails both at once. The agent turns run on the `stable_router` checkpoint (or on `mtp_echo`): the
 default one's routing flips under bf16 rounding: on these ~800-token chains bf16 moves a logprob from fp32's by p99 2.7
-nats there, 0.18 on `stable_router` (`python3 tests/gpu/bf16_floor.py --chains --variant V`). Every turn
-resumed inside a block is also scored by the fp32 oracle, each against its own tokens, which tells a wrong resume from
-one whose bf16 rounding differs from its reference's (the two prefill in different passes). What these bounds cannot
-see: the CPU engine's wrong resumes (vLLM's own copy) part from the uncached run by only 0.02-0.12 nats on
-`stable_router` and 0.002 on `mtp_echo` in fp32, under bf16's noise here, so a pass says a GPU makes no gross error,
-not that it is right.
+nats there, 0.18 on `stable_router` (`python3 tests/gpu/bf16_floor.py --chains --variant V`); right resumes of the agent
+turns on `stable_router` served in bf16 by the CPU engine move by 0.002-0.11 nats from their uncached runs and part
+only at ties (`python3 tests/model/partial_hit_size.py stable_router --dtype bfloat16 --copy ours`, with `--silence
+mla` 0.05-0.10). What these bounds cannot see: the CPU engine's wrong resumes (vLLM's own copy) part from the uncached
+run by only 0.02-0.12 nats on `stable_router` and 0.002 on `mtp_echo` in fp32, under bf16's noise here, so a pass says
+a GPU makes no gross error, not that it is right; tests/gpu/test_prefix_cache_fp16_gpu.py judges those resumes.
 Run on the device: LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_prefix_cache_gpu.py -q
 """
 
@@ -37,12 +37,12 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("vllm")
-from criteria import BF16_FLIP_MAX_MARGIN, bf16_parting  # noqa: E402
+from criteria import bf16_parting  # noqa: E402
 from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without CUDA)
 # on sys.path via gpu_helpers
 from model_helpers import NO_CLAMPS, run_script, run_scripts  # noqa: E402
 from test_prefix_cache_engine import (  # noqa: E402
-    CHECKPOINT_ENV, MAX_TOKENS, MTP, PARTIAL_GRAIN, _cases, _chain_pairs, _chain_rounds, _concurrent,
+    CHECKPOINT_ENV, MAX_TOKENS, MTP, PARTIAL_GRAIN, _cases, _chain_rounds, _concurrent,
     _distinct_references, _resumed, _round, _rounds, _without_attention,
 )
 
@@ -101,54 +101,11 @@ def runs(tmp_path_factory) -> dict:
     outs = run_scripts([("engine_runner.py", spec, name) for name, (spec, _) in engines.items()], tmp, GPU_ENV,
                        envs=[{CHECKPOINT_ENV: on} for _, on in engines.values()])
     result = {"block": block, "flood": flood, **dict(zip(engines, outs))}
-    _judge_by_the_oracle({name: engines[name][0] for name in ORACLE_JUDGED}, result, tmp)
     record("prefix_cache", result)
-    record("prefix_cache_oracle_errors", {name: result[name]["oracle_error"] for name in ORACLE_JUDGED})
     return result
 
 
-# the engines whose agent turns resume from inside a block, each continuation also scored by the fp32 oracle
-ORACLE_JUDGED = ("dspark", "dspark_turns", "partial", "kda_only")
 DSPARK_TURNS = ("dspark", "dspark_turns")
-
-
-def _judge_by_the_oracle(specs: dict[str, dict], result: dict, tmp) -> None:
-    """Each named engine's chain rounds (`specs`, its spec) scored by the fp32 oracle on the GPU: its
-    `oracle_error` (`_oracle_errors`) set in `result`."""
-    chained = {name: _chain_outputs(spec, result[name]) for name, spec in specs.items()}
-    scored = run_scripts([("oracle.py", {"model": specs[name]["model"], "prompts": [], "device": "cuda",
-                                         "score": [prompt + out["token_ids"] for prompt, out in outputs]},
-                           f"{name}-oracle") for name, outputs in chained.items()], tmp)
-    for (name, outputs), oracle in zip(chained.items(), scored):
-        result[name]["oracle_error"] = _oracle_errors(outputs, oracle["scored"])
-
-
-def _chain_outputs(spec: dict, result: dict) -> list[tuple[list[int], dict]]:
-    """(prompt, output) of each resumed chain round and of its reference, in `_chain_pairs` order."""
-    prompts = {r["name"]: r["prompts"][0] for r in spec["rounds"]}
-    return [(prompts[name], _round(result, name)["outputs"][0]) for pair in _chain_pairs() for name in pair]
-
-
-def _oracle_errors(outputs: list[tuple[list[int], dict]], scored: list[dict]) -> dict[str, dict[str, float]]:
-    """Per resumed round, the largest |engine logprob - fp32 oracle logprob| over its continuation's tokens, the
-    oracle teacher-forced on the engine's own tokens (`scored`, one per `_chain_outputs` entry), for the resumed run
-    and its uncached reference. bf16 noise moves a logprob by p99 0.18 nats (criteria.DECIDED); a resume from a
-    wrong state moves it further than its reference's, whatever the two runs' different prefill passes do to their
-    bf16 rounding."""
-    worst = [max(abs(a - ref["logprobs"][len(prompt) + i]) for i, a in enumerate(out["logprobs"]))
-             for (prompt, out), ref in zip(outputs, scored, strict=True)]
-    return {name: {"cached": worst[2 * k], "reference": worst[2 * k + 1]}
-            for k, (name, _) in enumerate(_chain_pairs())}
-
-
-def _assert_resumes_with_the_oracle(engine: str, errors: dict[str, dict[str, float]], margin: float) -> None:
-    """Every resumed turn within `margin` nats of the fp32 oracle (`_oracle_errors`); a skip with the numbers where an
-    uncached reference is not, since then the engine's own rounding is too large to judge by."""
-    references = max(e["reference"] for e in errors.values())
-    if references > margin:
-        pytest.skip(f"{engine}: an uncached reference is {references:.3f} nats off the oracle itself: {errors}")
-    off = {name: e for name, e in errors.items() if e["cached"] > margin}
-    assert not off, f"{engine}: resumes off the fp32 oracle beyond {margin} nats: {off}"
 
 
 def _assert_bf16_same(name: str, got: dict, want: dict) -> None:
@@ -292,13 +249,3 @@ def test_in_prefill_checkpoints_from_flashkda_keep_every_case(runs):
     for i, got in enumerate(_round(result, "concurrent")["outputs"]):
         _assert_bf16_same(f"checkpoints concurrent{i}", got, _round(result, f"ref:concurrent{i}")["outputs"][0])
     assert [r["hits"] for r in result["rounds"]] == [r["hits"] for r in plain["rounds"]]
-
-
-@pytest.mark.parametrize("engine", [*DSPARK_TURNS, "kda_only"])
-def test_resumes_inside_a_block_are_judged_by_the_fp32_oracle_too(runs, engine):
-    """Each agent turn resumed from inside a block, and its uncached reference, against the fp32 oracle teacher-forced
-    on its own tokens (`_oracle_errors`, recorded for every ORACLE_JUDGED engine): a resume whose bf16 rounding
-    differs from its reference's (the two prefill in different passes) stays within BF16_FLIP_MAX_MARGIN of the
-    oracle, as its reference does; a resume from a wrong state does not. Where a reference is itself beyond the bound,
-    the bound says nothing and the engine skips with the numbers."""
-    _assert_resumes_with_the_oracle(engine, runs[engine]["oracle_error"], BF16_FLIP_MAX_MARGIN)

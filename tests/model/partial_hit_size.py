@@ -47,7 +47,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("variants", nargs="*", default=["stable_router", "mtp_echo"])
     p.add_argument("--silence", choices=("kda", "mla"), help="zero this layer kind's output projection")
-    p.add_argument("--dtype", choices=("float32", "float16"), default="float32", help="the engines' dtype")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"), default="float32", help="the engines' dtype")
     p.add_argument("--copy", choices=("vllm", "ours"), default="vllm", help="whose copy of a partly filled block")
     a = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="partial-hit-size-") as tmp:
