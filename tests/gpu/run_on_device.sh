@@ -72,8 +72,8 @@
 #               (4.1 with seven and four oracles on an H100)
 #   prefix_cache_fp16  the agent turns with hits inside a block in fp16, where a wrong resume stands out from the
 #               rounding (--prefix-match-unit 16, KDA alone, DSpark): three eager engines, then three fp32
-#               oracles to check the fp16 engines. With CUDA
-#               graphs it outran 400 s on a fresh H100 (7 min with the bundle's assembly) while its engines warmed up
+#               oracles to check the fp16 engines. With CUDA graphs it outran 400 s on a fresh H100 (7 min with
+#               the bundle's assembly) while its engines warmed up
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
 #   agent_pc1 | agent_pc0  the agent workload (ling-bench --workload agent: 20-turn sessions that re-send their
