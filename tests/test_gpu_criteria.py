@@ -94,3 +94,19 @@ def test_a_wrong_resume_is_caught_by_the_fp16_bounds_but_not_by_bf16s(tokens, lo
     want = _run([5, 6, 7, 8], [-0.5, -0.2, -1.0, -0.7])
     assert why in (fp16_parting(_run(tokens, logprobs), want) or "")
     assert bf16_parting(_run(tokens, logprobs), want) is None
+
+
+def test_the_bf16_chain_bound_passes_the_rounding_a_gpu_showed_and_catches_a_gross_error():
+    """DSpark's right resume on an H100 parted at its first new token 0.297 nats from its uncached run (bf16, whose
+    per-token bound there is 0.5); a resume from a wrong state that lands nats away is still caught, whether it
+    drifts or parts."""
+    from criteria import BF16_FLIP_MAX_MARGIN, bf16_chain_parting, bf16_parting
+
+    want = _run([5, 6, 7, 8], [-1.35, -1.37, -0.23, -0.7])
+    seen = _run([9, 6, 7, 8], [-1.05, -1.01, -1.43, -0.7])  # the H100's parting (its first logprobs)
+    assert bf16_chain_parting(seen, want) is None
+    assert "not a tie (0.300)" in (bf16_parting(seen, want) or "")
+    gross = _run([9, 6, 7, 8], [-1.35 + BF16_FLIP_MAX_MARGIN + 0.1, -1.0, -1.4, -0.7])
+    assert "not a tie (0.600)" in (bf16_chain_parting(gross, want) or "")
+    drift = _run([5, 6, 7, 8], [-1.35, -1.37 - 0.8, -0.23, -0.7])
+    assert "differ by 0.800" in (bf16_chain_parting(drift, want) or "")

@@ -115,8 +115,9 @@ def test_the_uncached_runs_stand_with_the_fp32_oracle(runs, engine):
 def test_resumes_inside_a_block_equal_the_uncached_run(runs, engine):
     """Each resumed turn's greedy tokens those of its uncached run, its logprobs within FP16_DRIFT (a parting only at a
     tie that close). Failing means this GPU serves a resume from inside a block from a wrong context: at
-    `--prefix-match-unit 16` (`partial`) the preflight's refusal stands; with the MLA layers silenced (`kda_only`) the
-    KDA state is wrong; with DSpark the recipe's choice to serve it without the prefix cache stands (docs/dspark.md
-    §Prefix cache). Passing for `dspark` is what it would take to serve DSpark with the cache."""
+    `--prefix-match-unit 16` (`partial`) the whole model's, with the MLA layers silenced (`kda_only`) the KDA
+    state's, with DSpark (`dspark`) the recipe's own, which serves DSpark with the prefix cache on this test's pass on
+    vLLM 0.33 and 0.34 (docs/dspark.md §Prefix cache), as the preflight passes partial hits (rule
+    partial_prefix_hits)."""
     parted = {name: why for name, got, want in _resumed(runs[engine]) if (why := fp16_parting(got, want))}
     assert not parted, f"{engine}: resumes off their uncached runs: {parted} (partings {runs[engine]['parting']})"

@@ -195,27 +195,26 @@ def test_enforce_eager_is_a_warning_not_a_refusal():
     assert v.verdict == "warn" and "20.8 tok/s eager vs 22.9" in v.message
 
 
-def test_hits_inside_a_kda_block_pass_on_the_cpu_engine_and_not_on_a_gpu():
-    """--prefix-match-unit gives partial hits: exact on the CPU engine with vllm-ling's copy of every view
-    (tests/model/test_prefix_cache_engine.py), not shown right on a GPU (tests/gpu/test_prefix_cache_gpu.py bounds a
-    resume's error only above the CPU engine's wrong ones under vLLM's own copy), so ok there and refused here. A
-    DSpark drafter's smaller block gives them too: a warning on a GPU whatever the in-prefill checkpoints. Whole-block
-    hits (the default) and no prefix cache pass."""
+def test_hits_inside_a_kda_block_pass_and_say_where_they_were_shown_right():
+    """--prefix-match-unit, or a DSpark drafter's smaller KV block, gives partial hits: exact on the CPU engine with
+    vllm-ling's copy of every view (tests/model/test_prefix_cache_engine.py), right within fp16's rounding on GPUs
+    (tests/gpu/test_prefix_cache_fp16_gpu.py), so ok on both, naming the cause and the evidence; whatever the
+    in-prefill checkpoints. Whole-block hits (the default) and no prefix cache pass with their own messages."""
     pmu = RECIPE + " --prefix-match-unit 16"
     v = verdicts(pmu, dev=CPU)["partial_prefix_hits"]
     assert v.verdict == "ok" and "--prefix-match-unit 16 makes vLLM resume" in v.message
-    assert "equals the uncached run with vllm-ling's copy" in v.message
+    assert "equals the uncached run (tested: fp32 on the CPU engine)" in v.message
     gpu = verdicts(pmu, dev=H200)["partial_prefix_hits"]
-    assert gpu.verdict == "refuse" and "no GPU test shows them right yet" in gpu.message and "Safe: drop" in gpu.message
+    assert gpu.verdict == "ok" and "(tested: fp16 on GPUs, vLLM 0.33 and 0.34)" in gpu.message
     assert gpu.values == {"prefix_match_unit": 16, "dspark": False, "device": "discrete"}
     cached = DSPARK_RECIPE.replace(" --no-enable-prefix-caching", " --enable-prefix-caching")
     for env in ({}, NO_IN_PREFILL):
         w = verdicts(cached, dev=H200, env=env)["partial_prefix_hits"]
-        assert w.verdict == "warn" and "DSpark drafter's own, smaller KV block" in w.message
-        assert "no GPU test shows them right yet" in w.message
-        assert "Safe: --no-enable-prefix-caching with DSpark (the recipe's default)" in w.message
-    for cmd in (RECIPE, pmu + " --no-enable-prefix-caching", DSPARK_RECIPE):
-        assert verdicts(cmd, dev=H200)["partial_prefix_hits"].verdict == "ok", cmd
+        assert w.verdict == "ok" and "DSpark drafter's own, smaller KV block" in w.message, w
+        assert w.values == {"prefix_match_unit": None, "dspark": True, "device": "discrete"}
+    assert "whole KDA blocks" in verdicts(RECIPE, dev=H200)["partial_prefix_hits"].message
+    for cmd in (pmu + " --no-enable-prefix-caching", DSPARK_RECIPE):
+        assert verdicts(cmd, dev=H200)["partial_prefix_hits"].message == "no prefix cache", cmd
 
 
 def test_memory_refuses_a_util_too_small_for_the_weights_and_names_the_numbers():
@@ -508,7 +507,7 @@ def test_a_kv_cache_that_cannot_hold_the_checkpoint_is_refused_with_the_numbers_
 # --- the DSpark drafter: its weights, its KV, its K ---------------------------------------------------------
 
 DSPARK = """--speculative-config '{"method":"dspark","model":"inclusionAI/Ling-3.0-flash-dspark"}'"""
-# a DSpark command without the prefix cache (serve-int4.sh with VLLM_LING_KDA_PREFILL_CHECKPOINT=0)
+# a DSpark command without the prefix cache (serve-int4.sh with PREFIX_CACHE=0)
 DSPARK_RECIPE = (RECIPE.replace(RECIPE[RECIPE.index("--speculative-config"):], DSPARK)
                  + " --max-num-seqs 2 --no-enable-prefix-caching")
 
@@ -521,7 +520,7 @@ def test_a_dspark_drafter_from_the_hub_is_counted_with_the_cards_numbers_and_say
     mtp = verdicts(RECIPE + " --max-num-seqs 2", dev=H200)["memory_fit"]
     assert v.values["drafter"] == 961_316_865 * 2 and v.values["weights"] == mtp.values["weights"] + 961_316_865 * 2
     assert v.values["kv_per_token"] == cfg.kv_bytes_per_token + 5 * 2 * 32 * 128 * 2  # no MTP draft layer
-    assert v.values["state_pages"] == 1 + 8  # the running state, 8 drafts (the recipe's DSpark: no prefix cache)
+    assert v.values["state_pages"] == 1 + 8  # the running state, 8 drafts (no prefix cache)
     assert "1.8 GiB DSpark drafter inclusionAI/Ling-3.0-flash-dspark: 961M parameters at BF16, the model card's " \
            "count, assumed" in v.message
     k4 = verdicts(DSPARK_RECIPE.replace('-dspark"}', '-dspark","num_speculative_tokens":4}'), dev=H200)
