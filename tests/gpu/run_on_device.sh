@@ -69,11 +69,11 @@
 #   prefix_cache  cached continuations equal uncached ones (bf16, CUDA graphs), hits with MTP and with DSpark on;
 #               agent turns with hits inside a block (DSpark's on two targets, --prefix-match-unit's, and KDA
 #               alone); in-prefill checkpoints (VLLM_LING_KDA_PREFILL_CHECKPOINT=1): seven engines side by side
-#               (4.1 with seven and four oracles on an H100)
+#               (3.4 with seven engines on a warm H100)
 #   prefix_cache_fp16  the agent turns with hits inside a block in fp16, where a wrong resume stands out from the
 #               rounding (--prefix-match-unit 16, KDA alone, DSpark): three eager engines, then three fp32
-#               oracles to check the fp16 engines. With CUDA graphs it outran 400 s on a fresh H100 (7 min with
-#               the bundle's assembly) while its engines warmed up
+#               oracles to check the fp16 engines (4.8 on a fresh H100 with 0.34's assembly, 3.9 with 0.33's;
+#               with CUDA graphs it outran 400 s while its engines warmed up)
 #   intree_check  vLLM's in-tree model on the tiny checkpoint: bare (no plugin) and with our config class,
 #               greedy tokens against ours                                                    (~2)
 #   agent_pc1 | agent_pc0  the agent workload (ling-bench --workload agent: 20-turn sessions that re-send their
