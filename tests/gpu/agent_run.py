@@ -4,6 +4,7 @@ of tests/gpu/run_on_device.sh, and their CPU rehearsal on the tiny checkpoint (t
     python3 tests/gpu/agent_run.py OUT --model /tmp/flash-agent --prefix-cache 1        # a GPU, full size
     python3 tests/gpu/agent_run.py OUT --model TINY --device cpu --prefix-cache 1 0 --bench-args "..."
     python3 tests/gpu/agent_run.py OUT --model /tmp/flash-agent --prefix-cache 1 --impl vllm  # vLLM's in-tree model
+    python3 tests/gpu/agent_run.py OUT --model /tmp/flash-agent --prefix-cache 1 --spec dspark  # DSpark, K = 8
 
 For each PREFIX_CACHE value: the recipe (serve/serve-int4-mtp.sh on a GPU: INT4 experts, FP8, MTP k=1, CUDA graphs,
 chunked prefill 8192, two sequences, under ling-watchdog) on MODEL with `--load-format dummy`; wait until the watchdog
@@ -20,6 +21,10 @@ means nothing, and the MTP draft, random against a random model, is accepted ~ne
 rejected one (a draft and a two-token verify for one token). The self-check's "MTP acceptance" therefore fails by
 design and is recorded, not held against the run; any other self-check failure is (an optimisation asked for is off,
 so the numbers are not the recipe's). docs/benchmarks.md §Agent.
+`--spec dspark` serves serve/serve-int4.sh with SPEC=dspark and a dummy drafter of the released one's shape
+(ling_bench.fullsize.write_dummy_drafter: a config.json, dummy weights like the target's): its hits come in the
+drafter's 128-token steps, from inside a KV block (docs/dspark.md §Prefix cache), and every round is a rejected one
+for the same reason as MTP's.
 
 OUT, per value N: agent_pcN.json (settings, the command the watchdog ran, seconds per stage, self-check verdict, the
 beyond-tokenizer probe, the stop, ling-bench's report under "bench"; rewritten after each stage) and
@@ -44,6 +49,7 @@ import psutil
 import requests
 from tokenizers import Tokenizer
 
+from ling_bench.fullsize import write_dummy_drafter
 from ling_common.device import ROOMY_CARD_GIB
 from ling_tools.demo import CPU_ENGINE
 from ling_watchdog import procs
@@ -69,7 +75,9 @@ GPU_CTX = 65536 + 1024  # the bench's history limit (prompt + max_tokens) with r
 # which Ling V3 model serves (the recipe passes MODEL_ENV on): ours or vLLM's in-tree one, the plugin on for both
 # (FP8, the ling3 parsers, the self-check)
 IMPLS = {"ours": "vllm-ling", "vllm": "vllm"}
-EXPECTED_FAILURES = ("MTP acceptance",)  # a random draft against random weights: accepted ~never
+# a random draft against random weights is accepted ~never: MTP's line fails, and DSpark's on its mean accepted length
+# (tools/selfcheck.py judge_dspark), not on a missing drafter
+EXPECTED_FAILURES = {"MTP acceptance": "", "DSpark": "slower than no draft"}
 STOP_RESERVE_S = 45.0  # the watchdog's kill grace (10 s), its sweep, the memory coming back, the log tails
 SELFCHECK_WAIT_S = 90.0  # the bench waits this long for the self-check, whose probe would land in its windows
 TAIL_LINES, TAIL_CHARS = 300, 400
@@ -93,28 +101,51 @@ SMALL_CARD_KV_GIB = 3.0  # kv_gib says why
 
 def serves_mtp(recipe: str) -> bool:
     """Whether the recipe drafts with MTP: the shipped one does; serve_env strips SPEC and MTP_K from the caller's
-    environment, so serve-int4.sh serves without speculation here."""
+    environment, so serve-int4.sh serves without speculation here (or with DSpark, `--spec dspark`)."""
     return Path(recipe).name == Path(RECIPES["cuda"]).name
 
 
-def card_gib(device: str, recipe: str) -> float | None:
+def expected_failure(name: str, lines: list[str]) -> bool:
+    """A failed self-check line the dummy weights explain (EXPECTED_FAILURES: the line's name and, where not empty,
+    words its message must hold)."""
+    words = EXPECTED_FAILURES.get(name)
+    said = (line.split("self-check: ", 1)[-1] for line in lines)  # "vllm-ling self-check: NAME STATE why"
+    return words is not None and any(line.startswith(f"{name} ") and words in line for line in said)
+
+
+def card_gib(device: str, recipe: str, spec: str = "recipe") -> float | None:
     """The card's memory, GiB (None on the CPU engine). Below MIN_CARD_GIB the recipe with MTP is refused before any
     server starts: on an 80 GB H100 (79.2 GiB) its full-size dummy model ran out of memory while loading, vLLM 0.34
     converting the MTP layer's INT4 experts to Humming's layout with 77.9 GiB allocated (2026-12-06). The target
     alone loads there (the full-size bench's plain and DSpark engines, 2026-12-06), its own conversion at the card's
-    edge (the allocator's out-of-memory-and-retry warning at each load): PLAIN_RECIPE runs on such a card."""
+    edge (the allocator's out-of-memory-and-retry warning at each load): PLAIN_RECIPE runs on such a card. DSpark
+    loads there too, but its drafter's KV for the workload's two ~64K sequences (dspark_kv_gib) does not fit beside
+    it: refused as well."""
     if device == "cpu":
         return None
     from ling_common.device import detect
 
     total = detect().total_bytes
     gib = total / 2**30 if total is not None else None
+    if gib is not None and gib < MIN_CARD_GIB and spec == "dspark":
+        raise SystemExit(f"agent_run: this card has {gib:.1f} GiB; the agent workload with DSpark needs a card of "
+                         f">= {MIN_CARD_GIB} GiB (its drafter's KV for two ~64K sequences does not fit beside the "
+                         f"full-size target on an 80 GB card): run the step on an H200, or without --spec dspark")
     if gib is not None and gib < MIN_CARD_GIB and serves_mtp(recipe):
         raise SystemExit(f"agent_run: this card has {gib:.1f} GiB; the full-size recipe with MTP ({recipe}) needs a "
                          f"card of >= {MIN_CARD_GIB} GiB (on an 80 GB H100 it runs out of memory while loading the "
                          f"MTP layer's experts): run the step on an H200, or serve without MTP here "
                          f"(--recipe {PLAIN_RECIPE}; run_on_device.sh: AGENT_RECIPE={PLAIN_RECIPE})")
     return gib
+
+
+def dspark_kv_gib(drafter: Path, ctx: int, lanes: int = 2) -> float:
+    """The drafter's own KV for `lanes` running sequences of `ctx` tokens, GiB: every drafter layer keeps K and V of
+    every context token in BF16 (layers x 2 x KV heads x head dim x 2 B a token: 80 KiB for the released shape, ~10x
+    the target's), in a KV group of its own (docs/dspark.md §KV block). Two lanes: the recipe's MAX_SEQS."""
+    c = json.loads((drafter / "config.json").read_text())
+    per_token = c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * c["head_dim"] * 2
+    return lanes * ctx * per_token / 2**30
 
 
 def kv_gib(device: str, card: float | None) -> float:
@@ -141,8 +172,8 @@ def check_model(model: Path) -> None:
 
 def serve_env(a: argparse.Namespace, pc: int, port: int, log_dir: Path) -> dict[str, str]:
     """The recipe's settings for one server (every other setting is the recipe's default)."""
-    # UTIL in the caller's environment would clash with KV_CACHE_GIB; SPEC and MTP_K are the recipe's to set
-    env = {k: v for k, v in os.environ.items() if k not in ("UTIL", "SPEC", "MTP_K")}
+    # UTIL in the caller's environment would clash with KV_CACHE_GIB; SPEC, MTP_K and DSPARK_* are the run's to set
+    env = {k: v for k, v in os.environ.items() if k not in ("UTIL", "SPEC", "MTP_K") and not k.startswith("DSPARK_")}
     env |= {
         "MODEL": str(a.model), "HOST": "127.0.0.1", "PORT": str(port), "CTX": str(a.ctx), "PREFIX_CACHE": str(pc),
         "KV_CACHE_GIB": f"{a.kv_gib:g}", "LOG_DIR": str(log_dir), "DEVICE": a.device, "PYTHON": sys.executable,
@@ -150,6 +181,10 @@ def serve_env(a: argparse.Namespace, pc: int, port: int, log_dir: Path) -> dict[
         "WATCHDOG_ARGS": "--max-relaunches 0",  # a benchmark fails fast: a relaunch would spend the step's time
         MODEL_ENV: IMPLS[a.impl],
     }
+    if a.spec == "dspark":
+        env |= {"SPEC": "dspark", "DSPARK_MODEL": str(a.drafter)}
+        if a.dspark_k is not None:
+            env["DSPARK_K"] = str(a.dspark_k)
     if a.device == "cuda":
         # the device's vLLM is a bundle on PYTHONPATH with no `vllm` script on PATH: the same CLI as a module (the
         # watchdog reads its flags with vLLM's own parser all the same)
@@ -347,8 +382,8 @@ def finish(a: argparse.Namespace, rec: dict, proc: subprocess.Popen, tree: Tree,
 
 
 def run_tag(a: argparse.Namespace, pc: int) -> str:
-    """The files' stem: agent_pcN for our model, agent_pcN_vllm for the in-tree one."""
-    return f"agent_pc{pc}" + ("" if a.impl == "ours" else f"_{a.impl}")
+    """The files' stem: agent_pcN for our model, agent_pcN_vllm for the in-tree one, a _dspark suffix with DSpark."""
+    return f"agent_pc{pc}" + ("" if a.impl == "ours" else f"_{a.impl}") + ("" if a.spec == "recipe" else f"_{a.spec}")
 
 
 def run_one(a: argparse.Namespace, pc: int, until: float) -> dict:
@@ -362,6 +397,7 @@ def run_one(a: argparse.Namespace, pc: int, until: float) -> dict:
     env = serve_env(a, pc, port, log_dir)
     url = f"http://127.0.0.1:{port}"
     rec: dict = {"schema": SCHEMA, "prefix_cache": pc, "device": a.device, "recipe": recipe, "impl": a.impl,
+                 "spec": a.spec,
                  # the recipe's settings here, and every plugin setting (VLLM_LING_*) the caller passed on
                  "settings": {k: env[k] for k in ("MODEL", "CTX", "PREFIX_CACHE", "KV_CACHE_GIB", "EXTRA_ARGS",
                                                   "WATCHDOG_ARGS")} | {k: v for k, v in sorted(env.items())
@@ -389,7 +425,7 @@ def run_one(a: argparse.Namespace, pc: int, until: float) -> dict:
         check = rec["selfcheck"]
         if a.selfcheck and check is None:
             rec["problems"].append(f"no self-check verdict within {SELFCHECK_WAIT_S:g} s: the bench ran beside it")
-        elif check and (bad := [f for f in check["failed"] if f not in EXPECTED_FAILURES]):
+        elif check and (bad := [f for f in check["failed"] if not expected_failure(f, check["lines"])]):
             rec["problems"].append(f"self-check failed {bad}: an optimisation asked for is off")
         rec["beyond_tokenizer"] = beyond_tokenizer(url, a.model)
         if not rec["beyond_tokenizer"]["ok"]:
@@ -422,6 +458,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--impl", choices=sorted(IMPLS), default="ours",
                    help=f"which Ling V3 model serves ({MODEL_ENV}): ours (default) or vLLM's in-tree one, plugin "
                         f"still on (FP8, parsers); files get a _vllm suffix")
+    p.add_argument("--spec", choices=("recipe", "dspark"), default="recipe",
+                   help=f"recipe: what the recipe drafts with (MTP for {RECIPES['cuda']}); dspark: SPEC=dspark on "
+                        f"{PLAIN_RECIPE} (or --recipe) with a dummy drafter of the released one's shape; a GPU of "
+                        f">= {MIN_CARD_GIB} GiB; files get a _dspark suffix")
+    p.add_argument("--dspark-k", type=int, help="with --spec dspark: DSPARK_K (default: the drafter's block, 8)")
     p.add_argument("--ctx", type=int, default=GPU_CTX, help=f"the recipe's CTX (default {GPU_CTX})")
     p.add_argument("--kv-gib", type=float, help="the recipe's KV_CACHE_GIB (default: by card, kv_gib())")
     p.add_argument("--bench-args", default="", help="ling-bench flags after the GPU workload's (a later flag wins)")
@@ -434,10 +475,20 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.monotonic() + a.deadline_s
     a.model, a.out = a.model.resolve(), a.out.resolve()
     check_model(a.model)
-    a.recipe = a.recipe or RECIPES[a.device]
-    card = card_gib(a.device, a.recipe)
+    if a.spec == "dspark" and a.device == "cpu":
+        p.error("--spec dspark: vLLM's DSpark runtime is GPU-only (Model Runner V2); the CPU rehearsal serves MTP's "
+                "recipe or none")
+    if a.dspark_k is not None and a.spec != "dspark":
+        p.error(f"--dspark-k {a.dspark_k} is the DSpark drafter's K: it needs --spec dspark")
+    a.recipe = a.recipe or (PLAIN_RECIPE if a.spec == "dspark" else RECIPES[a.device])
+    if a.spec == "dspark" and serves_mtp(a.recipe):
+        p.error(f"--spec dspark with --recipe {a.recipe}: that recipe drafts with MTP, one method at a time. "
+                f"Safe: --recipe {PLAIN_RECIPE} (the default with --spec dspark)")
+    card = card_gib(a.device, a.recipe, a.spec)
     a.out.mkdir(parents=True, exist_ok=True)
-    a.kv_gib = a.kv_gib if a.kv_gib is not None else kv_gib(a.device, card)
+    a.drafter = Path(write_dummy_drafter(str(a.model))) if a.spec == "dspark" else None
+    if a.kv_gib is None:
+        a.kv_gib = kv_gib(a.device, card) + (dspark_kv_gib(a.drafter, a.ctx) if a.drafter else 0.0)
     a.bench = f"{GPU_BENCH} {a.bench_args}".strip()
     for sig in STOP_SIGNALS:
         signal.signal(sig, _on_signal)
@@ -449,6 +500,9 @@ def main(argv: list[str] | None = None) -> int:
     except Stopped as e:
         print(f"agent_run: stopped by {e}; the server was stopped and its logs kept", flush=True)
         return 128 + int(getattr(signal, str(e)))
+    finally:
+        if a.drafter is not None:
+            shutil.rmtree(a.drafter, ignore_errors=True)
     return 0 if ok else 1
 
 

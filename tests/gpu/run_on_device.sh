@@ -86,7 +86,9 @@
 #               flags win). Writes agent_pcN.json (the run and ling-bench's report) and agent_pcN-server.log.
 #               With MTP a card of >= 100 GiB (an H200: the device tool's needs_h200): it does not load on an H100;
 #               there AGENT_RECIPE=serve/serve-int4.sh (no speculation, a 3 GiB KV cache; AGENT_KV_GIB sets it).
-#               AGENT_IMPL=vllm serves vLLM's in-tree model instead of ours (files agent_pcN_vllm.*)
+#               AGENT_IMPL=vllm serves vLLM's in-tree model instead of ours (files agent_pcN_vllm.*);
+#               AGENT_SPEC=dspark serves serve-int4.sh with DSpark and a dummy drafter of the released shape, its KV
+#               added to the pool (an H200; files agent_pcN_dspark.*)
 # A machine idle for 30 s goes back (and the bundle must be stashed again: ~2.2 min): run the stash
 # and every working step back to back, and fix code before them, not between steps.
 # Ask for the machine with the first stash call alone: when none can be started, every later call of a batch is
@@ -162,7 +164,8 @@ case $STEP in
             --force >/dev/null
         run "${AGENT_TIMEOUT:-480}" python3 tests/gpu/agent_run.py "$OUT" --model /tmp/flash-agent --prefix-cache $pcs \
             ${AGENT_RECIPE:+--recipe "$AGENT_RECIPE"} ${AGENT_KV_GIB:+--kv-gib "$AGENT_KV_GIB"} \
-            ${AGENT_IMPL:+--impl "$AGENT_IMPL"} ${AGENT_BENCH:+--bench-args "$AGENT_BENCH"} ;;
+            ${AGENT_IMPL:+--impl "$AGENT_IMPL"} ${AGENT_SPEC:+--spec "$AGENT_SPEC"} \
+            ${AGENT_BENCH:+--bench-args "$AGENT_BENCH"} ;;
     *) echo "unknown step $STEP" >&2; exit 2 ;;
 esac
 rc=$?

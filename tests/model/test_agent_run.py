@@ -136,3 +136,79 @@ def test_the_record_keeps_the_runs_memory_edges_to_read_slow_turns_against(tmp_p
     edges = agent_run.memory_edges(tmp_path, 222)
     assert [e["phase"] for e in edges] == ["loading", "serving"] and edges[1]["asked"] == 786_432_000
     assert all(e["ts"] for e in edges) and agent_run.memory_edges(tmp_path, 333) == []
+
+
+def test_dspark_is_refused_on_the_cpu_engine_and_beside_the_mtp_recipe(tmp_path):
+    """vLLM's DSpark runtime is GPU-only, and the MTP recipe drafts with MTP: both refused with the rule and the safe
+    alternative before anything starts; --dspark-k without --spec dspark too."""
+    model = _folder(tmp_path)
+
+    def run(*more: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "tests/gpu/agent_run.py", str(tmp_path / "out"), "--model", str(model),
+                               "--log-root", str(tmp_path / "logs"), *more],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)
+
+    cpu = run("--device", "cpu", "--spec", "dspark")
+    assert cpu.returncode == 2 and "DSpark runtime is GPU-only" in cpu.stderr
+    mtp = run("--spec", "dspark", "--recipe", "serve/serve-int4-mtp.sh")
+    assert mtp.returncode == 2 and "Safe: --recipe serve/serve-int4.sh" in mtp.stderr
+    k = run("--device", "cpu", "--dspark-k", "4")
+    assert k.returncode == 2 and "needs --spec dspark" in k.stderr
+    assert not (tmp_path / "logs").exists()
+
+
+def test_dspark_needs_a_roomy_card_for_its_drafters_kv(monkeypatch, tmp_path):
+    """The drafter's KV for two sequences of the workload's context: 80 KiB a token for the released shape, 10.2 GiB
+    for two of 66,560 tokens: refused on an 80 GB H100 with the reason, served on an H200."""
+    agent_run = _agent_run()
+    monkeypatch.setattr(device, "detect", lambda: H100)
+    with pytest.raises(SystemExit, match=r"79\.2 GiB.*with DSpark needs a card of >= 100 GiB.*drafter's KV"):
+        agent_run.card_gib("cuda", agent_run.PLAIN_RECIPE, "dspark")
+    monkeypatch.setattr(device, "detect", lambda: H200)
+    assert agent_run.card_gib("cuda", agent_run.PLAIN_RECIPE, "dspark") > 100
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "config.json").write_text(json.dumps(
+        {"num_hidden_layers": 5, "num_key_value_heads": 32, "head_dim": 128}))
+    assert agent_run.dspark_kv_gib(tmp_path / "d", 66_560) == pytest.approx(2 * 66_560 * 81_920 / GiB)
+
+
+def test_dspark_settings_are_ones_the_real_recipe_serves_and_its_preflight_fits_on_an_h200(tmp_path):
+    """--spec dspark hands the recipe SPEC=dspark, the dummy drafter's folder and, when given, DSPARK_K, drops the
+    caller's DSPARK_* and SPEC; the real recipe's dry run then asks vLLM for DSpark with that drafter and the prefix
+    cache, and the watchdog's preflight fits the KV pool agent_run sizes (the roomy card's 10 GiB plus the drafter's
+    KV) on an H200 (it reads the drafter's config from the folder)."""
+    import argparse
+
+    agent_run = _agent_run()
+    model = tmp_path / "flash"
+    subprocess.run([sys.executable, "-m", "ling_tools.tiny", str(model), "--full-config", "--tokenizer"], check=True,
+                   capture_output=True)
+    drafter = Path(agent_run.write_dummy_drafter(str(model)))
+    try:
+        kv = agent_run.kv_gib("cuda", 140.4) + agent_run.dspark_kv_gib(drafter, agent_run.GPU_CTX)
+        a = argparse.Namespace(model=model, ctx=agent_run.GPU_CTX, kv_gib=kv, device="cuda", impl="ours",
+                               spec="dspark", drafter=drafter, dspark_k=None)
+        os.environ["DSPARK_FP8"] = "1"  # the caller's: not the run's
+        try:
+            env = agent_run.serve_env(a, 1, 8123, tmp_path / "logs")
+        finally:
+            del os.environ["DSPARK_FP8"]
+        assert env["SPEC"] == "dspark" and env["DSPARK_MODEL"] == str(drafter) and "DSPARK_FP8" not in env
+        assert "DSPARK_K" not in env and agent_run.run_tag(a, 1) == "agent_pc1_dspark"
+        assert agent_run.serve_env(argparse.Namespace(**{**vars(a), "dspark_k": 4}), 1, 8123, tmp_path)["DSPARK_K"] \
+            == "4"
+        env |= {"DRY_RUN": "1", "TUNED_DIR": str(tmp_path / "none"), "VLLM_CMD": "vllm serve"}
+        out = subprocess.run(["bash", str(REPO / agent_run.PLAIN_RECIPE)], env=env, capture_output=True, text=True,
+                             cwd=REPO)
+        assert out.returncode == 0, out.stderr
+        args = ServeArgs.parse(shlex.split(out.stdout.strip().splitlines()[-1].split(" -- ", 1)[1]))
+        assert args.speculative == {"method": "dspark", "model": str(drafter)}
+        assert args.values["enable_prefix_caching"] is True
+        host = Host(available=120 * GiB, total=128 * GiB)
+        fit = next(v for v in check(args, load_config(), H200, host, {}, bind=lambda h, p: None)
+                   if v.rule == "memory_fit")
+        assert fit.verdict == "ok", fit.message
+    finally:
+        import shutil
+
+        shutil.rmtree(drafter, ignore_errors=True)
