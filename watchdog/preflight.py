@@ -311,7 +311,7 @@ def check_partial_hits(args: ServeArgs, dev: Device) -> Verdict:
     if not prefix_caching(args) or (unit is None and not dspark):
         return _ok(rule, "prefix-cache hits on whole KDA blocks" if prefix_caching(args) else "no prefix cache")
     why = f"--prefix-match-unit {unit}" if unit is not None else "the DSpark drafter's own, smaller KV block"
-    where = "fp32 on the CPU engine" if dev.kind == "cpu" else "fp16 on GPUs, vLLM 0.33 and 0.34"
+    where = "fp32 on the CPU engine" if dev.kind == "cpu" else "fp16 on an H100, vLLM 0.33 and 0.34"
     return _ok(rule, f"{why} makes vLLM resume cached prompts from inside a KV block; with vllm-ling's copy of the "
                f"partly filled block every such resume equals the uncached run (tested: {where})",
                prefix_match_unit=unit, dspark=dspark, device=dev.kind)

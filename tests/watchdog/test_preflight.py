@@ -205,7 +205,7 @@ def test_hits_inside_a_kda_block_pass_and_say_where_they_were_shown_right():
     assert v.verdict == "ok" and "--prefix-match-unit 16 makes vLLM resume" in v.message
     assert "equals the uncached run (tested: fp32 on the CPU engine)" in v.message
     gpu = verdicts(pmu, dev=H200)["partial_prefix_hits"]
-    assert gpu.verdict == "ok" and "(tested: fp16 on GPUs, vLLM 0.33 and 0.34)" in gpu.message
+    assert gpu.verdict == "ok" and "(tested: fp16 on an H100, vLLM 0.33 and 0.34)" in gpu.message
     assert gpu.values == {"prefix_match_unit": 16, "dspark": False, "device": "discrete"}
     cached = DSPARK_RECIPE.replace(" --no-enable-prefix-caching", " --enable-prefix-caching")
     for env in ({}, NO_IN_PREFILL):
