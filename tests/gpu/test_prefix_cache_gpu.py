@@ -14,13 +14,13 @@ layer counts (below) and a drafter that mostly misses, so that a wrong state sho
 engine asks for partial hits with `--prefix-match-unit` at a 16-token grain, which vLLM 0.32/0.33's own copy of the
 block served wrong on the CPU engine (FINDINGS.md §10); a sixth runs those turns with the MLA layers silenced (the KDA
 state's side). A seventh serves the plain engine's rounds with in-prefill KDA checkpoints written by FlashKDA
-(VLLM_LING_KDA_PREFILL_CHECKPOINT=1, the default); the drafters' engines have them too; the plain, partial-hit and
-KDA-only engines set it to 0. Cached vs uncached (the same target after `reset_prefix_cache()` in the same engine), in
-bf16: greedy tokens equal up to the first place they part, and that place must be a near-tie (the two chosen tokens'
-logprobs within DECIDED nats) while the logprobs before it agree within BF16_FLIP_MAX_MARGIN; a sequence resuming from
-a wrong checkpoint fails both at once; the agent turns' partings may stand BF16_FLIP_MAX_MARGIN apart
-(`criteria.bf16_chain_parting`: a right DSpark resume parted 0.30 nats off on an H100). The agent turns run on the
-`stable_router` checkpoint (or on `mtp_echo`): the default one's routing flips under bf16 rounding: on these
+(VLLM_LING_KDA_PREFILL_CHECKPOINT=1, the default); the MTP and `dspark` engines have them too; the plain, partial-hit,
+KDA-only and `dspark_turns` engines set it to 0. Cached vs uncached (the same target after `reset_prefix_cache()` in
+the same engine), in bf16: greedy tokens equal up to the first place they part, and that place must be a near-tie (the
+two chosen tokens' logprobs within DECIDED nats) while the logprobs before it agree within BF16_FLIP_MAX_MARGIN; a
+sequence resuming from a wrong checkpoint fails both at once; the agent turns' partings may stand BF16_FLIP_MAX_MARGIN
+apart (`criteria.bf16_chain_parting`: a right DSpark resume parted 0.30 nats off on an H100). The agent turns run on
+the `stable_router` checkpoint (or on `mtp_echo`): the default one's routing flips under bf16 rounding: on these
 ~800-token chains bf16 moves a logprob from fp32's by p99 2.7 nats there, 0.18 on `stable_router` (`python3
 tests/gpu/bf16_floor.py --chains --variant V`); right resumes of the agent turns on `stable_router` served in bf16 by
 the CPU engine move by 0.002-0.11 nats from their uncached runs and part only at ties (`python3
@@ -98,7 +98,10 @@ def runs(tmp_path_factory) -> dict:
     partial = {**_base(stable, _chain_rounds(block), block),
                "engine_kwargs": {**KV_BYTES, "prefix_match_unit": PARTIAL_GRAIN}}
     kda_only = {**partial, "model": str(_without_attention(Path(stable), tmp / "kda-only"))}
-    engines = {"plain": (plain, "0"), "mtp": (mtp, "1"), "dspark": (dspark, "1"), "dspark_turns": (dspark_turns, "1"),
+    # dspark_turns without in-prefill checkpoints, dspark with them: on an H100 (vLLM 0.34) both DSpark engines, with
+    # them, lost some turns' hits at the prompt's last hashed position (FINDINGS.md §Prefix cache on the GPU); the
+    # pair's hits tell whether the checkpoints take them
+    engines = {"plain": (plain, "0"), "mtp": (mtp, "1"), "dspark": (dspark, "1"), "dspark_turns": (dspark_turns, "0"),
                "partial": (partial, "0"), "kda_only": (kda_only, "0"), "checkpoints": (plain, "1")}
     outs = run_scripts([("engine_runner.py", spec, name) for name, (spec, _) in engines.items()], tmp, GPU_ENV,
                        envs=[{CHECKPOINT_ENV: on} for _, on in engines.values()])
