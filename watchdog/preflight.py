@@ -506,6 +506,15 @@ class Drafter:
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
+def drafter_kv_per_token(c: dict) -> int:
+    """A DSpark drafter's KV bytes a token from its config.json: every layer full attention, layers x 2 x KV heads x
+    head dim x dtype bytes (80 KiB for the released drafter's shape, ~10x the target's)."""
+    heads = c.get("num_attention_heads")
+    head_dim = c.get("head_dim") or (c["hidden_size"] // heads if heads and c.get("hidden_size") else 128)
+    width = DTYPE_BYTES.get(str(c.get("torch_dtype", "bfloat16")).removeprefix("torch."), 2)
+    return int(c.get("num_hidden_layers", 5) * 2 * c.get("num_key_value_heads", heads or 32) * head_dim * width)
+
+
 def dspark_drafter(args: ServeArgs, cfg: Config) -> Drafter | None:
     """With method "dspark": the drafter's weights and KV per token. A local folder is read as the target's is: its
     safetensors measured, its config.json giving the attention geometry (layers x 2 x KV heads x head dim x dtype
@@ -524,10 +533,7 @@ def dspark_drafter(args: ServeArgs, cfg: Config) -> Drafter | None:
     if not (model and _is_path(model) and (path / "config.json").is_file()):
         return card
     c = json.loads((path / "config.json").read_text())
-    heads = c.get("num_attention_heads")
-    head_dim = c.get("head_dim") or (c["hidden_size"] // heads if heads and c.get("hidden_size") else 128)
-    width = DTYPE_BYTES.get(str(c.get("torch_dtype", "bfloat16")).removeprefix("torch."), 2)
-    kv = c.get("num_hidden_layers", 5) * 2 * c.get("num_key_value_heads", heads or 32) * head_dim * width
+    kv = drafter_kv_per_token(c)
     block = c.get("dspark_block_size") or c.get("block_size") or cfg.dspark_block_size
     shards = list(path.glob("*.safetensors"))
     if not shards:

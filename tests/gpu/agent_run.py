@@ -55,6 +55,7 @@ from ling_tools.demo import CPU_ENGINE
 from ling_watchdog import procs
 from ling_watchdog.events import Summary, format_summary, read_events, run_records, summarise
 from ling_watchdog.ports import bind_error, free_port
+from ling_watchdog.preflight import drafter_kv_per_token
 from vllm_ling.compat import MODEL_ENV
 
 REPO = Path(__file__).resolve().parents[2]
@@ -140,11 +141,10 @@ def card_gib(device: str, recipe: str, spec: str = "recipe") -> float | None:
 
 
 def dspark_kv_gib(drafter: Path, ctx: int, lanes: int = 2) -> float:
-    """The drafter's own KV for `lanes` running sequences of `ctx` tokens, GiB: every drafter layer keeps K and V of
-    every context token in BF16 (layers x 2 x KV heads x head dim x 2 B a token: 80 KiB for the released shape, ~10x
-    the target's), in a KV group of its own (docs/dspark.md §KV block). Two lanes: the recipe's MAX_SEQS."""
-    c = json.loads((drafter / "config.json").read_text())
-    per_token = c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * c["head_dim"] * 2
+    """The drafter's own KV for `lanes` running sequences of `ctx` tokens, GiB, a token's as the preflight counts it
+    (`preflight.drafter_kv_per_token`), in a KV group of its own (docs/dspark.md §KV block). Two lanes: the recipe's
+    MAX_SEQS."""
+    per_token = drafter_kv_per_token(json.loads((drafter / "config.json").read_text()))
     return lanes * ctx * per_token / 2**30
 
 

@@ -8,6 +8,7 @@ import importlib.util
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -95,6 +96,17 @@ def test_a_card_too_small_for_the_recipe_with_mtp_is_refused_before_any_server(m
     assert agent_run.card_gib("cpu", "serve/serve-int4.sh") is None
 
 
+def _dry_run_fit(recipe: str, env: dict[str, str], dev) -> tuple[ServeArgs, object]:
+    """The recipe's dry-run command under `env`, parsed, and the watchdog's memory_fit verdict on it for `dev`."""
+    out = subprocess.run(["bash", str(REPO / recipe)], env={**env, "DRY_RUN": "1"}, capture_output=True, text=True,
+                         cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    args = ServeArgs.parse(shlex.split(out.stdout.strip().splitlines()[-1].split(" -- ", 1)[1]))
+    host = Host(available=120 * GiB, total=128 * GiB)
+    return args, next(v for v in check(args, load_config(), dev, host, {}, bind=lambda h, p: None)
+                      if v.rule == "memory_fit")
+
+
 def test_the_kv_cache_follows_the_card_and_passes_the_preflight_on_an_h100(monkeypatch, tmp_path):
     """10 GiB on a card of >= 100 GiB, 3 on an 80 GB one; the 3 GiB pool is one the watchdog's preflight accepts for
     the plain recipe's full-size command on an H100, and 4 is not (the pool is the most the card allows)."""
@@ -106,15 +118,10 @@ def test_the_kv_cache_follows_the_card_and_passes_the_preflight_on_an_h100(monke
                    capture_output=True)
 
     def memory_fit(kv: float):
-        env = {"PATH": os.environ["PATH"], "DRY_RUN": "1", "DEVICE": "cuda", "MODEL": str(model), "PREFIX_CACHE": "1",
+        env = {"PATH": os.environ["PATH"], "DEVICE": "cuda", "MODEL": str(model), "PREFIX_CACHE": "1",
                "KV_CACHE_GIB": f"{kv:g}", "CTX": str(agent_run.GPU_CTX), "EXTRA_ARGS": "--load-format dummy",
                "PYTHON": sys.executable, "TUNED_DIR": str(tmp_path / "none")}
-        out = subprocess.run(["bash", str(REPO / agent_run.PLAIN_RECIPE)], env=env, capture_output=True, text=True,
-                             check=True, cwd=REPO).stdout.strip().splitlines()[-1]
-        args = ServeArgs.parse(shlex.split(out.split(" -- ", 1)[1]))
-        host = Host(available=120 * GiB, total=128 * GiB)
-        return next(v for v in check(args, load_config(), H100, host, {}, bind=lambda h, p: None)
-                    if v.rule == "memory_fit")
+        return _dry_run_fit(agent_run.PLAIN_RECIPE, env, H100)[1]
 
     fits, too_big = memory_fit(agent_run.SMALL_CARD_KV_GIB), memory_fit(agent_run.SMALL_CARD_KV_GIB + 1)
     assert fits.verdict == "ok", fits.message
@@ -172,7 +179,7 @@ def test_dspark_needs_a_roomy_card_for_its_drafters_kv(monkeypatch, tmp_path):
     assert agent_run.dspark_kv_gib(tmp_path / "d", 66_560) == pytest.approx(2 * 66_560 * 81_920 / GiB)
 
 
-def test_dspark_settings_are_ones_the_real_recipe_serves_and_its_preflight_fits_on_an_h200(tmp_path):
+def test_dspark_settings_are_ones_the_real_recipe_serves_and_its_preflight_fits_on_an_h200(monkeypatch, tmp_path):
     """--spec dspark hands the recipe SPEC=dspark, the dummy drafter's folder and, when given, DSPARK_K, drops the
     caller's DSPARK_* and SPEC; the real recipe's dry run then asks vLLM for DSpark with that drafter and the prefix
     cache, and the watchdog's preflight fits the KV pool agent_run sizes (the roomy card's 10 GiB plus the drafter's
@@ -188,27 +195,16 @@ def test_dspark_settings_are_ones_the_real_recipe_serves_and_its_preflight_fits_
         kv = agent_run.kv_gib("cuda", 140.4) + agent_run.dspark_kv_gib(drafter, agent_run.GPU_CTX)
         a = argparse.Namespace(model=model, ctx=agent_run.GPU_CTX, kv_gib=kv, device="cuda", impl="ours",
                                spec="dspark", drafter=drafter, dspark_k=None)
-        os.environ["DSPARK_FP8"] = "1"  # the caller's: not the run's
-        try:
-            env = agent_run.serve_env(a, 1, 8123, tmp_path / "logs")
-        finally:
-            del os.environ["DSPARK_FP8"]
+        monkeypatch.setenv("DSPARK_FP8", "1")  # the caller's: not the run's
+        env = agent_run.serve_env(a, 1, 8123, tmp_path / "logs")
         assert env["SPEC"] == "dspark" and env["DSPARK_MODEL"] == str(drafter) and "DSPARK_FP8" not in env
         assert "DSPARK_K" not in env and agent_run.run_tag(a, 1) == "agent_pc1_dspark"
         assert agent_run.serve_env(argparse.Namespace(**{**vars(a), "dspark_k": 4}), 1, 8123, tmp_path)["DSPARK_K"] \
             == "4"
-        env |= {"DRY_RUN": "1", "TUNED_DIR": str(tmp_path / "none"), "VLLM_CMD": "vllm serve"}
-        out = subprocess.run(["bash", str(REPO / agent_run.PLAIN_RECIPE)], env=env, capture_output=True, text=True,
-                             cwd=REPO)
-        assert out.returncode == 0, out.stderr
-        args = ServeArgs.parse(shlex.split(out.stdout.strip().splitlines()[-1].split(" -- ", 1)[1]))
+        args, fit = _dry_run_fit(agent_run.PLAIN_RECIPE, env | {"TUNED_DIR": str(tmp_path / "none"),
+                                                                 "VLLM_CMD": "vllm serve"}, H200)
         assert args.speculative == {"method": "dspark", "model": str(drafter)}
         assert args.values["enable_prefix_caching"] is True
-        host = Host(available=120 * GiB, total=128 * GiB)
-        fit = next(v for v in check(args, load_config(), H200, host, {}, bind=lambda h, p: None)
-                   if v.rule == "memory_fit")
         assert fit.verdict == "ok", fit.message
     finally:
-        import shutil
-
         shutil.rmtree(drafter, ignore_errors=True)
