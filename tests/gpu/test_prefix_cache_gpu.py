@@ -1,33 +1,33 @@
 """vLLM's prefix cache on the hybrid model on a GPU (CUDA kernels, bf16, CUDA graphs), with MTP too.
 
-The GPU twin of tests/model/test_prefix_cache_engine.py, with its cases (shared prefixes ending on a block boundary,
-one token past it, mid-block, inside a longer prompt, evicted; two concurrent sequences resuming from one checkpoint),
-sized in the block this engine picks: a short probe engine reads the block size first. Three engines then run side by
-side, all with prefix caching on: the tiny checkpoint (a pool of POOL_BLOCKS blocks, so the flood evicts); `mtp_echo`
-with MTP k=1, where vLLM #54360 reports hits silently disabled for hybrid models: here every boundary case must hit,
-with speculation on; and `mtp_echo` with DSpark K=4 and the agreeing tiny drafter, whose own KV lives in a block of
-its own (docs/dspark.md §KV block) and whose hits vLLM keeps whole (a DSpark drafter's KV at a position comes from the
-target's hidden state alone, so no trailing block is dropped) and, the drafter's block being smaller, at the finer
-grain vLLM 0.34 then hashes at (`_hit_grain`). That grain gives hits inside a KDA block (partial hits): three agent
-turns, each resuming from inside a block, run on it and on a fourth engine, DSpark again with a target whose every
-layer counts (below) and a drafter that mostly misses, so that a wrong state shows and verification rejects. A fifth
-engine asks for partial hits with `--prefix-match-unit` at a 16-token grain, which vLLM 0.32/0.33's own copy of the
-block served wrong on the CPU engine (FINDINGS.md §10); a sixth runs those turns with the MLA layers silenced (the KDA
-state's side). A seventh serves the plain engine's rounds with in-prefill KDA checkpoints written by FlashKDA
-(VLLM_LING_KDA_PREFILL_CHECKPOINT=1, the default); the MTP and `dspark` engines have them too; the plain, partial-hit,
-KDA-only and `dspark_turns` engines set it to 0. Cached vs uncached (the same target after `reset_prefix_cache()` in
-the same engine), in bf16: greedy tokens equal up to the first place they part, and that place must be a near-tie (the
-two chosen tokens' logprobs within DECIDED nats) while the logprobs before it agree within BF16_FLIP_MAX_MARGIN; a
-sequence resuming from a wrong checkpoint fails both at once; the agent turns' partings may stand BF16_FLIP_MAX_MARGIN
-apart (`criteria.bf16_chain_parting`: a right DSpark resume parted 0.30 nats off on an H100). The agent turns run on
-the `stable_router` checkpoint (or on `mtp_echo`): the default one's routing flips under bf16 rounding: on these
-~800-token chains bf16 moves a logprob from fp32's by p99 2.7 nats there, 0.18 on `stable_router` (`python3
-tests/gpu/bf16_floor.py --chains --variant V`); right resumes of the agent turns on `stable_router` served in bf16 by
-the CPU engine move by 0.002-0.11 nats from their uncached runs and part only at ties (`python3
-tests/model/partial_hit_size.py stable_router --dtype bfloat16 --copy ours`, with `--silence mla` 0.05-0.10). What
-these bounds cannot see: the CPU engine's wrong resumes (vLLM's own copy) part from the uncached run by only 0.02-0.12
-nats on `stable_router` and 0.002 on `mtp_echo` in fp32, under bf16's noise here, so a pass says a GPU makes no gross
-error, not that it is right; tests/gpu/test_prefix_cache_fp16_gpu.py judges those resumes.
+The GPU twin of tests/model/test_prefix_cache_engine.py, with its cases (shared prefixes ending on a block boundary, one
+token past it, mid-block, inside a longer prompt, evicted; two concurrent sequences resuming from one checkpoint), sized
+in the block this engine picks: a short probe engine reads the block size first. Three engines then run side by side,
+all with prefix caching on: the tiny checkpoint (a pool of POOL_BLOCKS blocks, so the flood evicts); `mtp_echo` with MTP
+k=1, where vLLM #54360 reports hits silently disabled for hybrid models: here every boundary case must hit, with
+speculation on; and `mtp_echo` with DSpark K=4 and the agreeing tiny drafter, whose own KV lives in a block of its own
+(docs/dspark.md §KV block) and whose hits vLLM keeps whole (a DSpark drafter's KV at a position comes from the target's
+hidden state alone, so no trailing block is dropped) and, the drafter's block being smaller, at the finer grain vLLM
+0.34 then hashes at (`_hit_grain`). That grain gives hits inside a KDA block (partial hits): three agent turns, each
+resuming from inside a block, run on it and on a fourth engine, DSpark again with a target whose every layer counts
+(below) and a drafter that mostly misses, so that a wrong state shows and verification rejects. A fifth engine asks for
+partial hits with `--prefix-match-unit` at a 16-token grain, which vLLM 0.32/0.33's own copy of the block served wrong
+on the CPU engine (FINDINGS.md §10); a sixth runs those turns with the MLA layers silenced (the KDA state's side). A
+seventh serves the plain engine's rounds with in-prefill KDA checkpoints written by FlashKDA
+(VLLM_LING_KDA_PREFILL_CHECKPOINT=1, the default); the MTP and both DSpark engines have them too (`dspark_turns` runs
+eager, the others with CUDA graphs); the plain, partial-hit and KDA-only engines set it to 0. Cached vs uncached (the
+same target after `reset_prefix_cache()` in the same engine), in bf16: greedy tokens equal up to the first place they
+part, and that place must be a near-tie (the two chosen tokens' logprobs within DECIDED nats) while the logprobs before
+it agree within BF16_FLIP_MAX_MARGIN; a sequence resuming from a wrong checkpoint fails both at once; the agent turns'
+partings may stand BF16_FLIP_MAX_MARGIN apart (`criteria.bf16_chain_parting`: a right DSpark resume parted 0.30 nats off
+on an H100). The agent turns run on the `stable_router` checkpoint (or on `mtp_echo`): the default one's routing flips
+under bf16 rounding: on these ~800-token chains bf16 moves a logprob from fp32's by p99 2.7 nats there, 0.18 on
+`stable_router` (`python3 tests/gpu/bf16_floor.py --chains --variant V`); right resumes of the agent turns on
+`stable_router` served in bf16 by the CPU engine move by 0.002-0.11 nats from their uncached runs and part only at ties
+(`python3 tests/model/partial_hit_size.py stable_router --dtype bfloat16 --copy ours`, with `--silence mla` 0.05-0.10).
+What these bounds cannot see: the CPU engine's wrong resumes (vLLM's own copy) part from the uncached run by only
+0.02-0.12 nats on `stable_router` and 0.002 on `mtp_echo` in fp32, under bf16's noise here, so a pass says a GPU makes
+no gross error, not that it is right; tests/gpu/test_prefix_cache_fp16_gpu.py judges those resumes.
 Run on the device: LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_prefix_cache_gpu.py -q
 """
 
@@ -93,15 +93,17 @@ def runs(tmp_path_factory) -> dict:
     mtp = {**_base(echo, _rounds(block, (0, 0)), block), "speculative_config": MTP}
     dspark = {**_base(echo, _rounds(block, (0, 0)) + _chain_rounds(block, _dspark_lead(block)), block),
               "speculative_config": _dspark(make_tiny_dspark(tmp / "drafter", echo, agree=True))}
-    dspark_turns = {**_base(stable, _chain_rounds(block, _dspark_lead(block)), block),
+    dspark_turns = {**_base(stable, _chain_rounds(block, _dspark_lead(block)), block), "enforce_eager": True,
                     "speculative_config": _dspark(make_tiny_dspark(tmp / "drafter-random", stable))}
     partial = {**_base(stable, _chain_rounds(block), block),
                "engine_kwargs": {**KV_BYTES, "prefix_match_unit": PARTIAL_GRAIN}}
     kda_only = {**partial, "model": str(_without_attention(Path(stable), tmp / "kda-only"))}
-    # dspark_turns without in-prefill checkpoints, dspark with them: on an H100 (vLLM 0.34) both DSpark engines, with
-    # them, lost some turns' hits at the prompt's last hashed position (FINDINGS.md §Prefix cache on the GPU); the
-    # pair's hits tell whether the checkpoints take them
-    engines = {"plain": (plain, "0"), "mtp": (mtp, "1"), "dspark": (dspark, "1"), "dspark_turns": (dspark_turns, "0"),
+    # dspark_turns eager, dspark with CUDA graphs, both with in-prefill checkpoints: on an H100 (vLLM 0.34) both
+    # DSpark engines, with graphs, lost some turns' hits at the prompt's last hashed position, the fp16 (eager)
+    # one none; vLLM's own scheduler and KV-cache manager keep every one of them with and without the checkpoints
+    # (tests/gpu/replay_mamba_hits.py), so the pair's hits tell whether CUDA graphs take them (FINDINGS.md §Prefix
+    # cache on the GPU)
+    engines = {"plain": (plain, "0"), "mtp": (mtp, "1"), "dspark": (dspark, "1"), "dspark_turns": (dspark_turns, "1"),
                "partial": (partial, "0"), "kda_only": (kda_only, "0"), "checkpoints": (plain, "1")}
     outs = run_scripts([("engine_runner.py", spec, name) for name, (spec, _) in engines.items()], tmp, GPU_ENV,
                        envs=[{CHECKPOINT_ENV: on} for _, on in engines.values()])
@@ -208,7 +210,7 @@ def test_dsparks_agent_turns_resumed_inside_a_block_equal_the_uncached_run(runs,
     each turn resumes from the state the previous prompt left at its last hashed position, and its prefill then
     stays in that block (`same`) or crosses into the next (`next`). `dspark` drafts what its damped `mtp_echo` target
     says (the accept path); `dspark_turns` serves a target whose every layer counts with a random drafter (the
-    reject path), with CUDA graphs. Passing rules out a gross error only (the module's note); the fp16 module
+    reject path), eager. Passing rules out a gross error only (the module's note); the fp16 module
     judges DSpark's resumes (docs/dspark.md §Prefix cache)."""
     hits, parted = _chain_partings(runs[engine], runs["block"])
     assert not any(parted.values()), f"{engine} hits {hits}: {parted}"
