@@ -73,8 +73,9 @@ VARIABLES: dict[str, Variable] = _declare(
              "them (our torch path on the CPU engine, FlashKDA on CUDA; not Triton chunk_kda): the state at the "
              "last block boundary before a prompt's end is written inside the prefill pass, so vLLM no longer "
              "ends a pass there (one pass fewer a turn; an H200's cached 61K+2K turn 0.41 -> 0.28 s to its first "
-             "token, docs/speed.md §In-prefill checkpoints), with a drafter (MTP, DSpark) or without. `0` = vLLM's "
-             "own boundary pass.",
+             "token, docs/speed.md §In-prefill checkpoints), with MTP too; never with DSpark, whose smaller KV block "
+             "makes vLLM lose each prompt's last hashed position with them (docs/dspark.md §Prefix cache). `0` = "
+             "vLLM's own boundary pass.",
              ("vllm_ling.kda", "ling_watchdog.preflight", "ling_tools.selfcheck")),
     Variable("VLLM_LING_ROUTER", "choice", "ours",
              "The MoE router: `ours` (one Triton kernel) or `vllm` (vLLM's grouped_topk).",

@@ -72,12 +72,18 @@ def checkpoint_alignment(vllm_config, choice: flashkda.PrefillChoice) -> int | N
     the prefill kernel writes them, our torch path and FlashKDA; Triton chunk_kda cannot. Every KDA layer makes the
     same choice, as vLLM requires of all its Mamba groups. Why: without them vLLM ends a prefill pass at the last
     block boundary before a prompt's end to save the state there, one pass more a prompt (docs/speed.md
-    §In-prefill checkpoints). A drafter (MTP, DSpark) changes nothing here: its engines keep every prefix-cache case
-    with them (tests/gpu/test_prefix_cache_gpu.py)."""
+    §In-prefill checkpoints). MTP keeps them (its engines keep every prefix-cache case with them); DSpark does not:
+    its drafter's smaller KV block becomes vLLM's `cache_config.block_size`, on which vLLM 0.33/0.34's scheduler
+    then plans KDA checkpoints that its KV manager, on the KDA block, refuses, and a prompt's last hashed position is
+    lost (docs/dspark.md §Prefix cache)."""
     if not envs.read(CHECKPOINT_ENV):
         return None
     if getattr(vllm_config.cache_config, "mamba_cache_mode", None) != "align":
         _say_checkpoints(False, "the prefix cache is off: no state is checkpointed")
+        return None
+    if getattr(vllm_config.speculative_config, "method", None) == "dspark":
+        _say_checkpoints(False, "DSpark: vLLM plans them on the drafter's smaller KV block and its KV manager refuses "
+                                "them, losing each prompt's last hashed position; vLLM ends a pass there instead")
         return None
     if choice.kernel == flashkda.TRITON:
         _say_checkpoints(False, f"{flashkda.TRITON} cannot write them (FlashKDA and the CPU engine's torch path can): "

@@ -474,15 +474,17 @@ def state_pages(args: ServeArgs, cfg: Config, env: Mapping[str, str] | None = No
     `MambaSpec.max_memory_usage_bytes`, 0.32-0.34: 2 + num_speculative_blocks + num_prefill_checkpoint_blocks in
     align mode): the running state plus one per draft token, and with prefix caching (mamba_cache_mode "align") one
     more, the block-boundary checkpoint the next block's state is copied from, and one more again for our KDA layers'
-    in-prefill checkpoints, on unless the serve environment sets the plugin's setting off (counted whenever on: a
-    Triton prefill, which declares none, then counts one page too many)."""
-    return 1 + spec_tokens(args, cfg) + ((2 if in_prefill_checkpoints(env) else 1) if prefix_caching(args) else 0)
+    in-prefill checkpoints where they are on (counted whenever the plugin would declare them: a Triton prefill,
+    which declares none, then counts one page too many)."""
+    ours = in_prefill_checkpoints(args, env)
+    return 1 + spec_tokens(args, cfg) + ((2 if ours else 1) if prefix_caching(args) else 0)
 
 
-def in_prefill_checkpoints(env: Mapping[str, str] | None) -> bool:
-    """Whether the serve environment leaves our KDA layers' in-prefill checkpoints on (the plugin's flag)."""
+def in_prefill_checkpoints(args: ServeArgs, env: Mapping[str, str] | None) -> bool:
+    """Whether our KDA layers declare in-prefill checkpoints: the plugin's flag, left on by the serve environment,
+    and no DSpark drafter (vllm_ling/kda.py `checkpoint_alignment` turns them off for one)."""
     value = (env or {}).get(KDA_CHECKPOINT_ENV, "").strip() or KDA_CHECKPOINT_DEFAULT
-    return value.lower() in ("1", "true", "yes")
+    return value.lower() in ("1", "true", "yes") and args.speculative.get("method") != "dspark"
 
 
 def kv_bytes_per_token(args: ServeArgs, cfg: Config) -> int:
@@ -641,7 +643,7 @@ def check_memory(args: ServeArgs, cfg: Config, dev: Device, host: Host, ctx: int
                        f"Safe: a smaller checkpoint, or a machine with at least {gib(fp.need + reserve)}.", values)
     if kv_bytes is not None:  # vLLM sizes the cache in bytes and ignores util
         if fp.kv > kv_bytes:
-            ours = ", one our in-prefill checkpoint" if in_prefill_checkpoints(env) else ""
+            ours = ", one our in-prefill checkpoint" if in_prefill_checkpoints(args, env) else ""
             checkpoint = (f", its KDA state {fp.state:,} B included ({fp.state_pages} pages per layer: with prefix "
                           f"caching, one is the block-boundary checkpoint{ours})" if prefix_caching(args) else "")
             return _refuse(rule, f"a KV cache of {kv_bytes:,} B is less than the {fp.kv:,} B one {ctx}-token "

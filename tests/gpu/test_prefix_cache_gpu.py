@@ -14,20 +14,21 @@ resuming from inside a block, run on it and on a fourth engine, DSpark again wit
 partial hits with `--prefix-match-unit` at a 16-token grain, which vLLM 0.32/0.33's own copy of the block served wrong
 on the CPU engine (FINDINGS.md §10); a sixth runs those turns with the MLA layers silenced (the KDA state's side). A
 seventh serves the plain engine's rounds with in-prefill KDA checkpoints written by FlashKDA
-(VLLM_LING_KDA_PREFILL_CHECKPOINT=1, the default); the MTP and both DSpark engines have them too (`dspark_turns` runs
-eager, the others with CUDA graphs); the plain, partial-hit and KDA-only engines set it to 0. Cached vs uncached (the
-same target after `reset_prefix_cache()` in the same engine), in bf16: greedy tokens equal up to the first place they
-part, and that place must be a near-tie (the two chosen tokens' logprobs within DECIDED nats) while the logprobs before
-it agree within BF16_FLIP_MAX_MARGIN; a sequence resuming from a wrong checkpoint fails both at once; the agent turns'
-partings may stand BF16_FLIP_MAX_MARGIN apart (`criteria.bf16_chain_parting`: a right DSpark resume parted 0.30 nats off
-on an H100). The agent turns run on the `stable_router` checkpoint (or on `mtp_echo`): the default one's routing flips
-under bf16 rounding: on these ~800-token chains bf16 moves a logprob from fp32's by p99 2.7 nats there, 0.18 on
-`stable_router` (`python3 tests/gpu/bf16_floor.py --chains --variant V`); right resumes of the agent turns on
-`stable_router` served in bf16 by the CPU engine move by 0.002-0.11 nats from their uncached runs and part only at ties
-(`python3 tests/model/partial_hit_size.py stable_router --dtype bfloat16 --copy ours`, with `--silence mla` 0.05-0.10).
-What these bounds cannot see: the CPU engine's wrong resumes (vLLM's own copy) part from the uncached run by only
-0.02-0.12 nats on `stable_router` and 0.002 on `mtp_echo` in fp32, under bf16's noise here, so a pass says a GPU makes
-no gross error, not that it is right; tests/gpu/test_prefix_cache_fp16_gpu.py judges those resumes.
+(VLLM_LING_KDA_PREFILL_CHECKPOINT=1, the default); the MTP and both DSpark engines ask for them too, and the plugin
+declares none with DSpark (vllm_ling/kda.py: with them vLLM lost the prompt's last hashed position), which the DSpark
+engines' hits check; the plain, partial-hit and KDA-only engines set it to 0. Cached vs uncached (the same target after
+`reset_prefix_cache()` in the same engine), in bf16: greedy tokens equal up to the first place they part, and that place
+must be a near-tie (the two chosen tokens' logprobs within DECIDED nats) while the logprobs before it agree within
+BF16_FLIP_MAX_MARGIN; a sequence resuming from a wrong checkpoint fails both at once; the agent turns' partings may
+stand BF16_FLIP_MAX_MARGIN apart (`criteria.bf16_chain_parting`: a right DSpark resume parted 0.30 nats off on an H100).
+The agent turns run on the `stable_router` checkpoint (or on `mtp_echo`): the default one's routing flips under bf16
+rounding: on these ~800-token chains bf16 moves a logprob from fp32's by p99 2.7 nats there, 0.18 on `stable_router`
+(`python3 tests/gpu/bf16_floor.py --chains --variant V`); right resumes of the agent turns on `stable_router` served in
+bf16 by the CPU engine move by 0.002-0.11 nats from their uncached runs and part only at ties (`python3
+tests/model/partial_hit_size.py stable_router --dtype bfloat16 --copy ours`, with `--silence mla` 0.05-0.10). What these
+bounds cannot see: the CPU engine's wrong resumes (vLLM's own copy) part from the uncached run by only 0.02-0.12 nats on
+`stable_router` and 0.002 on `mtp_echo` in fp32, under bf16's noise here, so a pass says a GPU makes no gross error, not
+that it is right; tests/gpu/test_prefix_cache_fp16_gpu.py judges those resumes.
 Run on the device: LING_GPU_RESULTS=$OUT python -m pytest tests/gpu/test_prefix_cache_gpu.py -q
 """
 
@@ -45,7 +46,7 @@ from gpu_helpers import GPU_ENV, record  # noqa: E402  (skips the module without
 from model_helpers import NO_CLAMPS, run_script, run_scripts  # noqa: E402
 from test_prefix_cache_engine import (  # noqa: E402
     CHECKPOINT_ENV, MAX_TOKENS, MTP, PARTIAL_GRAIN, _cases, _chain_rounds, _concurrent,
-    _distinct_references, _resumed, _round, _rounds, _without_attention,
+    _distinct_references, _resumed, _round, _rounds, _tail_hits, _without_attention,
 )
 
 POOL_BLOCKS = 48
@@ -93,16 +94,13 @@ def runs(tmp_path_factory) -> dict:
     mtp = {**_base(echo, _rounds(block, (0, 0)), block), "speculative_config": MTP}
     dspark = {**_base(echo, _rounds(block, (0, 0)) + _chain_rounds(block, _dspark_lead(block)), block),
               "speculative_config": _dspark(make_tiny_dspark(tmp / "drafter", echo, agree=True))}
-    dspark_turns = {**_base(stable, _chain_rounds(block, _dspark_lead(block)), block), "enforce_eager": True,
+    dspark_turns = {**_base(stable, _chain_rounds(block, _dspark_lead(block)), block),
                     "speculative_config": _dspark(make_tiny_dspark(tmp / "drafter-random", stable))}
     partial = {**_base(stable, _chain_rounds(block), block),
                "engine_kwargs": {**KV_BYTES, "prefix_match_unit": PARTIAL_GRAIN}}
     kda_only = {**partial, "model": str(_without_attention(Path(stable), tmp / "kda-only"))}
-    # dspark_turns eager, dspark with CUDA graphs, both with in-prefill checkpoints: on an H100 (vLLM 0.34) both
-    # DSpark engines, with graphs, lost some turns' hits at the prompt's last hashed position, the fp16 (eager)
-    # one none; vLLM's own scheduler and KV-cache manager keep every one of them with and without the checkpoints
-    # (tests/gpu/replay_mamba_hits.py), so the pair's hits tell whether CUDA graphs take them (FINDINGS.md §Prefix
-    # cache on the GPU)
+    # the DSpark engines ask for in-prefill checkpoints and the plugin declares none for them: with them vLLM lost
+    # these turns' hits at the prompt's last hashed position (FINDINGS.md §Prefix cache on the GPU)
     engines = {"plain": (plain, "0"), "mtp": (mtp, "1"), "dspark": (dspark, "1"), "dspark_turns": (dspark_turns, "1"),
                "partial": (partial, "0"), "kda_only": (kda_only, "0"), "checkpoints": (plain, "1")}
     outs = run_scripts([("engine_runner.py", spec, name) for name, (spec, _) in engines.items()], tmp, GPU_ENV,
@@ -210,10 +208,22 @@ def test_dsparks_agent_turns_resumed_inside_a_block_equal_the_uncached_run(runs,
     each turn resumes from the state the previous prompt left at its last hashed position, and its prefill then
     stays in that block (`same`) or crosses into the next (`next`). `dspark` drafts what its damped `mtp_echo` target
     says (the accept path); `dspark_turns` serves a target whose every layer counts with a random drafter (the
-    reject path), eager. Passing rules out a gross error only (the module's note); the fp16 module
+    reject path), with CUDA graphs. Passing rules out a gross error only (the module's note); the fp16 module
     judges DSpark's resumes (docs/dspark.md §Prefix cache)."""
     hits, parted = _chain_partings(runs[engine], runs["block"])
     assert not any(parted.values()), f"{engine} hits {hits}: {parted}"
+
+
+@pytest.mark.parametrize("engine", DSPARK_TURNS)
+def test_dsparks_agent_turns_hit_each_prompts_last_hashed_position(runs, engine):
+    """Each resumed DSpark turn hits its predecessor's last 128-token position, not the KDA block boundary below it:
+    the DSpark engines ask for in-prefill checkpoints (the default) and get none from the plugin, with which vLLM
+    0.33/0.34 plans KDA checkpoints on the drafter's block that its KV manager refuses (on an H100, 0.34: 512 for
+    640, 768 for 896; tests/gpu/replay_mamba_hits.py replays both)."""
+    grain = _hit_grain(runs[engine])
+    want = _tail_hits(grain, runs["block"], _dspark_lead(runs["block"]))
+    got = {name: _round(runs[engine], name)["hits"] for name in want}
+    assert got == want, f"{engine}: hits {got}, each prompt's last {grain}-token position {want}"
 
 
 def test_partial_hits_at_a_fine_grain_continue_as_uncached(runs):

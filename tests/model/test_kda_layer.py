@@ -120,18 +120,22 @@ def test_the_gate_switch_on_cuda_defaults_to_the_kernels_and_refuses_unknown_val
         kda._gate_in_kernel.cache_clear()
 
 
-@pytest.mark.parametrize("env, spec, kernel, want", [
-    (None, 0, "torch chunk_kda", True),  # the default: on where the prefill writes them
-    (None, 0, "FlashKDA", True),
-    (None, 0, "Triton chunk_kda", False),  # Triton cannot write one
-    ("0", 0, "FlashKDA", False),
-    (None, 1, "FlashKDA", True),  # a drafter changes nothing
-    ("0", 3, "FlashKDA", False),
+@pytest.mark.parametrize("env, method, kernel, want", [
+    (None, None, "torch chunk_kda", True),  # the default: on where the prefill writes them
+    (None, None, "FlashKDA", True),
+    (None, None, "Triton chunk_kda", False),  # Triton cannot write one
+    ("0", None, "FlashKDA", False),
+    (None, "mtp", "FlashKDA", True),  # MTP changes nothing
+    (None, "dspark", "FlashKDA", False),  # DSpark's smaller KV block: vLLM plans checkpoints its manager refuses
+    (None, "dspark", "torch chunk_kda", False),
+    ("0", "mtp", "FlashKDA", False),
 ])
-def test_in_prefill_checkpoints_follow_the_rule(monkeypatch, env, spec, kernel, want):
+def test_in_prefill_checkpoints_follow_the_rule(monkeypatch, caplog, env, method, kernel, want):
     """vllm_ling.kda.checkpoint_alignment: with the prefix cache (align mode), declared on FlashKDA's 16-token grid
-    where the prefill kernel writes them, by default, with a drafter or without; never without the prefix cache."""
+    where the prefill kernel writes them, by default, without a drafter or with MTP; never with DSpark (saying why)
+    nor without the prefix cache."""
     pytest.importorskip("vllm")
+    import logging
     from types import SimpleNamespace
 
     from vllm_ling import kda
@@ -141,11 +145,15 @@ def test_in_prefill_checkpoints_follow_the_rule(monkeypatch, env, spec, kernel, 
         monkeypatch.delenv(kda.CHECKPOINT_ENV, raising=False)
     else:
         monkeypatch.setenv(kda.CHECKPOINT_ENV, env)
+    kda._say_checkpoints.cache_clear()
     choice = PrefillChoice(kernel, "test", "auto")
 
     def config(mode: str | None):
-        drafter = SimpleNamespace(num_speculative_tokens=spec) if spec else None
+        drafter = SimpleNamespace(method=method, num_speculative_tokens=4) if method else None
         return SimpleNamespace(cache_config=SimpleNamespace(mamba_cache_mode=mode), speculative_config=drafter)
 
-    assert kda.checkpoint_alignment(config("align"), choice) == (16 if want else None)
+    with caplog.at_level(logging.INFO, logger=kda.logger.name):
+        assert kda.checkpoint_alignment(config("align"), choice) == (16 if want else None)
+    if method == "dspark" and env is None:
+        assert "checkpoints OFF (DSpark" in caplog.text, caplog.text
     assert kda.checkpoint_alignment(config("none"), choice) is None

@@ -346,17 +346,23 @@ def test_sub_block_hits_resume_exactly_with_every_view_copied(runs):
     assert _distinct_references(partial) == 4, f"the model continued different prompts identically (hits {hits})"
 
 
+def _tail_hits(grain: int, block: int = BLOCK, lead: int = 0) -> dict[str, int]:
+    """Each resumed chain turn's hit where vLLM keeps the state at every prompt's last hashed position
+    (`get_mamba_prefill_checkpoint_position`): its predecessor's (len - 1) // grain * grain."""
+    lengths = {c: [len(t) for t in turns] for c, turns in _chains(block, lead=lead).items()}
+    return {f"{c}:{t}": (ns[i] - 1) // grain * grain for c, ns in lengths.items()
+            for t, i in (("t2", 0), ("t3", 1), ("f3", 1))}
+
+
 def test_in_prefill_checkpoints_keep_hits_at_each_prompts_last_hashed_position(runs):
     """DSpark's geometry (hashes every half KDA block, each chain's first turn half a block longer, as
     tests/gpu/test_prefix_cache_gpu.py's DSpark turns) with in-prefill checkpoints on, the recipe's default: each
-    resumed turn hits its predecessor's last hashed position, (len - 1) // grain * grain (vLLM keeps the state there,
-    `get_mamba_prefill_checkpoint_position`), and equals the uncached run. On an H100 (vLLM 0.34, bf16, DSpark, these
-    checkpoints on) a turn after a fresh prompt hit the block boundary below instead (FINDINGS.md §Prefix cache on
-    the GPU); this engine shows the plugin's checkpoints are not what takes that hit away here."""
+    resumed turn hits its predecessor's last hashed position and equals the uncached run. So the checkpoints keep
+    those hits where vLLM's block is the KDA block, as here (`--prefix-match-unit` sets the hash grain alone). With
+    DSpark vLLM lowers its block to the drafter's and then loses them with the checkpoints (FINDINGS.md §Prefix
+    cache on the GPU): the plugin declares none there."""
     coarse = runs["coarse_checkpoints"]
-    lengths = {c: [len(t) for t in turns] for c, turns in _chains(lead=COARSE_GRAIN).items()}
-    tail = {c: [(n - 1) // COARSE_GRAIN * COARSE_GRAIN for n in ns] for c, ns in lengths.items()}
-    want = {f"{c}:{t}": tail[c][i] for c in tail for t, i in (("t2", 0), ("t3", 1), ("f3", 1))}
+    want = _tail_hits(COARSE_GRAIN, lead=COARSE_GRAIN)
     got = {name: _round(coarse, name)["hits"] for name in want}
     assert got == want and any(h % BLOCK for h in got.values()), (got, want)
     for name, out, ref in _resumed(coarse):

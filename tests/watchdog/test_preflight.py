@@ -528,8 +528,9 @@ def test_a_dspark_drafter_from_the_hub_is_counted_with_the_cards_numbers_and_say
     cached = verdicts(DSPARK_RECIPE.replace("--no-enable-prefix-caching", "--enable-prefix-caching"), dev=H200,
                       env=NO_IN_PREFILL)
     assert cached["memory_fit"].values["state_pages"] == 1 + 8 + 1  # and the prefix-cache checkpoint
-    asked = verdicts(DSPARK_RECIPE.replace("--no-enable-prefix-caching", "--enable-prefix-caching"), dev=H200)
-    assert asked["memory_fit"].values["state_pages"] == 1 + 8 + 2  # and the in-prefill checkpoint block (default)
+    asked = verdicts(DSPARK_RECIPE.replace("--no-enable-prefix-caching", "--enable-prefix-caching"), dev=H200,
+                     env={"VLLM_LING_KDA_PREFILL_CHECKPOINT": "1"})
+    assert asked["memory_fit"].values["state_pages"] == 1 + 8 + 1  # no in-prefill checkpoint with DSpark, even asked
     assert verdicts(DSPARK_RECIPE, dev=H200, env={"VLLM_LING_KDA_PREFILL_CHECKPOINT": "1"})[
         "memory_fit"].values["state_pages"] == 1 + 8  # no prefix cache, no checkpoint of either kind
 
@@ -547,7 +548,7 @@ def test_a_local_drafter_is_read_its_files_measured_its_config_giving_kv_and_blo
     v = verdicts(cmd, dev=H200)["memory_fit"]
     assert v.values["drafter"] == 3_000_000 and f"DSpark drafter: 1 shards in {tmp_path}" in v.message
     assert v.values["kv_per_token"] == load_config().kv_bytes_per_token + 2 * 2 * 4 * 128 * 2
-    assert v.values["state_pages"] == 1 + 4 + 2 and "assumed" not in v.message  # both checkpoints (prefix cache)
+    assert v.values["state_pages"] == 1 + 4 + 1 and "assumed" not in v.message  # the prefix cache's checkpoint alone
 
 
 def test_dspark_on_a_spark_at_the_recipes_context_is_refused_with_a_context_that_fits():
