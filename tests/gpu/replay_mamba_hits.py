@@ -11,7 +11,7 @@ lead; a 256-token KDA block, 512-token chunks), or with --agent a full-size sess
 8,192-token chunks, ten turns from 18,012 tokens, each adding 2,300). Prints JSON: per prompt its length, the hit
 and the prefill passes' token counts.
 
-vLLM 0.34's Python source runs it on a CPU (no compiled ops); the engine's platform check is skipped:
+vLLM 0.34's or 0.33's Python source runs it on a CPU (no compiled ops); the engine's platform check is skipped:
     pip download --no-deps --no-binary :all: vllm==0.34.0 && tar xzf vllm-0.34.0.tar.gz
     VLLM_TARGET_DEVICE=cpu PYTHONPATH=vllm-0.34.0 python3 tests/gpu/replay_mamba_hits.py [--checkpoints 0|1]
         [--k 4] [--cache-block 128|256] [--sync] [--agent]
@@ -19,6 +19,7 @@ vLLM 0.34's Python source runs it on a CPU (no compiled ops); the engine's platf
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import sys
@@ -33,13 +34,29 @@ AGENT = {"kda_block": 1920, "chunk": 8192, "max_model_len": 65536, "first": 1801
 
 
 class DSparkSpec(SimpleNamespace):
-    """What the scheduler reads of a DSpark `SpeculativeConfig` (vllm/config/speculative.py): a drafter on the
-    target's hidden states that needs no trailing-block drop and reads one prefill lookahead token."""
+    """What vLLM's config and scheduler read of an anchor-sampling DSpark `SpeculativeConfig` (vllm/config/
+    speculative.py; 0.34 asks its `speculator_config`, 0.33 the methods): a drafter on the target's hidden states that
+    needs no trailing-block drop, reserves K lookahead slots and reads one prefill lookahead token."""
 
     def use_eagle_block_drop(self) -> bool:
         return False
 
     def needs_eagle_block_drop(self) -> bool:
+        return False
+
+    def use_dspark(self) -> bool:
+        return True
+
+    def use_eagle(self) -> bool:
+        return True
+
+    def use_dflash(self) -> bool:
+        return False
+
+    def uses_draft_model(self) -> bool:
+        return False
+
+    def use_multi_module_mtp(self) -> bool:
         return False
 
 
@@ -72,7 +89,8 @@ def scheduler(geometry: dict, checkpoints: bool, k: int, cache_block: int, async
     spec = DSparkSpec(method="dspark", num_speculative_tokens=k, num_speculative_tokens_per_batch_size=None,
                       uses_target_hidden_states=True, disable_eagle_block_drop=False,
                       disable_lookahead_block_hashes=False, max_num_new_slots_for_drafting=0,
-                      speculator_config=SimpleNamespace(num_prefill_lookahead_tokens=1, num_lookahead_tokens=0))
+                      draft_model_config=SimpleNamespace(hf_config=SimpleNamespace(sample_from_anchor=True)),
+                      speculator_config=SimpleNamespace(num_prefill_lookahead_tokens=1, num_lookahead_tokens=k))
     object.__setattr__(config, "speculative_config", spec)
     attention = dict(num_kv_heads=1, head_size=1, dtype=torch.float32)
     block = geometry["kda_block"]
@@ -106,6 +124,8 @@ def serve(sched, name: str, tokens: list[int], k: int, max_tokens: int) -> dict:
                       block_hasher=get_request_block_hasher(HASH, sha256, 0))
     sched.add_request(request)
     rng, steps, hit, passes = random.Random(name), deque(), None, []
+    fields = {f.name for f in dataclasses.fields(ModelRunnerOutput)}
+    index = {"req_id_to_index": {name: 0}} if "req_id_to_index" in fields else {}  # vLLM 0.33 asks for it
     depth = 2 if sched.scheduler_config.async_scheduling else 1
     step = 0
     while True:
@@ -127,7 +147,7 @@ def serve(sched, name: str, tokens: list[int], k: int, max_tokens: int) -> dict:
             sampled = [rng.randrange(1000, 2000) for _ in range(1 + min(ACCEPTED[step % len(ACCEPTED)], len(drafts)))]
         step += 1
         sched.update_from_output(out, ModelRunnerOutput(req_ids=[name], sampled_token_ids=[sampled], logprobs=None,
-                                                        prompt_logprobs_dict={}, pooler_output=[]))
+                                                        prompt_logprobs_dict={}, pooler_output=[], **index))
         if name in sched.requests:
             sched.update_draft_token_ids(DraftTokenIds([name], [[rng.randrange(1000, 2000) for _ in range(k)]]))
     return {"tokens": len(tokens), "hit": hit, "passes": passes}
