@@ -61,7 +61,7 @@ class DSparkSpec(SimpleNamespace):
 
 
 def _tiny_model() -> str:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    """A hybrid model's config for vLLM's ModelConfig (only its config is read: no weights are loaded)."""
     from ling_tools.tiny import ensure_tiny
 
     return str(ensure_tiny(variant="stable_router"))
