@@ -70,6 +70,7 @@ def _tiny_model() -> str:
 def scheduler(geometry: dict, checkpoints: bool, k: int, cache_block: int, asynchronous: bool):
     import torch
     from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
+    from vllm.model_executor.layers.mamba.kda_checkpoint import kda_prefill_checkpoint_alignment
     from vllm.platforms import current_platform
     from vllm.utils.hashing import sha256
     from vllm.v1.core.kv_cache_utils import init_none_hash
@@ -96,7 +97,8 @@ def scheduler(geometry: dict, checkpoints: bool, k: int, cache_block: int, async
     block = geometry["kda_block"]
     kda = MambaSpec(block_size=block, shapes=(1, 1), dtypes=(torch.float32,), mamba_cache_mode="align",
                     num_speculative_blocks=k, num_prefill_checkpoint_blocks=int(checkpoints),
-                    prefill_checkpoint_alignment=16 if checkpoints else None)  # FlashKDA's grid (vllm_ling/kda.py)
+                    prefill_checkpoint_alignment=kda_prefill_checkpoint_alignment("flashkda") if checkpoints
+                    else None)  # FlashKDA's grid, as our KDA layers declare it (vllm_ling/compat.py)
     groups = [KVCacheGroupSpec(["mla"], FullAttentionSpec(block_size=block, **attention)),
               KVCacheGroupSpec(["kda"], kda),
               KVCacheGroupSpec(["draft"], FullAttentionSpec(block_size=DRAFT_BLOCK, **attention))]
