@@ -50,7 +50,9 @@ def ours(p: psutil.Process, pids: set[int], session: int, foreign: frozenset[int
 
 
 def die_with_parent() -> None:
-    """preexec_fn: the child gets SIGTERM if the watchdog dies, even by SIGKILL."""
+    """preexec_fn: the child gets SIGTERM if the watchdog dies, even by SIGKILL. Several, in fact: Linux sends it
+    each time the thread the child belongs to exits and hands it to the next live thread of ours, so a server's
+    handler must cope with a second one arriving while it runs the first."""
     _prctl(PR_SET_PDEATHSIG, _SIGTERM)
 
 

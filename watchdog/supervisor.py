@@ -76,7 +76,12 @@ class Supervisor:
         self.launches = 0
 
     def request_stop(self, signum: int, _frame=None) -> None:
-        """Signal handler: the loop stops the child cleanly and exits 128 + signum."""
+        """Signal handler: the loop stops the child cleanly and exits 128 + signum of the first signal.
+        A second signal can run this handler again inside the first one's `_halt.set()`, which holds the Event's
+        lock: it must return before reaching set() (a nested set() waits on that lock forever), so `_signal` is
+        written first and a later signal only finds it set."""
+        if self._signal is not None:
+            return
         self._signal = signum
         self._halt.set()
 

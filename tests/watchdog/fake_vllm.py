@@ -167,7 +167,7 @@ class State:
     wedged = threading.Event()
     answered = threading.Event()  # the first completion was answered
     dead = threading.Event()
-    stopping = threading.Event()
+    stopping = False  # a plain flag: the SIGTERM handler must take no lock (on_term says why)
     engine_pid = 0
     running = 0
     generated = 0.0
@@ -300,7 +300,7 @@ def engine_died(eng: subprocess.Popen, server: ThreadingHTTPServer, exit_after_s
     """What vLLM's API server does when its engine core dies while serving: EngineDeadError, /health 503,
     then a clean uvicorn shutdown and exit 0 (launcher.terminate_if_errored)."""
     eng.wait()
-    if State.stopping.is_set():
+    if State.stopping:
         return
     State.dead.set()
     say("APIServer", "ERROR", "AsyncLLM output_handler failed.")
@@ -335,7 +335,12 @@ def api_server(args: argparse.Namespace, argv: list[str]) -> int:
     os.close(w)
 
     def on_term(signum, frame):  # like vLLM: stop the engine core, then leave with rc 0
-        State.stopping.set()
+        # Lock-free and once, like uvicorn's handle_exit: a SIGKILLed watchdog's parent-death SIGTERM comes once per
+        # thread of it, and a second one can land while the first handler runs. An Event.set here deadlocked on its
+        # own lock when that happened (the server, its engine and worker were left behind).
+        if State.stopping:
+            return
+        State.stopping = True
         try:
             say(who, "INFO", "[shutdown] API server: shutdown triggered")
         except OSError:  # the watchdog (our stdout) may be gone already

@@ -173,6 +173,40 @@ def test_watchdog_killed_with_sigkill_still_takes_the_server_down(watchdog):
     assert run.orphans(settle=5) == []
 
 
+# A second signal can run the watchdog's handler again inside the first one's Event.set(), which holds the Event's
+# lock: this script makes that happen every time (CPython's Event.set, with the second signal raised inside its
+# lock, where the interpreter runs the nested handler). A nested set() would wait on that lock forever.
+SECOND_SIGNAL_INSIDE_SET = """
+import signal, sys, threading
+from ling_watchdog.config import load_config
+from ling_watchdog.events import EventLog
+from ling_watchdog.supervisor import Supervisor
+
+
+class SecondSignalInsideSet(threading.Event):
+    def set(self):
+        with self._cond:
+            signal.raise_signal(signal.SIGINT)  # the nested handler runs here, the lock held
+            self._flag = True
+            self._cond.notify_all()
+
+
+sup = Supervisor(["true"], load_config(), EventLog(sys.argv[1], 1 << 20, 1, echo=False), "http://127.0.0.1:1")
+sup._halt = SecondSignalInsideSet()
+for sig in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(sig, sup.request_stop)
+signal.raise_signal(signal.SIGTERM)
+print(sup._signal_code(), sup._halt.is_set())
+"""
+
+
+def test_a_second_signal_inside_the_first_handler_neither_hangs_nor_changes_the_exit_code(tmp_path):
+    done = subprocess.run([sys.executable, "-c", SECOND_SIGNAL_INSIDE_SET, str(tmp_path)], capture_output=True,
+                          text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["143", "True"]  # SIGTERM's code: the first signal decides
+
+
 def test_status_summarises_phase_relaunches_and_last_fault(watchdog):
     run = watchdog("stall_shard", fake=["--fake-faulty-launches", "1"])
     run.wait_phase("serving")
