@@ -11,6 +11,7 @@ that outlive it.
 """
 from __future__ import annotations
 
+import signal
 import sys
 from pathlib import Path
 
@@ -32,6 +33,7 @@ SCENARIOS = (
     Scenario("worker SIGKILLed while serving (VLLM::Worker)", inflict="kill_worker", end="serving", recovers=True),
     Scenario("API server SIGKILLed while serving", inflict="kill_api", end="serving", recovers=True),
     Scenario("engine core SIGSTOPped (wedge, /health 200)", inflict="stop_engine", end="serving", recovers=True),
+    Scenario("watchdog itself SIGKILLed", end="serving", kill=signal.SIGKILL),
     Scenario("--api-key set", serve=("--api-key", "sk-real-recipe"), end="serving", hold_s=20, harmless=True),
     Scenario("bad port 99999", port=99999),
     Scenario("bad port 99999, --force past preflight", port=99999, wd=("--force",)),

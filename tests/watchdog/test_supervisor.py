@@ -34,6 +34,18 @@ def test_sigint_and_sighup_stop_the_child_with_their_exit_codes(watchdog, sig, c
     assert run.orphans() == []
 
 
+
+def test_two_signals_at_once_stop_the_server_once_with_the_first_signals_code(watchdog):
+    run = watchdog("clean")
+    run.wait_phase("serving")
+    run.proc.send_signal(signal.SIGTERM)
+    run.proc.send_signal(signal.SIGINT)  # Ctrl-C on top of systemd's stop
+    assert run.wait(20) == 143
+    kills = run.events("kill")
+    assert len(kills) == 1 and kills[0]["survivors"] == 0
+    assert run.events("final")[-1]["code"] == 143
+    assert run.orphans() == []
+
 def test_shard_freeze_with_a_busy_cpu_is_killed_and_the_relaunch_serves(watchdog):
     run = watchdog("stall_shard", fake=["--fake-faulty-launches", "1", "--fake-stall-at", "7"])
     stall = run.wait_for(lambda r: r["event"] == "stall")
