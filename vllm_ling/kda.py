@@ -75,7 +75,7 @@ def checkpoint_alignment(vllm_config, choice: flashkda.PrefillChoice) -> int | N
     §In-prefill checkpoints). MTP keeps them (its engines keep every prefix-cache case with them); DSpark does not:
     its drafter's smaller KV block becomes vLLM's `cache_config.block_size`, on which vLLM 0.33/0.34's scheduler
     then plans KDA checkpoints that its KV manager, on the KDA block, refuses, and a prompt's last hashed position is
-    lost (docs/dspark.md §Prefix cache)."""
+    lost (docs/dspark.md §Prefix cache; docs/vllm-seams.md §New releases says how to re-judge this on a release)."""
     if not envs.read(CHECKPOINT_ENV):
         return None
     if getattr(vllm_config.cache_config, "mamba_cache_mode", None) != "align":

@@ -11,8 +11,8 @@ lead; a 256-token KDA block, 512-token chunks), or with --agent a full-size sess
 8,192-token chunks, ten turns from 18,012 tokens, each adding 2,300). Prints JSON: per prompt its length, the hit
 and the prefill passes' token counts.
 
-vLLM 0.34's or 0.33's Python source runs it on a CPU (no compiled ops); the engine's platform check is skipped:
-    pip download --no-deps --no-binary :all: vllm==0.34.0 && tar xzf vllm-0.34.0.tar.gz
+vLLM 0.34's or 0.33's Python source runs it on a CPU (no compiled ops); the engine's platform check is skipped.
+With vllm-0.34.0/ the release's sdist from PyPI, unpacked (docs/vllm-seams.md §New releases says what to look for):
     VLLM_TARGET_DEVICE=cpu PYTHONPATH=vllm-0.34.0 python3 tests/gpu/replay_mamba_hits.py [--checkpoints 0|1]
         [--k 4] [--cache-block 128|256] [--sync] [--agent]
 """
