@@ -22,7 +22,7 @@ def test_clean_run_reaches_serving_and_sigterm_stops_the_whole_group(watchdog):
     assert not run.events("stall") and not run.events("wedge") and not run.events("relaunch")
     assert [p["to"] for p in run.events("phase")] == ["warmup", "serving"]
     assert run.events("final")[-1]["code"] == 143
-    assert run.orphans() == []
+    assert not (left := run.orphans()), left
 
 
 @pytest.mark.parametrize("sig, code", [(signal.SIGINT, 130), (signal.SIGHUP, 129)])
@@ -31,7 +31,7 @@ def test_sigint_and_sighup_stop_the_child_with_their_exit_codes(watchdog, sig, c
     run.wait_phase("serving")
     assert run.stop(sig) == code
     assert run.events("kill")[0]["survivors"] == 0
-    assert run.orphans() == []
+    assert not (left := run.orphans()), left
 
 
 
@@ -44,7 +44,7 @@ def test_two_signals_at_once_stop_the_server_once_with_the_first_signals_code(wa
     kills = run.events("kill")
     assert len(kills) == 1 and kills[0]["survivors"] == 0
     assert run.events("final")[-1]["code"] == 143
-    assert run.orphans() == []
+    assert not (left := run.orphans()), left
 
 def test_shard_freeze_with_a_busy_cpu_is_killed_and_the_relaunch_serves(watchdog):
     run = watchdog("stall_shard", fake=["--fake-faulty-launches", "1", "--fake-stall-at", "7"])
@@ -61,7 +61,7 @@ def test_shard_freeze_with_a_busy_cpu_is_killed_and_the_relaunch_serves(watchdog
     log = run.serve_log()  # the first launch's lines survive the relaunch
     assert log.count("Loading safetensors checkpoint shards:   0% Completed | 0/24") == 2
     assert "fake fault stall_shard" in log
-    assert run.orphans() == []
+    assert not (left := run.orphans()), left
 
 
 def test_persistent_shard_freeze_gives_up_after_three_relaunches_with_backoff(watchdog):
@@ -72,7 +72,7 @@ def test_persistent_shard_freeze_gives_up_after_three_relaunches_with_backoff(wa
     assert [s["cause"] for s in run.events("stall")] == ["shard_freeze"] * 4
     final = run.events("final")[-1]
     assert final["code"] == 3 and "relaunch limit" in final["message"] and final["relaunches"] == 3
-    assert run.orphans() == []
+    assert not (left := run.orphans()), left
 
 
 def test_silent_stall_without_cpu_is_not_a_shard_freeze_but_hits_the_silence_limit(watchdog):
@@ -81,7 +81,7 @@ def test_silent_stall_without_cpu_is_not_a_shard_freeze_but_hits_the_silence_lim
     (stall,) = run.events("stall")
     assert stall["cause"] == "silent"  # idle CPU: the shard rule must not fire
     assert FAST["load_silent_s"] <= stall["t"] - run.fault_times()[0] <= FAST["load_silent_s"] + SLACK_S
-    assert run.orphans() == []
+    assert not (left := run.orphans()), left
 
 
 def test_crash_during_load_is_relaunched_and_reports_vllms_reason(watchdog):
@@ -93,7 +93,7 @@ def test_crash_during_load_is_relaunched_and_reports_vllms_reason(watchdog):
     assert "vLLM said:" in crash["message"]
     assert len(run.events("relaunch")) == 1
     assert run.stop() == 143
-    assert run.orphans() == []
+    assert not (left := run.orphans()), left
 
 
 def test_fatal_config_error_stops_without_relaunching(watchdog):
@@ -101,7 +101,7 @@ def test_fatal_config_error_stops_without_relaunching(watchdog):
     assert run.wait(30) == 5
     assert not run.events("relaunch") and len(run.events("launch")) == 1
     assert "Free memory on device" in run.events("final")[-1]["message"]
-    assert run.orphans() == []
+    assert not (left := run.orphans()), left
 
 
 def test_wedge_after_ready_is_caught_by_liveness_while_health_says_200(watchdog):
@@ -116,7 +116,7 @@ def test_wedge_after_ready_is_caught_by_liveness_while_health_says_200(watchdog)
     run.wait_for(lambda r: r.get("to") == "serving" and r["t"] > wedge["t"])  # the relaunch is clean
     assert len(run.events("relaunch")) == 1
     assert run.stop() == 143
-    assert run.orphans() == []
+    assert not (left := run.orphans()), left
 
 
 def test_wedge_during_the_first_request_is_not_judged_before_the_jit_grace(watchdog):
@@ -135,7 +135,7 @@ def test_slow_first_request_jit_is_never_killed(watchdog):
     time.sleep(4 * FAST["probe_interval_s"])
     assert not run.events("wedge") and not run.events("probe_fail") and not run.events("kill")
     assert run.stop() == 143
-    assert run.orphans() == []
+    assert not (left := run.orphans()), left
 
 
 def test_busy_server_whose_tokens_advance_is_not_wedged(watchdog):
@@ -146,7 +146,7 @@ def test_busy_server_whose_tokens_advance_is_not_wedged(watchdog):
     time.sleep((FAST["fail_threshold"] + 1) * (FAST["probe_interval_s"] + FAST["liveness_timeout_s"]))
     assert not run.events("wedge") and not run.events("kill"), [f["message"] for f in run.events("probe_fail")]
     assert run.stop() == 143
-    assert run.orphans() == []
+    assert not (left := run.orphans()), left
 
 
 def test_memory_guard_stops_the_server_before_memory_runs_out(watchdog):
@@ -157,7 +157,7 @@ def test_memory_guard_stops_the_server_before_memory_runs_out(watchdog):
     assert guard["available"] < guard["floor"] and "before the box wedges" in guard["message"]
     assert not run.events("relaunch")
     assert run.events("kill")[0]["survivors"] == 0
-    assert run.orphans() == []
+    assert not (left := run.orphans()), left
 
 
 def test_engine_ignoring_sigterm_is_sigkilled_after_grace_and_escapees_are_swept(watchdog):
@@ -167,7 +167,7 @@ def test_engine_ignoring_sigterm_is_sigkilled_after_grace_and_escapees_are_swept
     (kill,) = run.events("kill")
     assert kill["signal"] == "SIGKILL" and kill["seconds"] >= FAST["kill_grace_s"] - 0.1
     assert kill["survivors"] == 0
-    assert run.orphans(settle=0.5) == []  # the setsid() grandchild too
+    assert not (left := run.orphans(settle=0.5)), left  # the setsid() grandchild too
 
 
 def test_burst_limit_stops_before_the_relaunch_limit(watchdog):
@@ -182,7 +182,7 @@ def test_watchdog_killed_with_sigkill_still_takes_the_server_down(watchdog):
     run.wait_phase("serving")
     run.proc.kill()  # no handler can run: the child's parent-death signal must do it
     run.proc.wait(5)
-    assert run.orphans(settle=5) == []
+    assert not (left := run.orphans(settle=5)), left
 
 
 # A second signal can run the watchdog's handler again inside the first one's Event.set(), which holds the Event's
@@ -288,7 +288,7 @@ def test_after_serving_check_runs_once_and_its_verdict_is_logged(watchdog, code,
     assert any(line.startswith("checked ['http://127.0.0.1:") and "serve.log" in line for line in lines)
     assert run.stop(signal.SIGTERM) == 143
     assert len([e for e in run.events("after_serving") if "code" in e]) == 1
-    assert run.orphans() == []
+    assert not (left := run.orphans()), left
 
 
 # --- a dead engine, wherever it dies, is a crash whatever the exit code (vLLM exits 0 after EngineDeadError) ---
@@ -312,7 +312,7 @@ def test_a_dead_engine_is_relaunched_though_the_api_server_exits_0(watchdog, act
     assert relaunch["cause"] == "exit_serving" and relaunch["left"] == FAST["max_relaunches"] - 1
     run.wait_phase("serving", after=crash["t"])
     assert run.stop() == 143
-    assert run.orphans() == []
+    assert not (left := run.orphans()), left
 
 
 def test_health_503_is_vllms_word_that_its_engine_died_a_crash_before_the_exit(watchdog):
@@ -326,7 +326,7 @@ def test_health_503_is_vllms_word_that_its_engine_died_a_crash_before_the_exit(w
     assert not run.events("probe_fail")  # one answer decides it, not fail_threshold of them
     run.wait_phase("serving", after=crash["t"])
     assert run.stop() == 143
-    assert run.orphans() == []
+    assert not (left := run.orphans()), left
 
 
 def test_a_sigkilled_api_server_is_a_crash_and_its_engine_is_swept(watchdog):
@@ -337,7 +337,7 @@ def test_a_sigkilled_api_server_is_a_crash_and_its_engine_is_swept(watchdog):
     assert crash["rc"] == -9 and "rc -9 (SIGKILL)" in crash["message"] and crash["t"] - t <= 1 + SLACK_S
     run.wait_phase("serving", after=crash["t"])
     assert run.stop() == 143
-    assert run.orphans() == []
+    assert not (left := run.orphans()), left
 
 
 def test_a_sigstopped_engine_is_a_wedge_caught_by_liveness_while_health_says_200(watchdog):
@@ -351,7 +351,7 @@ def test_a_sigstopped_engine_is_a_wedge_caught_by_liveness_while_health_says_200
     assert wedge["t"] - t <= bound + SLACK_S
     run.wait_phase("serving", after=wedge["t"])  # the stopped engine was SIGKILLed with its group
     assert run.stop() == 143
-    assert run.orphans() == []
+    assert not (left := run.orphans()), left
 
 
 def test_a_server_stopped_by_a_signal_from_outside_exits_0_on_purpose(watchdog):
@@ -364,7 +364,7 @@ def test_a_server_stopped_by_a_signal_from_outside_exits_0_on_purpose(watchdog):
     assert run.wait(20) == 0
     assert "stopped by a signal (not from the watchdog)" in run.events("final")[-1]["message"]
     assert not run.events("relaunch") and not run.events("crash")
-    assert run.orphans() == []
+    assert not (left := run.orphans()), left
 
 
 # --- a server with an API key is healthy: probes present its key, and the key is written nowhere -----
@@ -388,7 +388,7 @@ def test_an_api_key_server_is_probed_with_its_key_and_the_key_is_masked_everywhe
         assert key not in text
     for name in ("serve.log", "events.jsonl"):
         assert (run.log_dir / name).stat().st_mode & 0o077 in (0, 0o040)  # not world-readable
-    assert run.orphans() == []
+    assert not (left := run.orphans()), left
 
 
 def test_a_probe_refused_for_want_of_a_key_is_reported_and_never_counted_as_a_wedge(watchdog):
@@ -419,7 +419,7 @@ def test_forced_past_preflight_vllms_own_error_stops_after_one_launch(watchdog, 
     assert run.wait(60) == 5
     assert len(run.events("launch")) == 1 and not run.events("relaunch")
     assert said in run.events("final")[-1]["message"]
-    assert run.orphans() == []
+    assert not (left := run.orphans()), left
 
 
 def test_after_serving_lines_keep_their_levels_and_the_check_gets_this_launch_the_pid_and_the_key(watchdog, tmp_path):
@@ -451,7 +451,7 @@ def test_after_serving_lines_keep_their_levels_and_the_check_gets_this_launch_th
                             capture_output=True, text=True, check=True).stdout
     check = json.loads(status)["selfcheck"]
     assert check["code"] == 2 and check["failed"] == ["B"] and len(check["lines"]) == 3
-    assert run.orphans() == []
+    assert not (left := run.orphans()), left
 
 
 def test_a_running_check_is_no_part_of_the_server_it_neither_delays_a_kill_nor_outlives_its_launch(watchdog):
@@ -474,4 +474,4 @@ def test_a_running_check_is_no_part_of_the_server_it_neither_delays_a_kill_nor_o
     launches = [e["launch"] for e in run.events("launch")]
     left = [p for launch in launches for p in tagged(launch)]
     assert left == [], left
-    assert run.orphans() == []
+    assert not (left := run.orphans()), left

@@ -175,9 +175,32 @@ class Run:
         """Inflict a fault on the latest launch's server tree; the time it was inflicted."""
         return inject(action, launched_pid(self.events()))
 
-    def orphans(self, settle: float = 3.0) -> list[psutil.Process]:
-        """Tagged processes still alive after `settle` seconds (zombies excluded)."""
+    def orphans(self, settle: float = 3.0) -> Orphans:
+        """Tagged processes still alive after `settle` seconds (zombies excluded). The tests assert
+        `not (left := run.orphans()), left`: a failure then says why each one is still up (Orphans' repr)."""
         deadline = time.time() + settle
         while (left := tagged(self.tag)) and time.time() < deadline:
             time.sleep(0.1)
-        return left
+        return Orphans(left)
+
+
+class Orphans(list):
+    """Processes a run left behind. Their repr says why they are still up: a handler that never ran shows SIGTERM
+    caught (SigCgt) with nothing pending, its main thread waiting in a futex (a lock) rather than in a poll."""
+
+    def __repr__(self) -> str:
+        return "[" + ", ".join(_why_alive(p) for p in self) + "]"
+
+
+def _why_alive(p: psutil.Process) -> str:
+    try:
+        argv = " ".join(p.cmdline())
+        role = next((r for r, marks in ROLES.items() if any(m in argv for m in marks)), "api/other")
+        status = {k: v.strip() for k, v in (line.split(":", 1) for line in Path(f"/proc/{p.pid}/status").read_text()
+                                           .splitlines() if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigCgt")))}
+        waits = []
+        for tid in sorted(os.listdir(f"/proc/{p.pid}/task")):
+            waits.append(f"{tid}:{Path(f'/proc/{p.pid}/task/{tid}/wchan').read_text() or 'running'}")
+        return f"pid {p.pid} ({role}, parent {p.ppid()}, {p.status()}; {status}; threads {' '.join(waits)})"
+    except (psutil.Error, OSError) as e:
+        return f"pid {p.pid} ({type(e).__name__})"
