@@ -34,7 +34,6 @@ def test_sigint_and_sighup_stop_the_child_with_their_exit_codes(watchdog, sig, c
     assert not (left := run.orphans()), left
 
 
-
 def test_a_second_signal_during_the_stop_neither_restarts_it_nor_changes_the_exit_code(watchdog):
     """Ctrl-C on top of systemd's stop. The SIGINT goes once the SIGTERM was taken (the server logged the watchdog's
     stop), while a stubborn engine holds the stop in its grace period: two signals sent back to back would be
@@ -51,6 +50,7 @@ def test_a_second_signal_during_the_stop_neither_restarts_it_nor_changes_the_exi
     assert len(kills) == 1 and kills[0]["signal"] == "SIGKILL" and kills[0]["survivors"] == 0  # after the grace
     assert run.events("final")[-1]["code"] == 143
     assert not (left := run.orphans()), left
+
 
 def test_shard_freeze_with_a_busy_cpu_is_killed_and_the_relaunch_serves(watchdog):
     run = watchdog("stall_shard", fake=["--fake-faulty-launches", "1", "--fake-stall-at", "7"])

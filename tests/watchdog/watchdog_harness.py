@@ -41,6 +41,11 @@ def tagged(tag: str) -> list[psutil.Process]:
     return found
 
 
+def role_of(argv: str) -> str | None:
+    """The role, "worker" or "engine", by vLLM's process title or the fake's flag; None for the API server or others."""
+    return next((r for r, marks in ROLES.items() if any(m in argv for m in marks)), None)
+
+
 def server_roles(api_pid: int) -> dict[str, psutil.Process]:
     """The API server and, below it, its engine core and worker (vLLM's process titles or the fake's flags)."""
     api = psutil.Process(api_pid)
@@ -50,7 +55,7 @@ def server_roles(api_pid: int) -> dict[str, psutil.Process]:
             text = " ".join(p.cmdline())
         except psutil.Error:
             continue
-        role = next((r for r, marks in ROLES.items() if any(m in text for m in marks)), None)
+        role = role_of(text)
         if role:
             out.setdefault(role, p)
     return out
@@ -194,8 +199,7 @@ class Orphans(list):
 
 def _why_alive(p: psutil.Process) -> str:
     try:
-        argv = " ".join(p.cmdline())
-        role = next((r for r, marks in ROLES.items() if any(m in argv for m in marks)), "api/other")
+        role = role_of(" ".join(p.cmdline())) or "api/other"
         status = {k: v.strip() for k, v in (line.split(":", 1) for line in Path(f"/proc/{p.pid}/status").read_text()
                                            .splitlines() if line.startswith(("SigPnd", "ShdPnd", "SigBlk", "SigCgt")))}
         waits = []
